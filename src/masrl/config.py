@@ -1,0 +1,304 @@
+"""Typed run configuration: YAML plus dotted ``key.sub=value`` overrides, validated by pydantic.
+
+Every model forbids unknown keys, so a typo is an error that names the key (and a close match).
+Builders turn these into plain arguments; configs never leak into class constructors.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from masrl.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class LoraConfig(Strict):
+    r: int = Field(8, ge=1, le=1024, description="LoRA rank")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class OptimConfig(Strict):
+    lr: float = Field(1e-5, gt=0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm per optimizer step")
+
+
+class PolicyConfig(Strict):
+    model: str | None = Field(None, description="model for this policy; default: the top-level `model`")
+    lora: LoraConfig | None = Field(None, description="set: a LoRA adapter on the frozen base `model`")
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+
+
+class AgentConfig(Strict):
+    policy: str = Field(description="name of the policy (under `policies`) that plays this agent")
+    trainable: bool = Field(True, description="false: the agent runs but its calls never train")
+    temperature: float = Field(1.0, ge=0, le=5, description="0 = greedy")
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int | None = Field(None, ge=1, le=8192, description="default: the workflow's value")
+    stop: list[str] | None = None
+
+
+class WorkflowConfig(Strict):
+    name: str = Field(description="a registered workflow (math_team, math_solver) or 'module:Class'")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class DataSourceConfig(Strict):
+    source: Literal["arithmetic", "file"] = "arithmetic"
+    path: str | None = Field(None, description="JSONL or Parquet file (source: file)")
+    n: int | None = Field(None, ge=1, description="number of tasks (arithmetic) or first n rows (file)")
+    seed: int = 0
+    levels: list[int] = Field(default_factory=lambda: [1], description="arithmetic difficulty levels (1-4)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSourceConfig":
+        if self.source == "file":
+            if not self.path:
+                raise ValueError("source 'file' needs `path`: a JSONL or Parquet file")
+            p = Path(self.path).expanduser()
+            if not p.is_file():
+                raise ValueError(f"dataset file '{self.path}' does not exist; fix `path` or create the file")
+        if any(level not in (1, 2, 3, 4) for level in self.levels):
+            raise ValueError(f"levels must be among 1, 2, 3, 4; got {self.levels}")
+        return self
+
+
+class DataConfig(Strict):
+    train: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=2000, seed=1))
+    eval: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=64, seed=2))
+
+
+class RolloutConfig(Strict):
+    tasks_per_step: int = Field(4, ge=1)
+    samples_per_task: int = Field(4, ge=1, description="samples of each task per step (the GRPO group)")
+    max_in_flight: int = Field(64, ge=1, description="workflows running at once")
+    max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
+    max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch")
+    call_timeout_s: float = Field(600.0, gt=0)
+    trace_timeout_s: float = Field(1800.0, gt=0)
+
+
+class RewardConfig(Strict):
+    type: str = Field(description="outcome | format | turn_delta | 'module:factory'")
+    weight: float = 1.0
+    per_agent: dict[str, float] = Field(default_factory=dict, description="format: weight per agent")
+    penalty: float = Field(0.0, ge=0, description="format: subtracted when an output has no usable tag")
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RewardConfig":
+        if self.type not in ("outcome", "format", "turn_delta") and ":" not in self.type:
+            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta or 'module:factory'")
+        return self
+
+
+class AlgorithmConfig(Strict):
+    advantage: Literal["grpo", "rloo", "reinforce_pp", "gae"] = "grpo"
+    group_key: list[Literal["task_id", "agent", "turn", "policy", "sample_idx"]] = Field(
+        default_factory=lambda: ["task_id", "agent", "turn"]
+    )
+    std_normalize: bool = Field(True, description="grpo: divide by the group's std")
+    baseline: Literal["none", "group_mean"] = Field("none", description="reinforce_pp baseline")
+    clip_eps: float = Field(0.2, gt=0, lt=1)
+    clip_eps_high: float | None = Field(None, gt=0, description="asymmetric upper clip (DAPO); default clip_eps")
+    kl_coef: float = Field(0.0, ge=0, description="weight of KL(policy || reference) in the loss")
+    kl_estimator: Literal["k1", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0)
+    aggregation: Literal["token", "sequence"] = "token"
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward")
+    gamma: float = Field(1.0, ge=0, le=1, description="gae discount")
+    lam: float = Field(0.95, ge=0, le=1, description="gae lambda")
+    vf_coef: float = Field(0.5, ge=0, description="gae: value loss weight")
+    value_clip: float | None = Field(0.2, gt=0)
+    skip_zero_advantage: bool = Field(True, description="skip sequences whose gradient is exactly zero")
+
+
+class TrainConfig(Strict):
+    steps: int = Field(10, ge=0)
+    save_every: int = Field(5, ge=0, description="checkpoint every N steps (0: only at the end)")
+    eval_before: bool = True
+    eval_after: bool = True
+    log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
+
+
+class EvalConfig(Strict):
+    temperature: float = Field(0.0, ge=0, description="sampling temperature at eval (0 = greedy)")
+    samples_per_task: int = Field(1, ge=1)
+
+
+class RunConfig(Strict):
+    name: str = "run"
+    output_dir: str | None = Field(None, description="default: runs/<name>")
+    seed: int = 0
+    model: str = Field("smollm2-135m-instruct", description="default model of every policy")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
+    policies: dict[str, PolicyConfig]
+    agents: dict[str, AgentConfig]
+    workflow: WorkflowConfig
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    rewards: list[RewardConfig] = Field(
+        default_factory=lambda: [RewardConfig(type="outcome"), RewardConfig(type="format", weight=0.5)]
+    )
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _check_mapping(self) -> "RunConfig":
+        if not self.policies:
+            raise ValueError("`policies` is empty: define at least one policy")
+        if not self.agents:
+            raise ValueError("`agents` is empty: map at least one agent to a policy")
+        for name, agent in self.agents.items():
+            if agent.policy not in self.policies:
+                raise ValueError(
+                    f"agents.{name}.policy: '{agent.policy}' is not a policy; define it under `policies` "
+                    f"or use one of: {', '.join(self.policies)}"
+                )
+        used = {a.policy for a in self.agents.values()}
+        for name in self.policies:
+            if name not in used:
+                raise ValueError(f"policies.{name} is not used by any agent; map an agent to it or remove it")
+        return self
+
+    def policy_model(self, policy: str) -> str:
+        return self.policies[policy].model or self.model
+
+    def run_dir(self) -> Path:
+        return Path(self.output_dir or f"runs/{self.name}")
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' must look like key.sub=value (for example train.steps=5)")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}': the key '{key}' is malformed")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': cannot read value {raw!r}: {exc}") from None
+    return key.split("."), value
+
+
+def apply_override(data: dict, path: list[str], value: Any) -> None:
+    node: Any = data
+    dotted = ".".join(path)
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override {dotted}: '{part}' is not an index of a list of {len(node)}")
+            if last:
+                node[int(part)] = value
+                return
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+                return
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        else:
+            raise ConfigError(f"override {dotted}: '{'.'.join(path[:i])}' is a value, not a section")
+
+
+def _suggest(loc: tuple, data: Any) -> str:
+    """For an unknown key, suggest the closest allowed key."""
+    import typing
+
+    node: Any = RunConfig
+    for part in loc[:-1]:
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return ""
+            node = field.annotation
+        else:  # a dict, list or optional around a model: this part is a key or an index
+            args = [a for a in typing.get_args(node) if a is not type(None)]
+            node = _model_in(args[-1]) if args else None
+            if node is None:
+                return ""
+        if not (isinstance(node, type) and issubclass(node, BaseModel)) and typing.get_origin(node) not in (dict, list):
+            node = _model_in(node)
+    model = node if isinstance(node, type) and issubclass(node, BaseModel) else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean `{close[0]}`?)" if close else f" (allowed: {', '.join(model.model_fields)})"
+
+
+def _model_in(ann: Any):
+    import typing
+
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in typing.get_args(ann):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def format_validation_error(exc: ValidationError, source: str, data: Any = None) -> str:
+    lines = [f"invalid config {source}:"]
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  unknown key `{key}`{_suggest(loc, data)}; remove or rename it")
+        elif err["type"] == "missing":
+            lines.append(f"  missing key `{key}`: add it")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            got = err.get("input")
+            got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+            lines.append(f"  `{key}`: {msg}{got_s}" if key else f"  {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> RunConfig:
+    """Read a YAML file (or ``data``), apply overrides, validate. Raises ConfigError with the fix."""
+    source = str(path) if path is not None else "(inline)"
+    if data is None:
+        p = Path(path)  # type: ignore[arg-type]
+        if not p.is_file():
+            raise ConfigError(f"config file '{path}' does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+    for text in overrides or []:
+        key, value = parse_override(text)
+        apply_override(data, key, value)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source, data)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,131 @@
+"""Batcher: merges calls that arrive concurrently into one engine batch.
+
+Callers ``await batcher.submit(item)``. A background task takes the first waiting item, then
+keeps collecting until the batch holds ``max_batch_size`` items or ``max_wait_ms`` has passed,
+and runs ``run_batch(items)`` in a worker thread, so the event loop keeps serving workflows
+while the model computes. While one batch runs, new items queue up and form the next batch.
+``run_batch`` returns one result per item, in order; each caller gets its own result (or the
+batch's exception). A caller that gave up (timeout, cancellation) is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    items: int = 0
+    largest: int = 0
+    busy_s: float = 0.0
+    sizes: list[int] = field(default_factory=list)
+
+    @property
+    def mean_batch(self) -> float:
+        return self.items / self.batches if self.batches else 0.0
+
+
+class Batcher:
+    def __init__(
+        self,
+        run_batch: Callable[[list[Any]], Sequence[Any]],
+        *,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 10.0,
+        compute_lock: threading.Lock | None = None,
+        name: str = "batcher",
+    ):
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self.run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.compute_lock = compute_lock  # shared by batchers whose models compete for the same cores
+        self.name = name
+        self.stats = BatcherStats()
+        self._queue: asyncio.Queue | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _ensure_running(self) -> asyncio.Queue:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._task is None or self._task.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._task = loop.create_task(self._serve(), name=f"{self.name}-serve")
+        assert self._queue is not None
+        return self._queue
+
+    async def submit(self, item: Any) -> Any:
+        queue = self._ensure_running()
+        fut = asyncio.get_running_loop().create_future()
+        await queue.put((item, fut))
+        return await fut
+
+    async def _collect(self, queue: asyncio.Queue) -> list[tuple[Any, asyncio.Future]]:
+        batch = [await queue.get()]
+        deadline = time.monotonic() + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            try:
+                batch.append(queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), remaining))
+            except asyncio.TimeoutError:
+                break
+        return [(item, fut) for item, fut in batch if not fut.done()]
+
+    def _run_locked(self, items: list[Any]) -> Sequence[Any]:
+        if self.compute_lock is None:
+            return self.run_batch(items)
+        with self.compute_lock:
+            return self.run_batch(items)
+
+    async def _serve(self) -> None:
+        queue = self._queue
+        assert queue is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect(queue)
+            if not batch:
+                continue
+            items = [item for item, _ in batch]
+            t0 = time.monotonic()
+            try:
+                results = await loop.run_in_executor(None, self._run_locked, items)
+                if len(results) != len(items):
+                    raise RuntimeError(f"{self.name}: run_batch returned {len(results)} results for {len(items)} items")
+            except Exception as exc:  # hand the failure to every caller of this batch
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            finally:
+                self.stats.busy_s += time.monotonic() - t0
+            self.stats.batches += 1
+            self.stats.items += len(items)
+            self.stats.largest = max(self.stats.largest, len(items))
+            self.stats.sizes.append(len(items))
+            for (_, fut), res in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(res)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None

@@ -1,0 +1,12 @@
+"""Reward allocators: bind scalar rewards to calls. Registered by name; 'module:factory' for your own."""
+
+from __future__ import annotations
+
+from masrl.rewards.base import RewardAllocator, combine
+from masrl.rewards.format import FormatReward
+from masrl.rewards.outcome import OutcomeReward
+from masrl.rewards.turn_delta import TurnDeltaReward
+
+REGISTRY = {"outcome": OutcomeReward, "format": FormatReward, "turn_delta": TurnDeltaReward}
+
+__all__ = ["REGISTRY", "RewardAllocator", "combine", "OutcomeReward", "FormatReward", "TurnDeltaReward"]

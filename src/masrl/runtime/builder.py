@@ -1,0 +1,154 @@
+"""Turn a RunConfig into plain objects: agents, policies, workers, batchers, controller, tasks.
+
+All validation that needs the workflow (agent names) or the disk (models, dataset files)
+happens here, before any model is loaded, so a bad config fails in a second with one message.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from masrl.agents import AgentSpec, SamplingParams
+from masrl.config import DataSourceConfig, RunConfig
+from masrl.data import arithmetic
+from masrl.data.loader import load_math_tasks
+from masrl.data.tasks import Task
+from masrl.engines.batcher import Batcher
+from masrl.errors import ConfigError, ModelError
+from masrl.models import resolve_model
+from masrl.policies import LoraSpec, OptimSpec, PolicySpec
+from masrl.rewards import REGISTRY as REWARDS
+from masrl.runtime.controller import Controller, RolloutSettings
+from masrl.runtime.worker import PolicyWorker, UpdateSettings
+from masrl.workflows import build_workflow, load_object
+
+
+def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
+    roles = workflow.roles()
+    for name in cfg.agents:
+        if name not in roles:
+            raise ConfigError(f"agents.{name}: workflow '{cfg.workflow.name}' has no agent '{name}' "
+                              f"(its agents: {', '.join(roles)}); remove or rename it")
+    missing = [r for r in roles if r not in cfg.agents]
+    if missing:
+        raise ConfigError(f"agents: workflow '{cfg.workflow.name}' needs agent(s) {', '.join(missing)}; "
+                          f"add agents.{missing[0]}.policy")
+    agents = {}
+    for name, role in roles.items():
+        a = cfg.agents[name]
+        sampling = SamplingParams(
+            temperature=a.temperature, top_p=a.top_p,
+            max_new_tokens=a.max_new_tokens or role.default_max_new_tokens,
+            stop=tuple(a.stop if a.stop is not None else role.default_stop),
+        )
+        agents[name] = AgentSpec(name, a.policy, role.parser, sampling, a.trainable)
+    return agents
+
+
+def build_policies(cfg: RunConfig) -> list[PolicySpec]:
+    specs = []
+    for name, p in cfg.policies.items():
+        key = f"policies.{name}.model" if p.model else "model"
+        try:
+            resolve_model(cfg.policy_model(name), key=key)
+        except ModelError as exc:
+            raise ConfigError(str(exc)) from None
+        trainable = any(a.trainable and a.policy == name for a in cfg.agents.values())
+        lora = None
+        if p.lora is not None:
+            lora = LoraSpec(p.lora.r, p.lora.alpha, p.lora.dropout, tuple(p.lora.target_modules))
+        o = p.optim
+        optim = OptimSpec(o.lr, o.weight_decay, tuple(o.betas), o.eps, o.grad_clip)
+        specs.append(PolicySpec(name, cfg.policy_model(name), lora, optim, trainable))
+    return specs
+
+
+def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]]:
+    """LoRA policies on the same base share a host; each full-model policy gets its own."""
+    groups: list[tuple[str, list[PolicySpec]]] = []
+    lora_groups: dict[str, list[PolicySpec]] = {}
+    for p in policies:
+        if p.is_lora:
+            if p.model not in lora_groups:
+                lora_groups[p.model] = []
+                groups.append((p.model, lora_groups[p.model]))
+            lora_groups[p.model].append(p)
+        else:
+            groups.append((p.model, [p]))
+    return groups
+
+
+def build_allocators(cfg: RunConfig) -> list:
+    out = []
+    for i, r in enumerate(cfg.rewards):
+        if r.type == "outcome":
+            out.append(REWARDS["outcome"](weight=r.weight, **r.options))
+        elif r.type == "format":
+            out.append(REWARDS["format"](weight=r.weight, per_agent=dict(r.per_agent), penalty=r.penalty))
+        elif r.type == "turn_delta":
+            out.append(REWARDS["turn_delta"](weight=r.weight, **r.options))
+        else:
+            factory = load_object(r.type, f"rewards.{i}.type")
+            try:
+                out.append(factory(weight=r.weight, **r.options))
+            except TypeError as exc:
+                raise ConfigError(f"rewards.{i}: cannot build '{r.type}' with weight and options {r.options}: {exc}") from None
+    for a in out:
+        if not hasattr(a, "allocate"):
+            raise ConfigError(f"reward {a!r} has no allocate(trace, task) method")
+    return out
+
+
+def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None) -> list[Task]:
+    if src.source == "arithmetic":
+        return arithmetic.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
+    tasks = load_math_tasks(src.path, n=src.n)  # type: ignore[arg-type]
+    if exclude:
+        tasks = [t for t in tasks if t.question not in exclude]
+    return tasks
+
+
+def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
+    """Train and held-out tasks; generated train tasks never repeat an eval question."""
+    eval_tasks = load_tasks(cfg.data.eval)
+    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks})
+    return train_tasks, eval_tasks
+
+
+@dataclass
+class Runtime:
+    workflow: object
+    agents: dict[str, AgentSpec]
+    workers: list[PolicyWorker]
+    controller: Controller
+
+
+def update_settings(cfg: RunConfig) -> UpdateSettings:
+    d = cfg.algorithm.model_dump()
+    d["group_key"] = tuple(d["group_key"])
+    return UpdateSettings(**d)
+
+
+def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
+    workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
+    agents = build_agents(cfg, workflow)
+    policies = build_policies(cfg)
+    allocators = build_allocators(cfg)
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    update = update_settings(cfg)
+    workers, batchers = [], []
+    lock = threading.Lock()  # in-process workers share the CPU: one engine batch at a time
+    for i, (model, specs) in enumerate(group_hosts(policies)):
+        kind = "LoRA adapters " + ", ".join(s.name for s in specs) if specs[0].is_lora else f"full model for {specs[0].name}"
+        log(f"[masrl] loading {model} ({kind})")
+        w = PolicyWorker(model, specs, update, dtype=cfg.dtype, seed=cfg.seed + i)
+        workers.append(w)
+        batchers.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
+                                compute_lock=lock, name=f"worker{i}"))
+    settings = RolloutSettings(cfg.rollout.max_in_flight, cfg.rollout.call_timeout_s, cfg.rollout.trace_timeout_s)
+    controller = Controller(workflow, agents, workers, batchers, allocators, settings)
+    return Runtime(workflow, agents, workers, controller)

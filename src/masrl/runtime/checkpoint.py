@@ -1,0 +1,114 @@
+"""Per-policy checkpoints: full weights or adapter, value head, optimizer state.
+
+Layout of one checkpoint directory (written to a temp name and renamed, so an interrupted
+save never leaves a half-written checkpoint behind):
+
+  step_000005/
+    state.json                 step, policies, config name
+    <policy>/model.safetensors (full)  or  adapter.safetensors + adapter.json (LoRA)
+    <policy>/value_head.safetensors    (PPO with a critic)
+    <policy>/optimizer.pt
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from masrl.errors import MasrlError
+
+STEP_DIR = re.compile(r"^step_(\d{6})$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file())
+    return found[-1][1] if found else None
+
+
+def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
+    if host.is_lora:
+        from peft import get_peft_model_state_dict
+
+        sd = get_peft_model_state_dict(host.model, adapter_name=policy)
+    else:
+        sd = host.model.state_dict()
+        # tied weights share storage; safetensors refuses duplicates
+        if getattr(host.core.config, "tie_word_embeddings", False):
+            sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    return {k: v.detach().contiguous().clone() for k, v in sd.items()}
+
+
+def save_policy(host, policy: str, optimizer, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    sd = _state_dict_for_save(host, policy)
+    if host.is_lora:
+        save_file(sd, str(directory / "adapter.safetensors"))
+        spec = host.policies[policy].lora
+        (directory / "adapter.json").write_text(json.dumps({"base": host.model_name, "r": spec.r, "alpha": spec.alpha,
+                                                            "target_modules": list(spec.target_modules)}))
+    else:
+        save_file(sd, str(directory / "model.safetensors"))
+        host.core.config.save_pretrained(str(directory))
+        host.tokenizer.save_pretrained(str(directory))
+    if policy in host.value_heads:
+        save_file(host.value_heads[policy].state_dict(), str(directory / "value_head.safetensors"))
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+
+
+def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer: bool = True) -> None:
+    if not directory.is_dir():
+        raise MasrlError(f"checkpoint has no folder for policy '{policy}' ({directory}); was it saved by another config?")
+    if host.is_lora:
+        from peft import set_peft_model_state_dict
+
+        path = directory / "adapter.safetensors"
+        if not path.is_file():
+            raise MasrlError(f"{path} is missing: policy '{policy}' is LoRA in this config but not in the checkpoint")
+        result = set_peft_model_state_dict(host.model, load_file(str(path)), adapter_name=policy)
+        unexpected = getattr(result, "unexpected_keys", [])
+        if unexpected:
+            raise MasrlError(f"{path}: adapter weights do not fit policy '{policy}' ({len(unexpected)} unexpected keys)")
+    else:
+        path = directory / "model.safetensors"
+        if not path.is_file():
+            raise MasrlError(f"{path} is missing: policy '{policy}' is a full model in this config but not in the checkpoint")
+        missing, unexpected = host.model.load_state_dict(load_file(str(path)), strict=False)
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise MasrlError(f"{path}: weights do not fit the model of policy '{policy}' "
+                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        if getattr(host.core.config, "tie_word_embeddings", False):
+            host.core.tie_weights()
+    vh = directory / "value_head.safetensors"
+    if policy in host.value_heads and vh.is_file():
+        host.value_heads[policy].load_state_dict(load_file(str(vh)))
+    opt = directory / "optimizer.pt"
+    if with_optimizer and optimizer is not None and opt.is_file():
+        optimizer.load_state_dict(torch.load(opt, weights_only=False))
+
+
+def write_atomically(target: Path, fill) -> Path:
+    """Call ``fill(tmp_dir)`` then rename ``tmp_dir`` to ``target``."""
+    tmp = target.with_name(target.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+    return target

@@ -1,0 +1,107 @@
+"""WorkflowContext: what a running workflow sees. ``call`` an agent, use a ``tool``, ``finish``."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from typing import Any, Awaitable, Callable
+
+from masrl.agents import AgentSpec
+from masrl.runtime.worker import GenCall
+from masrl.trace import Call, ToolCall, Trace, new_id
+
+
+class InfraError(RuntimeError):
+    """An infrastructure failure (timeout, engine crash): the trace is excluded from training."""
+
+
+class ToolError(RuntimeError):
+    """A tool failed. Recorded on the trace; the workflow decides what to do (catch it or not)."""
+
+
+Submit = Callable[[str, GenCall], Awaitable[Any]]
+
+
+class WorkflowContext:
+    def __init__(
+        self,
+        trace: Trace,
+        agents: dict[str, AgentSpec],
+        submit: Submit,
+        *,
+        train: bool,
+        call_timeout_s: float,
+        tools: dict[str, Callable] | None = None,
+        temperature: float | None = None,
+    ):
+        self.trace = trace
+        self.agents = agents
+        self._submit = submit
+        self.train = train
+        self.call_timeout_s = call_timeout_s
+        self.tools = tools or {}
+        self.temperature = temperature  # eval override
+        self.state = trace.state
+
+    async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None) -> Call:
+        spec = self.agents.get(agent)
+        if spec is None:
+            raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
+                           f"(defined: {', '.join(self.agents)})")
+        t = self.trace
+        call = Call(
+            call_id=new_id("call"), trace_id=t.trace_id, task_id=t.task_id, sample_idx=t.sample_idx, agent=agent,
+            policy=spec.policy, turn=len(t.calls) if turn is None else turn, messages=messages,
+            trainable=self.train and spec.trainable,
+        )
+        t.calls.append(call)
+        s = spec.sampling
+        gen = GenCall(
+            call_id=call.call_id, policy=spec.policy, messages=messages,
+            temperature=s.temperature if self.temperature is None else self.temperature,
+            top_p=s.top_p if self.temperature is None else 1.0,
+            max_new_tokens=s.max_new_tokens, stop=tuple(s.stop), record=call.trainable,
+            key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
+        )
+        try:
+            res = await asyncio.wait_for(self._submit(agent, gen), self.call_timeout_s)
+        except asyncio.TimeoutError:
+            raise InfraError(f"call to agent '{agent}' timed out after {self.call_timeout_s:g}s") from None
+        except InfraError:
+            raise
+        except Exception as exc:
+            raise InfraError(f"call to agent '{agent}' failed in the engine: {type(exc).__name__}: {exc}") from exc
+        call.completion = res.text
+        call.n_prompt_tokens = res.n_prompt_tokens
+        call.n_completion_tokens = res.n_completion_tokens
+        call.finish_reason = res.finish_reason
+        parsed = spec.parser(res.text)
+        call.parsed = parsed.fields
+        call.format_ok = parsed.ok
+        call.format_score = parsed.score
+        return call
+
+    async def tool(self, name: str, **args: Any) -> Any:
+        fn = self.tools.get(name)
+        rec = ToolCall(trace_id=self.trace.trace_id, name=name, args=args, turn=len(self.trace.calls))
+        self.trace.tool_calls.append(rec)
+        if fn is None:
+            rec.error = f"unknown tool '{name}' (available: {', '.join(self.tools) or 'none'})"
+            raise ToolError(rec.error)
+        t0 = time.perf_counter()
+        try:
+            out = fn(**args)
+            if inspect.isawaitable(out):
+                out = await out
+            rec.result = out
+            return out
+        except Exception as exc:
+            rec.error = f"{type(exc).__name__}: {exc}"
+            raise ToolError(f"tool '{name}' failed: {rec.error}") from exc
+        finally:
+            rec.duration_s = time.perf_counter() - t0
+
+    def finish(self, answer: Any = None, **state: Any) -> None:
+        self.trace.final_answer = answer
+        self.trace.state.update(state)

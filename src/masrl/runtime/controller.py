@@ -1,0 +1,108 @@
+"""Controller: runs workflows concurrently, scores them, and routes rewards to workers by call_id.
+
+The controller never holds tensors: it sees traces (text, parsed output, call ids) and hands
+each worker only ``{call_id: reward}`` for the calls that worker served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from masrl.agents import AgentSpec
+from masrl.data.tasks import Task
+from masrl.engines.batcher import Batcher
+from masrl.rewards import combine
+from masrl.runtime.context import InfraError, WorkflowContext
+from masrl.runtime.worker import GenCall, PolicyWorker
+from masrl.trace import Trace, new_id
+
+
+@dataclass
+class RolloutSettings:
+    max_in_flight: int = 64
+    call_timeout_s: float = 600.0
+    trace_timeout_s: float = 1800.0
+
+
+class Controller:
+    def __init__(self, workflow, agents: dict[str, AgentSpec], workers: list[PolicyWorker], batchers: list[Batcher],
+                 allocators: list, settings: RolloutSettings, tools: dict[str, Callable] | None = None):
+        self.workflow = workflow
+        self.agents = agents
+        self.workers = workers
+        self.batchers = batchers
+        self.allocators = allocators
+        self.settings = settings
+        self.tools = tools or {}
+        self.worker_of: dict[str, int] = {}
+        for i, w in enumerate(workers):
+            for p in w.policy_names:
+                self.worker_of[p] = i
+
+    async def _submit(self, agent: str, gen: GenCall):
+        return await self.batchers[self.worker_of[gen.policy]].submit(gen)
+
+    async def _run_one(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem) -> Trace:
+        trace = Trace(trace_id=new_id("trace"), task_id=task.id, sample_idx=sample_idx)
+        ctx = WorkflowContext(trace, self.agents, self._submit, train=train, call_timeout_s=self.settings.call_timeout_s,
+                              tools=self.tools, temperature=temperature)
+        async with sem:
+            t0 = time.perf_counter()
+            try:
+                await asyncio.wait_for(self.workflow.run(task, ctx), self.settings.trace_timeout_s)
+                trace.metrics.update(self.workflow.score(trace, task))
+            except asyncio.TimeoutError:
+                trace.error = f"trace timed out after {self.settings.trace_timeout_s:g}s"
+            except InfraError as exc:
+                trace.error = str(exc)
+            except Exception as exc:  # a bug in the workflow: record it, do not train on it
+                tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+                trace.error = f"workflow raised {tb}"
+            trace.duration_s = time.perf_counter() - t0
+        return trace
+
+    async def rollout(self, tasks: list[Task], samples_per_task: int, *, train: bool,
+                      temperature: float | None = None, on_done: Callable[[Trace], None] | None = None) -> list[Trace]:
+        sem = asyncio.Semaphore(self.settings.max_in_flight)
+        jobs = [self._run_one(t, k, train, temperature, sem) for t in tasks for k in range(samples_per_task)]
+        traces = []
+        for fut in asyncio.as_completed(jobs):
+            tr = await fut
+            traces.append(tr)
+            if on_done is not None:
+                on_done(tr)
+        order = {(t.id, k): i for i, t in enumerate(tasks) for k in range(samples_per_task)}
+        traces.sort(key=lambda tr: order[(tr.task_id, tr.sample_idx)])
+        return traces
+
+    def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
+        """Score calls and route rewards (or drops, for failed traces) to the worker of each call."""
+        per_worker: dict[int, dict[str, float]] = {}
+        drops: dict[int, list[str]] = {}
+        for tr in traces:
+            if tr.failed:
+                for c in tr.calls:
+                    drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
+                continue
+            totals = combine(tr, tasks[tr.task_id], self.allocators)
+            for c in tr.calls:
+                if c.call_id in totals:
+                    per_worker.setdefault(self.worker_of[c.policy], {})[c.call_id] = totals[c.call_id]
+        for i, ids in drops.items():
+            self.workers[i].drop(ids)
+        for i, rewards in per_worker.items():
+            self.workers[i].commit_rewards(rewards)
+
+    def update(self) -> dict[str, dict[str, float]]:
+        metrics: dict[str, dict[str, float]] = {}
+        for w in self.workers:
+            metrics.update(w.train_step())
+        return metrics
+
+    async def aclose(self) -> None:
+        for b in self.batchers:
+            await b.aclose()

@@ -1,0 +1,138 @@
+"""ModelHost: the weights one worker holds in memory.
+
+Either one full model serving one policy, or one frozen base with a LoRA adapter per policy
+(PEFT multi-adapter). In the LoRA case the base is held once however many policies share it,
+the reference model is the base with adapters disabled (free), and each policy's trainable
+parameters are its own adapter's (plus its value head under PPO).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from torch import nn
+
+from masrl.models import load_model
+from masrl.policies import PolicySpec
+
+
+def _peft_config(spec: PolicySpec):
+    from peft import LoraConfig
+
+    lora = spec.lora
+    assert lora is not None
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+class ModelHost:
+    def __init__(
+        self,
+        model_name: str,
+        policies: list[PolicySpec],
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        need_reference: bool = False,
+        need_critic: bool = False,
+    ):
+        if not policies:
+            raise ValueError("a ModelHost needs at least one policy")
+        lora = [p.is_lora for p in policies]
+        if any(lora) and not all(lora):
+            raise ValueError("a ModelHost holds either LoRA policies on one base or one full-model policy")
+        if not any(lora) and len(policies) > 1:
+            raise ValueError("full-model policies each need their own ModelHost")
+        self.model_name = model_name
+        self.policies = {p.name: p for p in policies}
+        self.is_lora = all(lora)
+        torch.manual_seed(seed)
+        model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype)
+        self.reference: nn.Module | None = None
+        if self.is_lora:
+            from peft import get_peft_model
+
+            model.requires_grad_(False)
+            first, *rest = policies
+            model = get_peft_model(model, _peft_config(first), adapter_name=first.name)
+            for p in rest:
+                model.add_adapter(p.name, _peft_config(p))
+            self.model = model
+            self.core = model.get_base_model()
+        else:
+            self.model = model
+            self.core = model
+            if need_reference and policies[0].trainable:
+                self.reference = copy.deepcopy(model).requires_grad_(False).eval()
+        hidden = self.core.config.hidden_size
+        self.value_heads: dict[str, nn.Linear] = {}
+        if need_critic:
+            for name in self.policies:
+                head = nn.Linear(hidden, 1).to(next(self.core.parameters()).dtype)
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+                self.value_heads[name] = head
+        for name, spec in self.policies.items():
+            for p in self.policy_parameters(name):
+                p.requires_grad_(spec.trainable)
+        self.model.eval()
+
+    # -- parameters ----------------------------------------------------------------------------
+    def policy_parameters(self, policy: str) -> list[nn.Parameter]:
+        """The parameters that ``policy``'s optimizer updates, and no others."""
+        if self.is_lora:
+            params = [p for n, p in self.model.named_parameters() if "lora_" in n and f".{policy}." in n]
+        else:
+            params = list(self.model.parameters())
+        if policy in self.value_heads:
+            params += list(self.value_heads[policy].parameters())
+        return params
+
+    def adapter_for(self, policy: str) -> str | None:
+        return policy if self.is_lora else None
+
+    @contextlib.contextmanager
+    def active(self, policy: str):
+        """Make ``policy``'s weights the ones a forward pass uses."""
+        if self.is_lora:
+            prev = self.model.active_adapter
+            self.model.set_adapter(policy)
+            # set_adapter flips requires_grad of adapters; restore ours
+            for name, spec in self.policies.items():
+                for p in self.policy_parameters(name):
+                    p.requires_grad_(spec.trainable and name == policy)
+            try:
+                yield
+            finally:
+                self.model.set_adapter(prev)
+        else:
+            yield
+
+    @contextlib.contextmanager
+    def reference_mode(self):
+        """Forward passes inside use the reference (initial) weights."""
+        if self.is_lora:
+            with self.model.disable_adapter():
+                yield self.core
+        else:
+            if self.reference is None:
+                raise RuntimeError("no reference model: set algorithm.kl_coef > 0 to keep one")
+            yield self.reference
+
+    # -- forward -------------------------------------------------------------------------------
+    def hidden_states(self, module: nn.Module, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Last hidden states ``[B, L, H]`` of a causal LM module (no output head)."""
+        return module.model(input_ids=ids, attention_mask=attn).last_hidden_state
+
+    def train_mode(self, on: bool) -> None:
+        self.model.train(on)
+        for h in self.value_heads.values():
+            h.train(on)

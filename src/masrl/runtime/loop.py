@@ -1,0 +1,199 @@
+"""The training loop, top to bottom: eval, then per step rollout -> rewards -> update -> log -> save."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from masrl.config import RunConfig, dump_config
+from masrl.data.tasks import Task
+from masrl.errors import MasrlError
+from masrl.rewards import combine
+from masrl.runtime import checkpoint as ckpt
+from masrl.runtime.builder import Runtime, build_runtime, build_tasks
+from masrl.runtime.metrics import MetricsWriter, comparison_table, step_line, summarize_traces
+
+
+def step_tasks(tasks: list[Task], step: int, n: int, seed: int) -> list[Task]:
+    """Epochs over a seeded shuffle: step k takes the next n tasks (deterministic, so resume-safe)."""
+    order = list(range(len(tasks)))
+    epoch = (step * n) // len(tasks)
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    start = (step * n) % len(tasks)
+    picked = [order[(start + i) % len(order)] for i in range(min(n, len(tasks)))]
+    return [tasks[i] for i in picked]
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, *, console: Console | None = None, run_dir: Path | None = None):
+        self.cfg = cfg
+        self.console = console or Console(highlight=False)
+        self.run_dir = Path(run_dir or cfg.run_dir())
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.train_tasks, self.eval_tasks = build_tasks(cfg)
+        self.rt: Runtime | None = None
+        self.step = 0
+
+    def log(self, msg: str) -> None:
+        self.console.print(msg, markup=False, soft_wrap=True)
+
+    # -- set-up ----------------------------------------------------------------------------------
+    def prepare(self, *, resume: bool) -> None:
+        existing = ckpt.latest_checkpoint(self.ckpt_root)
+        if existing is not None and not resume:
+            raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); pass --resume to "
+                             f"continue it, or choose another run: output_dir=... or name=...")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+        self.rt = build_runtime(self.cfg, log=self.log)
+        if resume and existing is not None:
+            self.load_checkpoint(existing)
+            self.log(f"[masrl] resumed from {existing} at step {self.step}")
+        elif resume:
+            self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
+
+    def load_checkpoint(self, path: Path, *, with_optimizer: bool = True) -> None:
+        assert self.rt is not None
+        state = json.loads((path / "state.json").read_text())
+        for w in self.rt.workers:
+            w.load(str(path), with_optimizer=with_optimizer)
+        self.step = int(state["step"])
+
+    def save_checkpoint(self) -> Path:
+        assert self.rt is not None
+
+        def fill(tmp: Path) -> None:
+            for w in self.rt.workers:
+                w.save(str(tmp))
+            (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
+                                                        "policies": list(self.cfg.policies)}))
+
+        return ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), fill)
+
+    # -- rollouts --------------------------------------------------------------------------------
+    async def _rollout(self, tasks: list[Task], samples: int, *, train: bool, temperature: float | None, label: str):
+        assert self.rt is not None
+        total = len(tasks) * samples
+        with Progress(TextColumn(f"  {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=True) as prog:
+            bar = prog.add_task(label, total=total)
+            traces = await self.rt.controller.rollout(tasks, samples, train=train, temperature=temperature,
+                                                      on_done=lambda _t: prog.advance(bar))
+        return traces
+
+    async def evaluate(self, label: str = "eval") -> dict:
+        assert self.rt is not None
+        e = self.cfg.eval
+        temp = e.temperature
+        traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp, label=label)
+        by_id = {t.id: t for t in self.eval_tasks}
+        for tr in traces:
+            if not tr.failed:
+                combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
+        return summarize_traces(traces)
+
+    async def train_step(self) -> dict:
+        assert self.rt is not None
+        r = self.cfg.rollout
+        tasks = step_tasks(self.train_tasks, self.step, r.tasks_per_step, self.cfg.seed)
+        t0 = time.perf_counter()
+        traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
+                                     label=f"step {self.step + 1} rollout")
+        t1 = time.perf_counter()
+        self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
+        with self.console.status(f"  step {self.step + 1} update"):
+            policies = self.rt.controller.update()
+        t2 = time.perf_counter()
+        self.step += 1
+        rec = {"step": self.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
+               "policies": policies}
+        self._last_traces = traces
+        return rec
+
+    # -- the run ---------------------------------------------------------------------------------
+    async def run(self) -> dict:
+        cfg = self.cfg
+        writer = MetricsWriter(self.run_dir)
+        results: dict = {}
+        try:
+            if cfg.train.eval_before and self.step == 0:
+                results["before"] = await self.evaluate("eval before training")
+                self._write_json("eval_before.json", results["before"])
+                self.log(f"[masrl] held-out before training: {self._eval_line(results['before'])}")
+            while self.step < cfg.train.steps:
+                rec = await self.train_step()
+                writer.write(rec)
+                writer.write_traces(self.step, self._last_traces, cfg.train.log_traces)
+                self.log(step_line(self.step, cfg.train.steps, rec))
+                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    self.save_checkpoint()
+            if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
+                                    or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
+                self.save_checkpoint()
+            if cfg.train.eval_after:
+                results["after"] = await self.evaluate("eval after training")
+                self._write_json("eval_after.json", results["after"])
+                self.log(f"[masrl] held-out after training: {self._eval_line(results['after'])}")
+        finally:
+            await self.rt.controller.aclose()
+        if "before" in results and "after" in results:
+            self.print_comparison(results["before"], results["after"])
+        return results
+
+    def _write_json(self, name: str, data: dict) -> None:
+        (self.run_dir / name).write_text(json.dumps(data, indent=2))
+
+    @staticmethod
+    def _eval_line(s: dict) -> str:
+        return f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+
+    def print_comparison(self, before: dict, after: dict) -> None:
+        rows = comparison_table(before, after)
+        table = Table(title=f"held-out results on {len(self.eval_tasks)} unseen problems: before -> after "
+                            f"{self.step} steps")
+        for h in rows[0]:
+            table.add_column(h or "agent")
+        for r in rows[1:]:
+            table.add_row(*r)
+        self.console.print(table)
+
+
+def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
+    trainer = Trainer(cfg, console=console)
+    trainer.prepare(resume=resume)
+    return asyncio.run(trainer.run())
+
+
+def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console | None = None) -> dict:
+    trainer = Trainer(cfg, console=console)
+    trainer.rt = build_runtime(cfg, log=trainer.log)
+    if checkpoint:
+        path = Path(checkpoint)
+        if not (path / "state.json").is_file():
+            latest = ckpt.latest_checkpoint(path / "checkpoints") or ckpt.latest_checkpoint(path)
+            if latest is None:
+                raise MasrlError(f"--checkpoint {checkpoint}: no checkpoint there (expected a step_NNNNNN folder "
+                                 f"with state.json, or a run directory holding checkpoints/)")
+            path = latest
+        trainer.load_checkpoint(path, with_optimizer=False)
+        trainer.log(f"[masrl] evaluating {path}")
+
+    async def go():
+        try:
+            return await trainer.evaluate()
+        finally:
+            await trainer.rt.controller.aclose()
+
+    summary = asyncio.run(go())
+    trainer.log(f"[masrl] held-out: {trainer._eval_line(summary)}")
+    for name, a in summary.get("agents", {}).items():
+        trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "
+                    f"tokens {a['tokens']:.1f}")
+    return summary

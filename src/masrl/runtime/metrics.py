@@ -1,0 +1,102 @@
+"""Summaries of traces and updates, the metrics.jsonl writer, and the console lines."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from masrl.trace import Trace
+
+
+def summarize_traces(traces: list[Trace]) -> dict:
+    """Per-run and per-agent figures over the traces that did not fail."""
+    ok = [t for t in traces if not t.failed]
+    out: dict = {"traces": len(traces), "failed": len(traces) - len(ok)}
+    if not ok:
+        out["agents"] = {}
+        return out
+    keys = sorted({k for t in ok for k in t.metrics})
+    for k in keys:
+        out[k] = mean(float(t.metrics.get(k, 0.0)) for t in ok)
+    by_agent: dict[str, list] = defaultdict(list)
+    outcome_by_agent: dict[str, list[float]] = defaultdict(list)
+    for t in ok:
+        seen = set()
+        for c in t.calls:
+            by_agent[c.agent].append(c)
+            if c.agent not in seen:
+                seen.add(c.agent)
+                outcome_by_agent[c.agent].append(float(t.metrics.get("outcome", 0.0)))
+    agents = {}
+    for name, calls in by_agent.items():
+        agents[name] = {
+            "reward": mean(c.reward or 0.0 for c in calls),
+            "accuracy": mean(outcome_by_agent[name]),
+            "format_rate": mean(1.0 if c.format_ok else 0.0 for c in calls),
+            "format_score": mean(c.format_score for c in calls),
+            "tokens": mean(c.n_completion_tokens for c in calls),
+            "calls": len(calls),
+        }
+    out["agents"] = agents
+    out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
+    errors = [t.error for t in traces if t.failed]
+    if errors:
+        out["first_error"] = errors[0]
+    return out
+
+
+class MetricsWriter:
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "metrics.jsonl"
+        self.traces_path = run_dir / "traces.jsonl"
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def write_traces(self, step: int, traces: list[Trace], n: int) -> None:
+        if n <= 0:
+            return
+        with self.traces_path.open("a") as f:
+            for t in traces[:n]:
+                d = t.to_dict()
+                d["step"] = step
+                f.write(json.dumps(d, default=str) + "\n")
+
+
+def step_line(step: int, total: int, rec: dict) -> str:
+    r = rec["rollout"]
+    parts = [f"step {step}/{total}", f"rollout {rec['rollout_s']:.1f}s update {rec['update_s']:.1f}s",
+             f"outcome {r.get('outcome', 0.0):.3f}", f"reward {r.get('reward', 0.0):.3f}"]
+    if r.get("failed"):
+        parts.append(f"failed {r['failed']}")
+    for name, a in r.get("agents", {}).items():
+        parts.append(f"{name}: r={a['reward']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
+    for name, p in rec.get("policies", {}).items():
+        parts.append(f"[{name}] loss={p['loss']:.4f} kl={p['kl']:.4f} gn={p['grad_norm']:.2f} "
+                     f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f}")
+    return " | ".join(parts)
+
+
+def comparison_table(before: dict, after: dict) -> list[list[str]]:
+    rows = [["", "accuracy", "format rate", "mean reward"]]
+
+    def row(label, b, a, key):
+        if b is None or a is None:
+            return f"{(a or b or {}).get(key, 0.0):.3f}"
+        return f"{b.get(key, 0.0):.3f} -> {a.get(key, 0.0):.3f}"
+
+    rows.append(["all agents", f"{before.get('outcome', 0):.3f} -> {after.get('outcome', 0):.3f}",
+                 f"{_mean_fmt(before):.3f} -> {_mean_fmt(after):.3f}",
+                 f"{before.get('reward', 0):.3f} -> {after.get('reward', 0):.3f}"])
+    for name in after.get("agents", {}):
+        b, a = before.get("agents", {}).get(name), after["agents"][name]
+        rows.append([name, row(name, b, a, "accuracy"), row(name, b, a, "format_rate"), row(name, b, a, "reward")])
+    return rows
+
+
+def _mean_fmt(summary: dict) -> float:
+    agents = summary.get("agents", {})
+    return mean(a["format_rate"] for a in agents.values()) if agents else 0.0

@@ -1,0 +1,170 @@
+"""PolicyWorker: owns the weights of one model in memory and the policies on it.
+
+A worker holds one ModelHost (a full model with its policy, or a frozen base with one LoRA
+adapter per policy), its engine, one optimizer per trainable policy, and the buffer of the
+calls it served (exact token ids and sampling logprobs, keyed by ``call_id``). Every method
+takes and returns plain picklable data, so the same class runs in-process or as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from masrl.engines.hf import GenRequest, HFEngine
+from masrl.models import stop_token_ids
+from masrl.policies import PolicySpec
+from masrl.runtime import checkpoint as ckpt
+from masrl.runtime.hosting import ModelHost
+from masrl.runtime.training import Sample, train_policy
+
+
+@dataclass
+class GenCall:
+    call_id: str
+    policy: str
+    messages: list[dict]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    record: bool = True  # keep the tokens for training
+    key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
+
+
+@dataclass
+class GenResult:
+    call_id: str
+    text: str
+    n_prompt_tokens: int
+    n_completion_tokens: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """Plain copy of the algorithm config that the update needs (see config.AlgorithmConfig)."""
+
+    advantage: str = "grpo"
+    group_key: tuple[str, ...] = ("task_id", "agent", "turn")
+    std_normalize: bool = True
+    baseline: str = "none"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    aggregation: str = "token"
+    ppo_epochs: int = 1
+    mini_batches: int = 1
+    micro_batch_size: int = 8
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.5
+    value_clip: float | None = 0.2
+    skip_zero_advantage: bool = True
+
+
+class PolicyWorker:
+    def __init__(self, model_name: str, policies: list[PolicySpec], update: UpdateSettings, *,
+                 dtype: str = "float32", seed: int = 0, fast_engine: bool = True):
+        self.update = update
+        self.seed = seed
+        self.host = ModelHost(model_name, policies, dtype=dtype, seed=seed,
+                              need_reference=update.kl_coef > 0, need_critic=update.advantage == "gae")
+        tok = self.host.tokenizer
+        self.pad_id = tok.pad_token_id
+        self.engine = HFEngine(self.host.model, tok, stop_token_ids(tok, self.host.core), seed=seed, fast_path=fast_engine)
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        for spec in policies:
+            if spec.trainable:
+                o = spec.optim
+                self.optimizers[spec.name] = torch.optim.AdamW(
+                    self.host.policy_parameters(spec.name), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+                )
+        self.buffer: dict[str, Sample] = {}
+        self.step = 0
+
+    @property
+    def policy_names(self) -> list[str]:
+        return list(self.host.policies)
+
+    # -- rollout -------------------------------------------------------------------------------
+    def render(self, messages: list[dict]) -> list[int]:
+        tok = self.host.tokenizer
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    def generate(self, calls: list[GenCall]) -> list[GenResult]:
+        prompts = [self.render(c.messages) for c in calls]
+        requests = [
+            GenRequest(p, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
+                       stop=tuple(c.stop), adapter=self.host.adapter_for(c.policy))
+            for c, p in zip(calls, prompts)
+        ]
+        outputs = self.engine.generate(requests)
+        results = []
+        for c, p, o in zip(calls, prompts, outputs):
+            if c.record and self.host.policies[c.policy].trainable:
+                self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
+                                                c.temperature, dict(c.key))
+            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason))
+        return results
+
+    # -- rewards and updates -------------------------------------------------------------------
+    def commit_rewards(self, rewards: dict[str, float]) -> int:
+        """Attach rewards to buffered calls; returns how many matched."""
+        n = 0
+        for call_id, r in rewards.items():
+            s = self.buffer.get(call_id)
+            if s is not None:
+                s.reward = float(r)
+                n += 1
+        return n
+
+    def drop(self, call_ids: list[str]) -> int:
+        return sum(self.buffer.pop(c, None) is not None for c in call_ids)
+
+    def train_step(self) -> dict[str, dict[str, float]]:
+        """Update every trainable policy on its rewarded calls, then clear the buffer."""
+        metrics: dict[str, dict[str, float]] = {}
+        for name, opt in self.optimizers.items():
+            samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None]
+            if not samples:
+                continue
+            t0 = time.perf_counter()
+            m = train_policy(self.host, name, samples, opt, self.update, self.host.policies[name].optim.grad_clip,
+                             self.pad_id, seed=self.seed + self.step)
+            m["update_s"] = time.perf_counter() - t0
+            metrics[name] = m
+        unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)
+        for m in metrics.values():
+            m["unrewarded_calls"] = float(unrewarded)
+        self.buffer.clear()
+        self.step += 1
+        return metrics
+
+    # -- state ---------------------------------------------------------------------------------
+    def save(self, directory: str) -> None:
+        d = Path(directory)
+        for name in self.policy_names:
+            ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
+        (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps({"step": self.step}))
+
+    def load(self, directory: str, *, with_optimizer: bool = True) -> None:
+        d = Path(directory)
+        for name in self.policy_names:
+            ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
+        meta = d / f"worker_{'_'.join(self.policy_names)}.json"
+        if meta.is_file():
+            self.step = json.loads(meta.read_text())["step"]
+
+    def fingerprint(self, policy: str) -> list[float]:
+        """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed."""
+        with torch.no_grad():
+            params = self.host.policy_parameters(policy)
+            return [float(sum(p.double().sum() for p in params)), float(sum((p.double() ** 2).sum() for p in params))]

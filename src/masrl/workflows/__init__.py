@@ -1,0 +1,34 @@
+"""Workflows, registered by name; 'module:Class' loads your own."""
+
+from __future__ import annotations
+
+import importlib
+
+from masrl.errors import ConfigError
+from masrl.workflows.math_solver import MathSolver
+from masrl.workflows.math_team import MathTeam
+
+REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver}
+
+
+def load_object(ref: str, what: str):
+    """Import ``module:attr``; errors say what to fix."""
+    if ":" not in ref:
+        raise ConfigError(f"{what} '{ref}' is not registered; use a registered name or 'module:attr'")
+    mod_name, attr = ref.split(":", 1)
+    try:
+        mod = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what} '{ref}': cannot import module '{mod_name}' ({exc})") from None
+    try:
+        return getattr(mod, attr)
+    except AttributeError:
+        raise ConfigError(f"{what} '{ref}': module '{mod_name}' has no attribute '{attr}'") from None
+
+
+def build_workflow(name: str, options: dict):
+    cls = REGISTRY.get(name) or load_object(name, "workflow")
+    try:
+        return cls(**options)
+    except TypeError as exc:
+        raise ConfigError(f"workflow.options for '{name}': {exc}") from None

@@ -1,0 +1,54 @@
+"""Prompts for the math workflows: a short system prompt plus two worked example turns.
+
+A 135M model follows a tag format only when shown one: with an instruction alone, or with an
+example inside the system prompt, SmolLM2-135M-Instruct gave 0/32 outputs in the asked format;
+with two worked question/answer turns before the question it gave 21/32. So each agent gets
+two example turns, kept short because every prompt token is paid again in the update.
+"""
+
+from __future__ import annotations
+
+SOLVER_SYSTEM = (
+    "You solve math word problems. Write the calculation in <solution></solution> "
+    "and the final number in <answer></answer>."
+)
+SOLVER_EXAMPLES = [
+    ("Ana has 3 pens and buys 4 more. How many pens does Ana have now?", "<solution>3 + 4 = 7</solution><answer>7</answer>"),
+    ("Omar had 15 cards and gave away 6. How many cards are left?", "<solution>15 - 6 = 9</solution><answer>9</answer>"),
+]
+
+VERIFIER_SYSTEM = (
+    "You check a solution to a math word problem. Reply with <status>correct</status> or "
+    "<status>incorrect</status>, then one short sentence in <feedback></feedback>."
+)
+VERIFIER_EXAMPLES = [
+    ("Question: Ana has 3 pens and buys 4 more. How many pens does Ana have now?\nSolution: 3 + 4 = 8",
+     "<status>incorrect</status><feedback>3 + 4 is 7, not 8.</feedback>"),
+    ("Question: Omar had 15 cards and gave away 6. How many cards are left?\nSolution: 15 - 6 = 9",
+     "<status>correct</status><feedback>15 - 6 is 9.</feedback>"),
+]
+
+REFINER_SYSTEM = (
+    "You fix a solution to a math word problem using a check of it. "
+    "Write the corrected calculation in <solution></solution>."
+)
+REFINER_EXAMPLES = [
+    ("Question: Ana has 3 pens and buys 4 more. How many pens does Ana have now?\nSolution: 3 + 4 = 8\n"
+     "Check: incorrect. 3 + 4 is 7, not 8.", "<solution>3 + 4 = 7</solution>"),
+    ("Question: Omar had 15 cards and gave away 6. How many cards are left?\nSolution: 15 - 6 = 9\n"
+     "Check: correct. 15 - 6 is 9.", "<solution>15 - 6 = 9</solution>"),
+]
+
+FINALIZER_SYSTEM = "You give the final answer to a math word problem as one number in <answer></answer>."
+FINALIZER_EXAMPLES = [
+    ("Question: Ana has 3 pens and buys 4 more. How many pens does Ana have now?\nSolution: 3 + 4 = 7", "<answer>7</answer>"),
+    ("Question: Omar had 15 cards and gave away 6. How many cards are left?\nSolution: 15 - 6 = 9", "<answer>9</answer>"),
+]
+
+
+def few_shot(system: str, examples: list[tuple[str, str]], user: str) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": system}]
+    for q, a in examples:
+        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+    msgs.append({"role": "user", "content": user})
+    return msgs

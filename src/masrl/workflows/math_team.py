@@ -1,0 +1,99 @@
+"""The math team: solver -> verifier -> refiner -> finalizer.
+
+solver     <solution>work</solution><answer>number</answer>
+verifier   <status>correct|incorrect|uncertain</status><feedback>sentence</feedback>
+refiner    <solution>corrected work</solution>
+finalizer  <answer>number</answer>            (the trace's final answer)
+
+A near-miss output never stops the workflow: fields are read leniently (an unparseable
+verifier counts as "uncertain"; a missing refined solution keeps the solver's), while the
+format score, which the format reward pays, stays strict. Turn scores (for the turn-delta
+reward) are the correctness of the number each solution-bearing agent states.
+"""
+
+from __future__ import annotations
+
+from masrl.agents import AgentRole
+from masrl.data.answers import answers_equivalent, to_number
+from masrl.data.tasks import Task
+from masrl.parsing import TagSpec, is_number, one_of, parse_tags
+from masrl.trace import Trace
+from masrl.workflows import math_prompts as P
+
+SOLVER_TAGS = [TagSpec("solution"), TagSpec("answer", is_number)]
+VERIFIER_TAGS = [TagSpec("status", one_of("correct", "incorrect", "uncertain")), TagSpec("feedback")]
+REFINER_TAGS = [TagSpec("solution")]
+FINALIZER_TAGS = [TagSpec("answer", is_number)]
+
+
+def parse_solver(text: str):
+    return parse_tags(text, SOLVER_TAGS)
+
+
+def parse_verifier(text: str):
+    return parse_tags(text, VERIFIER_TAGS)
+
+
+def parse_refiner(text: str):
+    return parse_tags(text, REFINER_TAGS)
+
+
+def parse_finalizer(text: str):
+    return parse_tags(text, FINALIZER_TAGS)
+
+
+def _correct(value, task: Task) -> float:
+    return 1.0 if value is not None and answers_equivalent(value, task.answer) else 0.0
+
+
+class MathTeam:
+    name = "math_team"
+
+    def __init__(self, verify: bool = True):
+        self.verify = verify
+
+    def roles(self) -> dict[str, AgentRole]:
+        return {
+            "solver": AgentRole("solver", parse_solver, "writes a solution and an answer", 64, ("</answer>",)),
+            "verifier": AgentRole("verifier", parse_verifier, "judges the solution", 48, ("</feedback>",)),
+            "refiner": AgentRole("refiner", parse_refiner, "rewrites the solution using the check", 64, ("</solution>",)),
+            "finalizer": AgentRole("finalizer", parse_finalizer, "states the final answer", 16, ("</answer>",)),
+        }
+
+    async def run(self, task: Task, ctx) -> None:
+        q = task.question
+        sol = await ctx.call("solver", P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
+        solution = sol.parsed.get("solution") or sol.completion.strip()
+        first = sol.parsed.get("answer")
+        sol.turn_score = _correct(first, task)
+        body = f"Question: {q}\nSolution: {solution}"
+
+        ver = await ctx.call("verifier", P.few_shot(P.VERIFIER_SYSTEM, P.VERIFIER_EXAMPLES, body))
+        status = (ver.parsed.get("status") or "").strip().lower()
+        status = status if status in ("correct", "incorrect", "uncertain") else "uncertain"
+        feedback = ver.parsed.get("feedback") or ""
+
+        ref = await ctx.call(
+            "refiner", P.few_shot(P.REFINER_SYSTEM, P.REFINER_EXAMPLES, f"{body}\nCheck: {status}. {feedback}".strip())
+        )
+        refined = ref.parsed.get("solution") or solution
+        ref.turn_score = _correct(to_number(refined), task)
+
+        fin = await ctx.call(
+            "finalizer", P.few_shot(P.FINALIZER_SYSTEM, P.FINALIZER_EXAMPLES, f"Question: {q}\nSolution: {refined}")
+        )
+        answer = fin.parsed.get("answer")
+        fin.turn_score = _correct(answer, task)
+        ctx.state.update(first_answer=first, status=status, refined=refined)
+        ctx.finish(answer)
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        outcome = _correct(trace.final_answer, task)
+        first = _correct(trace.state.get("first_answer"), task)
+        status = trace.state.get("status")
+        judged = {"correct": 1.0, "incorrect": 0.0}.get(status)
+        return {
+            "outcome": outcome,
+            "solver_correct": first,
+            "verifier_accurate": float(judged == first) if judged is not None else 0.0,
+        }

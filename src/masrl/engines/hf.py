@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from masrl.engines import llama_decode
+from masrl.engines import llama_forward
+from masrl.engines.prefix import group_by_prefix
 from masrl.engines.sampling import sample_tokens
 
 
@@ -70,7 +71,7 @@ class _HFForward:
 
 class HFEngine:
     def __init__(self, model, tokenizer, stop_ids: list[int], *, seed: int = 0, compact_ratio: float = 0.5,
-                 fast_path: bool = True):
+                 fast_path: bool = True, min_prefix: int = 16):
         self.model = model
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
@@ -78,8 +79,10 @@ class HFEngine:
         self.generator = torch.Generator().manual_seed(seed)
         self.compact_ratio = compact_ratio
         self.is_peft = hasattr(model, "peft_config")
-        use_fast = fast_path and llama_decode.supports(model)
-        self.stepper = llama_decode.LlamaDecoder(model) if use_fast else _HFForward(model)
+        use_fast = fast_path and llama_forward.supports(model)
+        self.stepper = llama_forward.LlamaForward(model) if use_fast else _HFForward(model)
+        self.share_prefix = use_fast
+        self.min_prefix = min_prefix
         self.dtype = next(model.parameters()).dtype
 
     @torch.inference_mode()
@@ -87,18 +90,33 @@ class HFEngine:
         if not requests:
             return []
         B = len(requests)
-        plen = max(len(r.prompt_ids) for r in requests)
+        prompts = [list(r.prompt_ids) for r in requests]
+        adapters = [r.adapter or "__base__" for r in requests] if self.is_peft else None
         max_new = max(r.max_new_tokens for r in requests)
-        ids = torch.full((B, plen), self.pad_id, dtype=torch.long)
-        key_valid = torch.zeros((B, plen + max_new), dtype=torch.bool)
-        for i, r in enumerate(requests):
-            n = len(r.prompt_ids)
-            ids[i, plen - n :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-            key_valid[i, plen - n :] = True
-        positions = (key_valid[:, :plen].long().cumsum(-1) - 1).clamp(min=0)
+        # Slot layout per row: [shared prefix | gap | left-padded rest of prompt | generated].
+        # Invalid slots are masked out; positions follow each row's own tokens, not slots.
+        groups = group_by_prefix(prompts, keys=adapters, min_prefix=self.min_prefix) if self.share_prefix else []
+        pre = [0] * B
+        for rows, plen in groups:
+            for r in rows:
+                pre[r] = plen
+        pmax = max(pre)
+        smax = max(len(p) - k for p, k in zip(prompts, pre))
+        total = pmax + smax + max_new
+        cache = self.stepper.new_cache(B, total, self.dtype)
+        key_valid = torch.zeros((B, total), dtype=torch.bool)
+        for rows, plen in groups:
+            if plen > 0:
+                self._fill_prefix(cache, key_valid, rows, prompts[rows[0]][:plen], adapters[rows[0]] if adapters else None)
+        ids = torch.full((B, smax), self.pad_id, dtype=torch.long)
+        positions = torch.zeros((B, smax), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            n = len(p) - pre[i]
+            ids[i, smax - n :] = torch.tensor(p[pre[i] :], dtype=torch.long)
+            positions[i, smax - n :] = torch.arange(pre[i], len(p))
+            key_valid[i, pmax + smax - n : pmax + smax] = True
         temps = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
         top_ps = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
-        adapters = [r.adapter or "__base__" for r in requests] if self.is_peft else None
 
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -106,10 +124,9 @@ class HFEngine:
         # batch position -> request index, or None once that row finished (it rides along, ignored,
         # until the next compaction drops it from the cache)
         rows: list[int | None] = list(range(B))
-        cache = self.stepper.new_cache(B, plen + max_new, self.dtype)
-        logits = self.stepper.forward(ids, positions, cache, 0, key_valid, adapters)
-        next_pos = positions[:, -1:] + 1
-        cur = plen
+        logits = self.stepper.forward(ids, positions, cache, pmax, key_valid, adapters)
+        next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
+        cur = pmax + smax
         while True:
             tokens, lps = sample_tokens(logits, temps, top_ps, self.generator)
             for b, (t, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
@@ -147,6 +164,21 @@ class HFEngine:
             )
             for i in range(B)
         ]
+
+    def _fill_prefix(self, cache, key_valid, rows: list[int], prefix: list[int], adapter: str | None) -> None:
+        """Run a shared prefix once (batch of 1) and copy its keys/values into every row of the group."""
+        from masrl.engines.llama_forward import causal_mask
+
+        n = len(prefix)
+        ids = torch.tensor([prefix], dtype=torch.long)
+        mask = causal_mask(torch.ones((1, n), dtype=torch.bool), 0, n)
+        _, kv = self.stepper.hidden(ids, torch.arange(n).unsqueeze(0), mask, adapters=[adapter] if adapter else None,
+                                    return_kv=True, last_only=True)
+        idx = torch.tensor(rows, dtype=torch.long)
+        for (kc, vc), (k, v) in zip(cache, kv):
+            kc[idx, :, :n] = k
+            vc[idx, :, :n] = v
+        key_valid[idx, :n] = True
 
     def _hit_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
         tail = self.tok.decode(ids[-16:], skip_special_tokens=True)

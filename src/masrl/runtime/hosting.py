@@ -132,6 +132,17 @@ class ModelHost:
         """Last hidden states ``[B, L, H]`` of a causal LM module (no output head)."""
         return module.model(input_ids=ids, attention_mask=attn).last_hidden_state
 
+    def fast_forward(self, module: nn.Module):
+        """A LlamaForward over ``module`` (the policy model or the reference), or None if unsupported."""
+        from masrl.engines import llama_forward
+
+        cache = self.__dict__.setdefault("_fast", {})
+        key = id(module)
+        if key not in cache:
+            target = self.model if module is self.core else module
+            cache[key] = llama_forward.LlamaForward(target) if llama_forward.supports(target) else None
+        return cache[key]
+
     def train_mode(self, on: bool) -> None:
         self.model.train(on)
         for h in self.value_heads.values():

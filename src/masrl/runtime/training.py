@@ -16,6 +16,8 @@ from masrl.algorithms import SEQUENCE_ESTIMATORS
 from masrl.algorithms.gae import gae_advantages, place_sequence_rewards, whiten
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
+from masrl.engines.llama_forward import causal_mask
+from masrl.engines.prefix import common_prefix_len, group_by_prefix
 from masrl.runtime.hosting import ModelHost
 
 
@@ -40,32 +42,44 @@ class Sample:
 
 @dataclass
 class Batch:
-    ids: torch.Tensor  # [B, L] prompt + completion, right-padded
-    attn: torch.Tensor  # [B, L]
-    gather_idx: torch.Tensor  # [B, T] positions whose hidden state predicts each completion token
+    """A micro-batch laid out as [shared prefix, run once] + [rest of prompt + completion, per row]."""
+
+    prefix: torch.Tensor  # [1, P] tokens shared by every row (P may be 0)
+    ids: torch.Tensor  # [B, S] rest of prompt + completion, right-padded
+    valid: torch.Tensor  # [B, S] bool
+    gather_idx: torch.Tensor  # [B, T] suffix positions whose hidden state predicts each completion token
     tokens: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float
     temps: torch.Tensor  # [B]
 
 
-def make_batch(samples: list[Sample], pad_id: int) -> Batch:
+def make_batch(samples: list[Sample], pad_id: int, *, share_prefix: bool = True, min_prefix: int = 16) -> Batch:
+    P = 0
+    if share_prefix and len(samples) > 1:
+        P = min(len(s.prompt_ids) for s in samples) - 1
+        first = samples[0].prompt_ids
+        for s in samples[1:]:
+            P = min(P, common_prefix_len(first, s.prompt_ids))
+        if P < min_prefix:
+            P = 0
     B = len(samples)
-    L = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    S = max(len(s.prompt_ids) - P + len(s.completion_ids) for s in samples)
     T = max(len(s.completion_ids) for s in samples)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
+    ids = torch.full((B, S), pad_id, dtype=torch.long)
+    valid = torch.zeros((B, S), dtype=torch.bool)
     gather_idx = torch.zeros((B, T), dtype=torch.long)
     tokens = torch.full((B, T), pad_id, dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.float32)
     for i, s in enumerate(samples):
-        p, c = len(s.prompt_ids), len(s.completion_ids)
-        ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
-        attn[i, : p + c] = 1
-        gather_idx[i, :c] = torch.arange(p - 1, p + c - 1)
+        rest, c = s.prompt_ids[P:], len(s.completion_ids)
+        ids[i, : len(rest) + c] = torch.tensor(rest + s.completion_ids)
+        valid[i, : len(rest) + c] = True
+        gather_idx[i, :c] = torch.arange(len(rest) - 1, len(rest) + c - 1)
         tokens[i, :c] = torch.tensor(s.completion_ids)
         mask[i, :c] = 1.0
     temps = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32)
-    return Batch(ids, attn, gather_idx, tokens, mask, temps)
+    prefix = torch.tensor([samples[0].prompt_ids[:P]], dtype=torch.long)
+    return Batch(prefix, ids, valid, gather_idx, tokens, mask, temps)
 
 
 def pad_rows(rows: list[list[float]], T: int) -> torch.Tensor:
@@ -75,18 +89,36 @@ def pad_rows(rows: list[list[float]], T: int) -> torch.Tensor:
     return out
 
 
+def suffix_hidden(host: ModelHost, module, batch: Batch) -> torch.Tensor:
+    """Hidden states ``[B, S, H]`` of the per-row part, with the shared prefix run once."""
+    fast = host.fast_forward(module)
+    B, S = batch.ids.shape
+    P = batch.prefix.shape[1]
+    if fast is None:  # any architecture: the model's own forward over prefix + suffix
+        ids = torch.cat([batch.prefix.expand(B, -1), batch.ids], dim=1)
+        attn = torch.cat([torch.ones((B, P), dtype=torch.long), batch.valid.long()], dim=1)
+        return host.hidden_states(module, ids, attn)[:, P:]
+    past = None
+    if P > 0:
+        _, kv = fast.hidden(batch.prefix, torch.arange(P).unsqueeze(0),
+                            causal_mask(torch.ones((1, P), dtype=torch.bool), 0, P), return_kv=True, last_only=True)
+        past = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in kv]
+    key_valid = torch.cat([torch.ones((B, P), dtype=torch.bool), batch.valid], dim=1)
+    positions = (P + torch.arange(S)).unsqueeze(0).expand(B, -1)
+    return fast.hidden(batch.ids, positions, causal_mask(key_valid, P, S), past=past)
+
+
 def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False):
     """Logprobs ``[B, T]`` of the sampled tokens (at each row's temperature), entropy, values.
 
     The output head runs only on completion positions: the prompt's logits are never needed.
     """
-    hidden = host.hidden_states(module, batch.ids, batch.attn)
+    hidden = suffix_hidden(host, module, batch)
     H = hidden.shape[-1]
     h = hidden.gather(1, batch.gather_idx.unsqueeze(-1).expand(-1, -1, H))
     logits = module.lm_head(h).float() / batch.temps.view(-1, 1, 1)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
-    entropy = None
     if want_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     else:
@@ -108,9 +140,18 @@ def compute_advantages(samples: list[Sample], algo) -> None:
 
 
 def micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    """Length-sorted chunks, so padding stays small."""
-    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    """Chunks of at most ``size`` that share a prompt prefix where possible (the few-shot part
+    of one agent's prompt), so each chunk runs that prefix once; leftovers are length-sorted."""
+    groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=16, max_group=size)
+    out, singles = [], []
+    for rows, plen in groups:
+        if plen > 0:
+            out.append([samples[i] for i in rows])
+        else:
+            singles.extend(samples[i] for i in rows)
+    singles.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+    out += [singles[i : i + size] for i in range(0, len(singles), size)]
+    return out
 
 
 @torch.no_grad()

@@ -75,7 +75,8 @@ class LlamaForward:
     # -- engine cache --------------------------------------------------------------------------
     def new_cache(self, batch: int, max_len: int, dtype: torch.dtype) -> KV:
         shape = (batch, self.n_kv, max_len, self.head_dim)
-        return [(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype)) for _ in self.layers]
+        # zeros, not empty: masked-out slots still meet the softmax weights (0 * NaN = NaN)
+        return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in self.layers]
 
     @staticmethod
     def select(cache: KV, idx: torch.Tensor) -> KV:

@@ -1,0 +1,18 @@
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+ROOT = os.path.dirname(HERE)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A tiny random Llama with SmolLM2's tokenizer (seeded), loaded once."""
+    from masrl.models import load_model
+
+    return load_model("tiny-random", seed=0)

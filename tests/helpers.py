@@ -1,0 +1,32 @@
+"""Test helpers importable as 'helpers:...' from configs (tests/ is on sys.path)."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from masrl.trace import RewardAssignment
+
+
+@dataclass
+class TextHashReward:
+    """A meaningless but deterministic reward with variance: a hash of the completion text.
+
+    Random tiny models never produce the tag format, so real rewards are all zero and nothing
+    trains; tests that need a gradient use this instead.
+    """
+
+    weight: float = 1.0
+    agents: tuple[str, ...] | None = None
+    name: str = "text_hash"
+
+    def allocate(self, trace, task):
+        out = []
+        for c in trace.calls:
+            if self.agents is None or c.agent in self.agents:
+                out.append(RewardAssignment(c.call_id, self.weight * (zlib.crc32(c.completion.encode()) % 97) / 97.0, self.name))
+        return out
+
+
+def agent_hash_reward(weight: float = 1.0, agents: list[str] | None = None):
+    return TextHashReward(weight=weight, agents=tuple(agents) if agents else None)

@@ -1,0 +1,40 @@
+"""Small configs on the tiny random model for integration tests."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TEAM = ["solver", "verifier", "refiner", "finalizer"]
+
+
+def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = None, *, steps: int = 2,
+                hash_agents: list[str] | None = None, **overrides) -> dict:
+    """A shipped config (by name) or a dict, shrunk to run in seconds on ``tiny-random``."""
+    if isinstance(base, str):
+        data = yaml.safe_load((ROOT / "configs" / f"{base}.yaml").read_text())
+    else:
+        data = copy.deepcopy(base)
+    data["model"] = "tiny-random"
+    for p in data["policies"].values():
+        p.pop("model", None)
+    for a in data["agents"].values():
+        a["max_new_tokens"] = 6
+    data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+    data["rollout"] = {"tasks_per_step": 2, "samples_per_task": 3, "max_wait_ms": 5}
+    data["rewards"] = [{"type": "outcome"}, {"type": "format", "weight": 0.5},
+                       {"type": "helpers:agent_hash_reward", "options": {"agents": hash_agents}}]
+    data["train"] = {"steps": steps, "save_every": 1, "eval_before": False, "eval_after": False, "log_traces": 2}
+    data["algorithm"] = {"micro_batch_size": 4}
+    if run_dir is not None:
+        data["output_dir"] = str(run_dir)
+    for k, v in overrides.items():
+        node = data
+        parts = k.split("__")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = v
+    return data

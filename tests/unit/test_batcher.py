@@ -1,0 +1,125 @@
+import asyncio
+import threading
+import time
+
+import pytest
+
+from masrl.engines.batcher import Batcher
+
+
+def test_concurrent_requests_merge_into_one_batch_and_each_caller_gets_its_own_result():
+    seen: list[list[int]] = []
+
+    def run(items):
+        seen.append(list(items))
+        time.sleep(0.05)
+        return [x * 10 for x in items]
+
+    async def main():
+        b = Batcher(run, max_batch_size=64, max_wait_ms=50)
+        results = await asyncio.gather(*(b.submit(i) for i in range(20)))
+        await b.aclose()
+        return results, b
+
+    results, b = asyncio.run(main())
+    assert results == [i * 10 for i in range(20)]
+    assert len(seen) == 1 and sorted(seen[0]) == list(range(20))
+    assert b.stats.largest == 20
+
+
+def test_max_batch_size_splits_and_queue_forms_next_batch():
+    seen = []
+
+    def run(items):
+        seen.append(len(items))
+        time.sleep(0.02)
+        return items
+
+    async def main():
+        b = Batcher(run, max_batch_size=8, max_wait_ms=20)
+        out = await asyncio.gather(*(b.submit(i) for i in range(20)))
+        await b.aclose()
+        return out
+
+    assert asyncio.run(main()) == list(range(20))
+    assert max(seen) <= 8 and sum(seen) == 20 and len(seen) >= 3
+
+
+def test_event_loop_stays_free_while_a_batch_runs():
+    ticks = []
+
+    def run(items):
+        time.sleep(0.3)
+        return items
+
+    async def ticker():
+        for _ in range(10):
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.02)
+
+    async def main():
+        b = Batcher(run, max_batch_size=4, max_wait_ms=1)
+        await asyncio.gather(b.submit(1), ticker())
+        await b.aclose()
+
+    asyncio.run(main())
+    assert len(ticks) == 10 and ticks[-1] - ticks[0] < 0.29  # ticks kept coming during the 0.3 s batch
+
+
+def test_failure_reaches_every_caller_of_the_batch_and_batcher_survives():
+    calls = {"n": 0}
+
+    def run(items):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("engine exploded")
+        return items
+
+    async def main():
+        b = Batcher(run, max_batch_size=8, max_wait_ms=20)
+        first = await asyncio.gather(b.submit(1), b.submit(2), return_exceptions=True)
+        second = await b.submit(3)
+        await b.aclose()
+        return first, second
+
+    first, second = asyncio.run(main())
+    assert all(isinstance(e, RuntimeError) and "exploded" in str(e) for e in first)
+    assert second == 3
+
+
+def test_cancelled_caller_is_skipped():
+    def run(items):
+        time.sleep(0.1)
+        return items
+
+    async def main():
+        b = Batcher(run, max_batch_size=8, max_wait_ms=5)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(b.submit("slow"), 0.01)
+        out = await b.submit("next")
+        await b.aclose()
+        return out
+
+    assert asyncio.run(main()) == "next"
+
+
+def test_compute_lock_serialises_batchers():
+    lock = threading.Lock()
+    active, peak = [0], [0]
+
+    def run(items):
+        active[0] += 1
+        peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        active[0] -= 1
+        return items
+
+    async def main():
+        a = Batcher(run, max_batch_size=2, max_wait_ms=1, compute_lock=lock)
+        b = Batcher(run, max_batch_size=2, max_wait_ms=1, compute_lock=lock)
+        await asyncio.gather(*(x.submit(i) for i in range(4) for x in (a, b)))
+        await a.aclose()
+        await b.aclose()
+
+    asyncio.run(main())
+    assert peak[0] == 1

@@ -1,0 +1,122 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from masrl.config import load_config
+from masrl.errors import ConfigError
+from masrl.runtime.builder import build_agents, build_allocators, build_policies, group_hosts
+from masrl.workflows import build_workflow
+
+CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+BASE = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
+
+
+def test_there_are_shipped_configs():
+    names = {p.stem for p in CONFIGS}
+    assert {"math_team_shared", "math_team_two_policies", "math_team_four_policies", "math_team_lora", "math_solver"} <= names
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_builds(path):
+    cfg = load_config(path)
+    wf = build_workflow(cfg.workflow.name, cfg.workflow.options)
+    agents = build_agents(cfg, wf)
+    policies = build_policies(cfg)
+    assert set(agents) == set(cfg.agents)
+    assert {a.policy for a in agents.values()} == {p.name for p in policies}
+    assert build_allocators(cfg)
+    hosts = group_hosts(policies)
+    if any(p.is_lora for p in policies):
+        assert len(hosts) == 1  # all adapters on one base held once
+    else:
+        assert len(hosts) == len(policies)
+
+
+def test_overrides_are_typed():
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["algorithm.kl_coef=0.05", "agents.solver.temperature=0.7",
+                                                           "algorithm.group_key=[task_id, agent]", "train.steps=3"])
+    assert cfg.algorithm.kl_coef == 0.05 and cfg.agents["solver"].temperature == 0.7
+    assert cfg.algorithm.group_key == ["task_id", "agent"] and cfg.train.steps == 3
+
+
+def err(overrides=(), data=None):
+    with pytest.raises(ConfigError) as e:
+        load_config(data=copy.deepcopy(data or BASE), overrides=list(overrides))
+    return str(e.value)
+
+
+def test_unknown_key_named_with_suggestion():
+    msg = err(["algorithm.klcoef=0.1"])
+    assert "unknown key `algorithm.klcoef`" in msg and "did you mean `kl_coef`" in msg
+    assert "agents.solver.temprature" in err(["agents.solver.temprature=1"])
+    assert "policies.p.lora.rank" in err(["policies.p.lora.rank=4"])
+
+
+def test_wrong_type_named():
+    msg = err(["train.steps=many"])
+    assert "`train.steps`" in msg and "integer" in msg
+    assert "`policies.p.optim.lr`" in err(["policies.p.optim.lr=-1"])
+
+
+def test_agent_mapped_to_missing_policy():
+    msg = err(["agents.solver.policy=ghost"])
+    assert "agents.solver.policy: 'ghost' is not a policy" in msg and "p" in msg
+
+
+def test_unused_policy_rejected():
+    data = copy.deepcopy(BASE)
+    data["policies"]["extra"] = {}
+    assert "policies.extra is not used by any agent" in err(data=data)
+
+
+def test_missing_dataset_file():
+    msg = err(["data.train.source=file", "data.train.path=/no/such/file.jsonl"])
+    assert "`data.train`" in msg and "/no/such/file.jsonl" in msg and "does not exist" in msg
+
+
+def test_model_path_that_does_not_exist():
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["model=/no/such/model"])
+    with pytest.raises(ConfigError, match=r"model: model '/no/such/model' does not exist"):
+        build_policies(cfg)
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["policies.p.model=/nope"])
+    with pytest.raises(ConfigError, match=r"policies.p.model: model '/nope'"):
+        build_policies(cfg)
+
+
+def test_agent_not_in_workflow_and_missing_agent():
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["agents.critic.policy=p"])
+    with pytest.raises(ConfigError, match="agents.critic: workflow 'math_solver' has no agent 'critic'"):
+        build_agents(cfg, build_workflow("math_solver", {}))
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["workflow.name=math_team"])
+    with pytest.raises(ConfigError, match="needs agent"):
+        build_agents(cfg, build_workflow("math_team", {}))
+
+
+def test_bad_override_syntax_and_files(tmp_path):
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        load_config(data=copy.deepcopy(BASE), overrides=["train.steps"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policies: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_unknown_workflow_and_reward():
+    with pytest.raises(ConfigError, match="workflow 'nope' is not registered"):
+        build_workflow("nope", {})
+    assert "unknown reward type 'shaping'" in err(["rewards=[{type: shaping}]"])
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=["rewards=[{type: 'no_such_module:thing'}]"])
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        build_allocators(cfg)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    from masrl.config import dump_config
+
+    cfg = load_config(CONFIGS[0])
+    again = load_config(data=yaml.safe_load(dump_config(cfg)))
+    assert again == cfg

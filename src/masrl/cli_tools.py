@@ -1,7 +1,99 @@
-"""CLI commands for tools and data (retriever server, generators). Filled in by the tools issue."""
+"""CLI commands for tools and data: ``masrl retriever ...`` and ``masrl data ...``."""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
+
+
+def _serve(args) -> int:
+    from masrl.tools.retrieval.index import BM25Index
+    from masrl.tools.retrieval.server import RetrieverServer
+
+    t0 = time.time()
+    print(f"[masrl] loading index for {args.corpus} (built on first use)...", flush=True)
+    index = BM25Index.load(args.corpus)
+    server = RetrieverServer(index, args.host, args.port)
+    print(f"[masrl] {len(index)} documents indexed in {time.time() - t0:.1f}s; serving on {server.url} "
+          f"(POST /retrieve, GET /health); Ctrl-C to stop", flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"[masrl] warning: listening on {args.host}, reachable from other machines", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("\n[masrl] stopped", file=sys.stderr)
+    finally:
+        server.httpd.server_close()
+    return 0
+
+
+def _index(args) -> int:
+    from masrl.tools.retrieval.index import BM25Index
+
+    t0 = time.time()
+    index = BM25Index.build(args.corpus)
+    print(f"[masrl] indexed {len(index)} documents in {time.time() - t0:.1f}s -> {BM25Index.index_dir(args.corpus)}")
+    return 0
+
+
+def _query(args) -> int:
+    from masrl.tools.retrieval import LocalRetriever, RetrieverClient
+
+    retriever = RetrieverClient(args.endpoint) if args.endpoint else LocalRetriever(args.corpus)
+    result = retriever.retrieve(args.queries, args.topk, True)
+    print(json.dumps({"result": result}, indent=2))
+    return 0
+
+
+def _qa_world(args) -> int:
+    from masrl.data.qa_world import write_world
+
+    t0 = time.time()
+    corpus, questions = write_world(args.out, args.docs, args.questions, seed=args.seed)
+    print(f"[masrl] wrote {corpus} ({args.docs} documents) and {questions} ({args.questions} questions) "
+          f"in {time.time() - t0:.1f}s")
+    return 0
+
+
+def _arithmetic(args) -> int:
+    from masrl.data.arithmetic import generate
+
+    tasks = generate(args.n, seed=args.seed, levels=args.levels)
+    with open(args.out, "w") as f:
+        for t in tasks:
+            f.write(json.dumps({"id": t.id, "question": t.question, "answer": t.answer, "level": t.meta["level"]}) + "\n")
+    print(f"[masrl] wrote {len(tasks)} problems to {args.out}")
+    return 0
+
 
 def add_commands(sub) -> None:
-    return None
+    r = sub.add_parser("retriever", help="BM25 retrieval service").add_subparsers(dest="retriever_cmd", required=True)
+    s = r.add_parser("serve", help="serve POST /retrieve over a JSONL corpus")
+    s.add_argument("--corpus", required=True, help="JSONL of {id, title?, text}; index saved beside it")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.set_defaults(fn=_serve)
+    i = r.add_parser("index", help="(re)build the index beside the corpus")
+    i.add_argument("--corpus", required=True)
+    i.set_defaults(fn=_index)
+    q = r.add_parser("query", help="query a server (--endpoint) or the local index (--corpus)")
+    q.add_argument("queries", nargs="+")
+    q.add_argument("--endpoint", action="append", help="server URL; repeat for failover")
+    q.add_argument("--corpus")
+    q.add_argument("--topk", type=int, default=3)
+    q.set_defaults(fn=_query)
+
+    d = sub.add_parser("data", help="generate task data").add_subparsers(dest="data_cmd", required=True)
+    w = d.add_parser("qa-world", help="a fictional multi-hop QA world: corpus.jsonl + questions.jsonl")
+    w.add_argument("--out", required=True, help="output directory")
+    w.add_argument("--docs", type=int, default=1000)
+    w.add_argument("--questions", type=int, default=500)
+    w.add_argument("--seed", type=int, default=0)
+    w.set_defaults(fn=_qa_world)
+    a = d.add_parser("arithmetic", help="arithmetic word problems as JSONL")
+    a.add_argument("--out", required=True)
+    a.add_argument("--n", type=int, default=1000)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4])
+    a.set_defaults(fn=_arithmetic)

@@ -33,6 +33,7 @@ class GenCall:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     record: bool = True  # keep the tokens for training
+    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
     key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
 
 
@@ -103,7 +104,7 @@ class PolicyWorker:
         prompts = [self.render(c.messages) for c in calls]
         requests = [
             GenRequest(p, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
-                       stop=tuple(c.stop), adapter=self.host.adapter_for(c.policy))
+                       stop=tuple(c.stop), adapter=self.host.adapter_for(c.policy), ignore_eos=c.ignore_eos)
             for c, p in zip(calls, prompts)
         ]
         outputs = self.engine.generate(requests)

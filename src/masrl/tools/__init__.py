@@ -1,0 +1,1 @@
+"""Tools that workflows act on: a code sandbox and verifier, a retrieval service and client."""

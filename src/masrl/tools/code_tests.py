@@ -1,0 +1,222 @@
+"""Test specs for programs and the verifier that runs them in the sandbox.
+
+Three formats, as plain dicts (what a JSONL row holds):
+
+  {"kind": "stdio",  "cases": [{"input": "1 2\\n", "output": "3\\n"}, ...], "checker": "lines"}
+  {"kind": "call",   "fn_name": "add", "cases": [{"args": [1, 2], "expected": 3}, ...]}
+  {"kind": "assert", "test": "def check(candidate): assert candidate(1, 2) == 3", "entry_point": "add"}
+
+stdio and call cases of one program run in one process (the harness re-runs the program per
+case with a per-case timer), so a step does not pay a process start per case. Verdicts per case:
+OK, WA (wrong answer), TLE, RE (runtime error), MLE, CE (compile error), OLE (output limit).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from masrl.errors import DataError
+from masrl.tools.checkers import CHECKERS
+from masrl.tools.sandbox import Limits, RunResult, Sandbox, run_python
+
+OK, WA, TLE, RE, MLE, CE, OLE = "OK", "WA", "TLE", "RE", "MLE", "CE", "OLE"
+_FROM_STATUS = {"timeout": TLE, "memory": MLE, "output_limit": OLE, "compile_error": CE, "runtime_error": RE}
+
+
+@dataclass(frozen=True)
+class TestSpec:
+    kind: str  # stdio | call | assert
+    cases: tuple = ()
+    checker: str = "lines"
+    fn_name: str | None = None
+    test: str | None = None
+    entry_point: str | None = None
+
+
+@dataclass
+class CaseVerdict:
+    verdict: str
+    message: str = ""
+    time_s: float = 0.0
+
+
+@dataclass
+class TestReport:
+    pass_rate: float
+    all_passed: bool
+    cases: list[CaseVerdict] = field(default_factory=list)
+    first_failure: str | None = None
+    duration_s: float = 0.0
+
+    @property
+    def verdicts(self) -> list[str]:
+        return [c.verdict for c in self.cases]
+
+
+def parse_spec(raw: Any, *, where: str = "tests") -> TestSpec:
+    """Validate a test spec (dict or JSON string); errors name ``where`` and the field."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+    if isinstance(raw, list):  # a bare list of cases: stdio if they have input/output, else call
+        kind = "stdio" if raw and isinstance(raw[0], dict) and "output" in raw[0] else "call"
+        raw = {"kind": kind, "cases": raw}
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: expected an object with 'kind', got {type(raw).__name__}")
+    kind = raw.get("kind")
+    if kind not in ("stdio", "call", "assert"):
+        raise DataError(f"{where}.kind: must be 'stdio', 'call' or 'assert', got {kind!r}")
+    if kind == "assert":
+        test, entry = raw.get("test"), raw.get("entry_point")
+        if not isinstance(test, str) or not test.strip():
+            raise DataError(f"{where}.test: an assert spec needs test code defining check(candidate)")
+        if not isinstance(entry, str) or not entry:
+            raise DataError(f"{where}.entry_point: an assert spec needs the function name to check")
+        return TestSpec("assert", test=test, entry_point=entry)
+    cases = raw.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise DataError(f"{where}.cases: must be a non-empty list")
+    checker = raw.get("checker", "lines")
+    if checker not in CHECKERS:
+        raise DataError(f"{where}.checker: unknown checker {checker!r}; use one of {', '.join(CHECKERS)}")
+    for i, c in enumerate(cases):
+        if not isinstance(c, dict):
+            raise DataError(f"{where}.cases[{i}]: must be an object")
+        if kind == "stdio" and not isinstance(c.get("output"), str):
+            raise DataError(f"{where}.cases[{i}].output: a stdio case needs the expected output as a string")
+        if kind == "stdio" and not isinstance(c.get("input", ""), str):
+            raise DataError(f"{where}.cases[{i}].input: must be a string")
+        if kind == "call":
+            if "expected" not in c:
+                raise DataError(f"{where}.cases[{i}].expected: a call case needs the expected return value")
+            if not isinstance(c.get("args", []), list):
+                raise DataError(f"{where}.cases[{i}].args: must be a list of positional arguments")
+    fn = raw.get("fn_name")
+    if kind == "call" and (not isinstance(fn, str) or not fn):
+        raise DataError(f"{where}.fn_name: a call spec needs the function name")
+    return TestSpec(kind, tuple(cases), checker, fn)
+
+
+def _normalise(v: Any) -> Any:
+    if isinstance(v, tuple):
+        return [_normalise(x) for x in v]
+    if isinstance(v, list):
+        return [_normalise(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _normalise(x) for k, x in v.items()}
+    return v
+
+
+def _values_equal(got: Any, expected: Any) -> bool:
+    got, expected = _normalise(got), _normalise(expected)
+    if isinstance(got, float) or isinstance(expected, float):
+        try:
+            return abs(float(got) - float(expected)) <= 1e-6 * max(1.0, abs(float(expected)))
+        except (TypeError, ValueError):
+            return False
+    return got == expected
+
+
+def _truncate(s: str, n: int = 300) -> str:
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def plan(code: str, spec: TestSpec, limits: Limits) -> tuple[str, str, dict[str, str]]:
+    """(program, harness mode, extra files) for one verification run."""
+    if spec.kind == "assert":
+        program = f"{code}\n\n{spec.test}\n\ncheck({spec.entry_point})\n"
+        return program, "script", {}
+    cases = {"cases": list(spec.cases), "output_cap": limits.output_bytes, "case_timeout_s": limits.case_timeout_s,
+             "fn_name": spec.fn_name}
+    return code, spec.kind, {"cases.json": json.dumps(cases)}
+
+
+def judge(spec: TestSpec, run: RunResult) -> TestReport:
+    """Turn a sandbox run into per-case verdicts."""
+    if spec.kind == "assert":
+        if run.status == "ok":
+            cases = [CaseVerdict(OK, time_s=run.duration_s)]
+        else:
+            v = _FROM_STATUS.get(run.status, RE)
+            if v == RE and "AssertionError" in run.stderr:
+                v = WA
+            cases = [CaseVerdict(v, _truncate(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.status),
+                                 run.duration_s)]
+        return _report(cases, run.duration_s)
+    n = len(spec.cases)
+    if run.status == "compile_error":
+        return _report([CaseVerdict(CE, _truncate(run.stderr))] * n, run.duration_s)
+    if run.returncode == 77:  # the program failed at import (call mode)
+        v = TLE if "TLE" in run.stderr else RE
+        return _report([CaseVerdict(v, _truncate(run.stderr))] * n, run.duration_s)
+    done: dict[int, dict] = {}
+    for line in run.files.get("results.jsonl", "").splitlines():
+        try:
+            rec = json.loads(line)
+            done[rec["i"]] = rec
+        except (json.JSONDecodeError, KeyError):
+            continue
+    cases = []
+    check = CHECKERS[spec.checker]
+    for i, case in enumerate(spec.cases):
+        rec = done.get(i)
+        if rec is None:  # the process died before finishing this case
+            v = _FROM_STATUS.get(run.status, RE)
+            cases.append(CaseVerdict(TLE if v == "OK" else v, f"process ended: {run.status}"))
+            continue
+        st = rec["status"]
+        t = rec.get("time_s", 0.0)
+        if st == "timeout":
+            cases.append(CaseVerdict(TLE, "time limit", t))
+        elif st == "memory":
+            cases.append(CaseVerdict(MLE, "memory limit", t))
+        elif st == "output_limit":
+            cases.append(CaseVerdict(OLE, "output limit", t))
+        elif st == "error":
+            cases.append(CaseVerdict(RE, _truncate(rec.get("message", "")), t))
+        elif spec.kind == "stdio":
+            ok = check(rec.get("output", ""), case["output"])
+            msg = "" if ok else _truncate(f"input {case.get('input', '')!r}: expected {case['output']!r}, got {rec.get('output', '')!r}")
+            cases.append(CaseVerdict(OK if ok else WA, msg, t))
+        else:
+            ok = _values_equal(rec.get("value"), case["expected"])
+            msg = "" if ok else _truncate(f"{spec.fn_name}(*{case.get('args', [])!r}): expected {case['expected']!r}, got {rec.get('value')!r}")
+            cases.append(CaseVerdict(OK if ok else WA, msg, t))
+    return _report(cases, run.duration_s)
+
+
+def _report(cases: list[CaseVerdict], duration: float) -> TestReport:
+    passed = sum(c.verdict == OK for c in cases)
+    first = next((f"{c.verdict}: {c.message}".strip() for c in cases if c.verdict != OK), None)
+    return TestReport(passed / len(cases) if cases else 0.0, passed == len(cases) and bool(cases), cases, first, duration)
+
+
+def verify(code: str, spec: TestSpec, limits: Limits = Limits()) -> TestReport:
+    """Run ``code`` against ``spec`` in the sandbox (blocking)."""
+    program, mode, files = plan(code, spec, limits)
+    t0 = time.perf_counter()
+    report = judge(spec, run_python(program, mode=mode, limits=limits, files=files))
+    report.duration_s = time.perf_counter() - t0
+    return report
+
+
+class CodeVerifier:
+    """Async verification with a bounded pool, for many concurrent workflows."""
+
+    def __init__(self, max_workers: int | None = None, limits: Limits = Limits()):
+        self.sandbox = Sandbox(max_workers, limits)
+        self.limits = limits
+
+    async def verify(self, code: str, spec: TestSpec, limits: Limits | None = None) -> TestReport:
+        lim = limits or self.limits
+        program, mode, files = plan(code, spec, lim)
+        t0 = time.perf_counter()
+        run = await self.sandbox.run(program, mode=mode, limits=lim, files=files)
+        report = judge(spec, run)
+        report.duration_s = time.perf_counter() - t0
+        return report

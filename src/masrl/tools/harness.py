@@ -1,0 +1,179 @@
+"""Runs inside the sandbox's child process. Standard library only; copied into the work dir.
+
+Usage: python -I _harness.py MODE
+  script  run program.py as __main__ with the real stdin/stdout
+  stdio   run program.py once per case from cases.json, stdin/stdout redirected, in this process
+  call    import program.py once, call the named function per case from cases.json
+
+Per-case results go to results.jsonl (one line per finished case), so the parent still knows
+which cases finished if this process is killed. Exit codes: 0 done, 75 memory error,
+76 compile error, 77 the program itself failed at import (call mode).
+"""
+
+import io
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+ROOT = os.path.realpath(os.getcwd())
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+SAFE_WRITE = ("/dev/null",)
+CODE_MEMORY, CODE_COMPILE, CODE_IMPORT = 75, 76, 77
+
+
+def _inside(path):
+    try:
+        p = os.path.realpath(os.fsdecode(path) if not isinstance(path, int) else "")
+    except Exception:
+        return False
+    return p == ROOT or p.startswith(ROOT + os.sep) or p in SAFE_WRITE
+
+
+def _audit(event, args):
+    # Defence in depth; the namespaces and rlimits set up by the parent are the real walls.
+    if event == "socket.__new__" or event.startswith("socket.") and event not in ("socket.gethostname",):
+        raise PermissionError("network access is disabled in the sandbox")
+    if event == "open":
+        path, mode, flags = args
+        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & WRITE_FLAGS)
+        if writing and path is not None and not isinstance(path, int) and not _inside(path):
+            raise PermissionError(f"writing outside the sandbox directory is not allowed: {path}")
+    elif event in ("os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.chmod", "os.chown", "os.symlink", "os.link",
+                   "os.truncate", "shutil.rmtree", "os.utime"):
+        paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
+        if any(not _inside(p) for p in paths):
+            raise PermissionError(f"{event} outside the sandbox directory is not allowed")
+
+
+class CappedIO(io.StringIO):
+    def __init__(self, cap):
+        super().__init__()
+        self.cap = cap
+
+    def write(self, s):
+        if self.tell() + len(s) > self.cap:
+            raise OutputLimit()
+        return super().write(s)
+
+
+class OutputLimit(Exception):
+    pass
+
+
+class CaseTimeout(BaseException):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise CaseTimeout()
+
+
+def _record(out, rec):
+    out.write(json.dumps(rec) + "\n")
+    out.flush()
+
+
+def _error_text(exc, limit=2000):
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text[:limit]
+
+
+def _jsonable(v):
+    try:
+        json.dumps(v)
+        return v
+    except (TypeError, ValueError):
+        if isinstance(v, (tuple, set, frozenset)):
+            return [_jsonable(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): _jsonable(x) for k, x in v.items()}
+        return {"__repr__": repr(v)}
+
+
+def main():
+    mode = sys.argv[1]
+    source = open("program.py").read()
+    try:
+        code = compile(source, "program.py", "exec")
+    except (SyntaxError, ValueError) as exc:
+        sys.stderr.write(_error_text(exc))
+        return CODE_COMPILE
+    sys.addaudithook(_audit)
+    if mode == "script":
+        sys.argv = ["program.py"]
+        try:
+            exec(code, {"__name__": "__main__", "__file__": "program.py"})
+        except MemoryError:
+            return CODE_MEMORY
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            return 1
+        return 0
+
+    spec = json.load(open("cases.json"))
+    cap, per_case = spec["output_cap"], spec["case_timeout_s"]
+    signal.signal(signal.SIGALRM, _on_alarm)
+    results = open("results.jsonl", "w")
+    real_stdin, real_stdout = sys.stdin, sys.stdout
+    fn = None
+    if mode == "call":
+        glb = {"__name__": "program"}
+        try:
+            sys.stdout = CappedIO(cap)
+            signal.setitimer(signal.ITIMER_REAL, per_case)
+            exec(code, glb)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        except MemoryError:
+            return CODE_MEMORY
+        except BaseException as exc:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout = real_stdout
+            sys.stderr.write("TLE at import" if isinstance(exc, CaseTimeout) else _error_text(exc))
+            return CODE_IMPORT
+        finally:
+            sys.stdout = real_stdout
+        fn = glb.get(spec["fn_name"])
+        if not callable(fn):
+            sys.stderr.write(f"the program defines no function named {spec['fn_name']!r}")
+            return CODE_IMPORT
+    for i, case in enumerate(spec["cases"]):
+        t0 = time.perf_counter()
+        buf = CappedIO(cap)
+        rec = {"i": i}
+        try:
+            sys.stdout = buf
+            signal.setitimer(signal.ITIMER_REAL, per_case)
+            if mode == "stdio":
+                sys.stdin = io.StringIO(case.get("input", ""))
+                try:
+                    exec(code, {"__name__": "__main__", "__file__": "program.py"})
+                except SystemExit as exc:
+                    if exc.code not in (None, 0):
+                        raise RuntimeError(f"exit status {exc.code}") from None
+                rec.update(status="done", output=buf.getvalue())
+            else:
+                value = fn(*case.get("args", []), **case.get("kwargs", {}))
+                rec.update(status="done", value=_jsonable(value))
+        except CaseTimeout:
+            rec.update(status="timeout")
+        except OutputLimit:
+            rec.update(status="output_limit")
+        except MemoryError:
+            rec.update(status="memory")
+        except BaseException as exc:
+            rec.update(status="error", message=_error_text(exc))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.stdout, sys.stdin = real_stdout, real_stdin
+        rec["time_s"] = time.perf_counter() - t0
+        _record(results, rec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

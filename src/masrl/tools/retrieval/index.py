@@ -1,0 +1,136 @@
+"""A BM25 index (bm25s) over a JSONL corpus of ``{id, title?, text}``, saved beside the corpus.
+
+The index lives in ``<corpus>.bm25/`` and records the corpus's size and modification time; a
+changed corpus is re-indexed on the next load. Documents are returned as ``{"id", "contents"}``
+with ``contents = title + "\\n" + text`` (the shape search-agent RL retrievers use).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from masrl.errors import DataError
+
+INDEX_VERSION = 1
+
+
+def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
+    """(ids, contents) of a JSONL corpus; errors name the line and the field."""
+    ids, contents = [], []
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"corpus file '{path}' does not exist")
+    seen = set()
+    with p.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected an object with id and text")
+            if "id" not in row:
+                raise DataError(f"{path}:{lineno}: missing field 'id'")
+            text = row.get("text", row.get("contents"))
+            if not isinstance(text, str):
+                raise DataError(f"{path}:{lineno}: field 'text' must be a string")
+            doc_id = str(row["id"])
+            if doc_id in seen:
+                raise DataError(f"{path}:{lineno}: duplicate id {doc_id!r}")
+            seen.add(doc_id)
+            title = row.get("title")
+            ids.append(doc_id)
+            contents.append(f"{title}\n{text}" if title else text)
+    if not ids:
+        raise DataError(f"corpus file '{path}' has no documents")
+    return ids, contents
+
+
+def _tokenize(texts: list[str], *, ids: bool):
+    import bm25s
+
+    return bm25s.tokenize(texts, stopwords="en", return_ids=ids, show_progress=False)
+
+
+class BM25Index:
+    def __init__(self, retriever, ids: list[str], contents: list[str]):
+        self.retriever = retriever
+        self.ids = ids
+        self.contents = contents
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @staticmethod
+    def index_dir(corpus: str | Path) -> Path:
+        return Path(str(corpus) + ".bm25")
+
+    @classmethod
+    def build(cls, corpus: str | Path) -> "BM25Index":
+        import bm25s
+
+        ids, contents = read_corpus(corpus)
+        retriever = bm25s.BM25()
+        retriever.index(_tokenize(contents, ids=True), show_progress=False)
+        index = cls(retriever, ids, contents)
+        index.save(corpus)
+        return index
+
+    def save(self, corpus: str | Path) -> None:
+        target = self.index_dir(corpus)
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.retriever.save(str(tmp), show_progress=False)
+        st = os.stat(corpus)
+        (tmp / "masrl.json").write_text(json.dumps({"version": INDEX_VERSION, "size": st.st_size,
+                                                    "mtime_ns": st.st_mtime_ns, "documents": len(self.ids)}))
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+
+    @classmethod
+    def load(cls, corpus: str | Path) -> "BM25Index":
+        """Load the saved index, or build (and save) it if missing or stale."""
+        import bm25s
+
+        d = cls.index_dir(corpus)
+        meta_path = d / "masrl.json"
+        if meta_path.is_file() and Path(corpus).is_file():
+            meta = json.loads(meta_path.read_text())
+            st = os.stat(corpus)
+            if meta.get("version") == INDEX_VERSION and meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns:
+                ids, contents = read_corpus(corpus)
+                retriever = bm25s.BM25.load(str(d), show_progress=False)
+                return cls(retriever, ids, contents)
+        return cls.build(corpus)
+
+    def search(self, queries: list[str], topk: int = 3) -> list[list[tuple[int, float]]]:
+        """Per query, the top ``topk`` (document index, score), best first."""
+        k = min(topk, len(self.ids))
+        tokens = _tokenize(queries, ids=False)
+        with self._lock:  # bm25s keeps per-call state on the retriever
+            docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        out = []
+        for row_d, row_s in zip(np.asarray(docs), np.asarray(scores)):
+            out.append([(int(d), float(s)) for d, s in zip(row_d, row_s)])
+        return out
+
+    def retrieve(self, queries: list[str], topk: int = 3, return_scores: bool = True) -> list[list[dict]]:
+        result = []
+        for hits in self.search(queries, topk):
+            docs = []
+            for d, s in hits:
+                doc = {"id": self.ids[d], "contents": self.contents[d]}
+                if return_scores:
+                    doc["score"] = s
+                docs.append(doc)
+            result.append(docs)
+        return result

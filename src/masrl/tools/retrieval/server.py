@@ -1,0 +1,156 @@
+"""HTTP retrieval server: ``POST /retrieve`` and ``GET /health``, on 127.0.0.1 by default.
+
+Request:  {"queries": ["..."], "topk": 3, "return_scores": true}
+Response: {"result": [[{"id": "...", "contents": "...", "score": 1.2}, ...], ...]}
+
+Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from masrl.tools.retrieval.index import BM25Index
+
+MAX_BODY = 1 << 20
+MAX_QUERIES = 256
+MAX_TOPK = 100
+MAX_QUERY_CHARS = 2000
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def validate(body: bytes) -> tuple[list[str], int, bool]:
+    try:
+        req = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+    if not isinstance(req, dict):
+        raise BadRequest(400, "body must be a JSON object with 'queries'")
+    unknown = set(req) - {"queries", "topk", "return_scores"}
+    if unknown:
+        raise BadRequest(400, f"unknown field(s) {sorted(unknown)}; allowed: queries, topk, return_scores")
+    queries = req.get("queries")
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise BadRequest(400, "'queries' must be a list of strings")
+    if not queries:
+        raise BadRequest(400, "'queries' is empty; send at least one query")
+    if len(queries) > MAX_QUERIES:
+        raise BadRequest(413, f"{len(queries)} queries in one request; at most {MAX_QUERIES}")
+    if any(len(q) > MAX_QUERY_CHARS for q in queries):
+        raise BadRequest(413, f"a query is longer than {MAX_QUERY_CHARS} characters")
+    topk = req.get("topk", 3)
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:
+        raise BadRequest(400, f"'topk' must be an integer from 1 to {MAX_TOPK}, got {topk!r}")
+    scores = req.get("return_scores", False)
+    if not isinstance(scores, bool):
+        raise BadRequest(400, "'return_scores' must be true or false")
+    return queries, topk, scores
+
+
+def make_handler(index: BM25Index):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "masrl-retriever"
+
+        def log_message(self, fmt, *args):  # quiet by default
+            pass
+
+        def _send(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, {"status": "ok", "documents": len(index)})
+            else:
+                self._send(404, {"error": f"no route GET {self.path}; use GET /health or POST /retrieve"})
+
+        def do_POST(self):
+            if self.path != "/retrieve":
+                self._drain()
+                self._send(404, {"error": f"no route POST {self.path}; use POST /retrieve"})
+                return
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self._send(411, {"error": "send a Content-Length header"})
+                self.close_connection = True
+                return
+            n = int(length)
+            if n > MAX_BODY:
+                self._send(413, {"error": f"body of {n} bytes is over the {MAX_BODY}-byte limit"})
+                self.close_connection = True
+                return
+            body = self.rfile.read(n)
+            try:
+                queries, topk, scores = validate(body)
+            except BadRequest as exc:
+                self._send(exc.status, {"error": str(exc)})
+                return
+            try:
+                result = index.retrieve(queries, topk, scores)
+            except Exception as exc:  # never leave a client hanging
+                self._send(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
+                return
+            self._send(200, {"result": result})
+
+        def _drain(self):
+            n = self.headers.get("Content-Length")
+            if n and n.isdigit() and int(n) <= MAX_BODY:
+                self.rfile.read(int(n))
+
+    return Handler
+
+
+class RetrieverServer:
+    """Serve an index in a background thread (tests, benchmarks) or the foreground (CLI)."""
+
+    def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0):
+        self.httpd = ThreadingHTTPServer((host, port), make_handler(index))
+        self.httpd.daemon_threads = True
+        self.thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> "RetrieverServer":
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+def wait_healthy(url: str, timeout_s: float = 30.0) -> bool:
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                if r.status == HTTPStatus.OK:
+                    return True
+        except OSError:
+            time.sleep(0.1)
+    return False

@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 CONFIG ?= configs/math_team_shared.yaml
 
-.PHONY: venv demo train test bench clean
+.PHONY: venv demo train test bench bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,3 +36,6 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+
+bench-tools: $(STAMP)
+	$(PY) benchmarks/bench_tools.py $(ARGS)

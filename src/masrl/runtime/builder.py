@@ -150,5 +150,6 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         batchers.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
                                 compute_lock=lock, name=f"worker{i}"))
     settings = RolloutSettings(cfg.rollout.max_in_flight, cfg.rollout.call_timeout_s, cfg.rollout.trace_timeout_s)
-    controller = Controller(workflow, agents, workers, batchers, allocators, settings)
+    tools = workflow.tools() if hasattr(workflow, "tools") else {}
+    controller = Controller(workflow, agents, workers, batchers, allocators, settings, tools=tools)
     return Runtime(workflow, agents, workers, controller)

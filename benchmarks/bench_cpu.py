@@ -10,7 +10,8 @@ Workload of the GRPO step (both sides identical): SmolLM2-135M-Instruct, 4 promp
 exactly 64 new tokens each (EOS ignored), temperature 1, one update of all 16 sequences, no KL,
 token-level loss, micro-batches of 4 (TRL: per-device batch 4, gradient accumulation 4).
 Rewards are a fixed pseudo-random function of the completion, so no group has zero variance
-and neither side can skip work.
+and neither side can skip work. TRL runs in fp32 without gradient checkpointing (its CPU
+defaults would autocast to bf16, which this CPU emulates slowly, and recompute activations).
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def child_trl_step(repeats: int) -> dict:
         num_iterations=1, max_steps=repeats + 1, learning_rate=1e-6, logging_steps=1000, report_to="none",
         use_cpu=True, save_strategy="no", loss_type="dapo", disable_dropout=True, seed=0,
         generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        # fair on a CPU without bf16 units: full fp32 like ours, no activation recomputation
+        bf16=False, fp16=False, gradient_checkpointing=False,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
                           callbacks=[Timer()])

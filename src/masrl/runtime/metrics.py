@@ -73,7 +73,7 @@ def step_line(step: int, total: int, rec: dict) -> str:
     if r.get("failed"):
         parts.append(f"failed {r['failed']}")
     for name, a in r.get("agents", {}).items():
-        parts.append(f"{name}: r={a['reward']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
+        parts.append(f"{name}: r={a['reward']:.2f} acc={a['accuracy']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
     for name, p in rec.get("policies", {}).items():
         parts.append(f"[{name}] loss={p['loss']:.4f} kl={p['kl']:.4f} gn={p['grad_norm']:.2f} "
                      f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f}")

@@ -10,13 +10,11 @@ which cases finished if this process is killed. Exit codes: 0 done, 75 memory er
 76 compile error, 77 the program itself failed at import (call mode).
 """
 
-import io
-import json
 import os
-import signal
 import sys
-import time
-import traceback
+
+# Only os and sys at start-up: every import here is paid by every sandboxed run. The rest are
+# imported where a mode needs them.
 
 ROOT = os.path.realpath(os.getcwd())
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
@@ -48,19 +46,20 @@ def _audit(event, args):
             raise PermissionError(f"{event} outside the sandbox directory is not allowed")
 
 
-class CappedIO(io.StringIO):
-    def __init__(self, cap):
-        super().__init__()
-        self.cap = cap
-
-    def write(self, s):
-        if self.tell() + len(s) > self.cap:
-            raise OutputLimit()
-        return super().write(s)
-
-
 class OutputLimit(Exception):
     pass
+
+
+def capped_io(cap):
+    import io
+
+    class CappedIO(io.StringIO):
+        def write(self, s):
+            if self.tell() + len(s) > cap:
+                raise OutputLimit()
+            return super().write(s)
+
+    return CappedIO()
 
 
 class CaseTimeout(BaseException):
@@ -72,16 +71,22 @@ def _on_alarm(signum, frame):
 
 
 def _record(out, rec):
+    import json
+
     out.write(json.dumps(rec) + "\n")
     out.flush()
 
 
 def _error_text(exc, limit=2000):
+    import traceback
+
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return text[:limit]
 
 
 def _jsonable(v):
+    import json
+
     try:
         json.dumps(v)
         return v
@@ -111,9 +116,16 @@ def main():
         except SystemExit as exc:
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:
+            import traceback
+
             traceback.print_exc()
             return 1
         return 0
+
+    import io
+    import json
+    import signal
+    import time
 
     spec = json.load(open("cases.json"))
     cap, per_case = spec["output_cap"], spec["case_timeout_s"]
@@ -124,7 +136,7 @@ def main():
     if mode == "call":
         glb = {"__name__": "program"}
         try:
-            sys.stdout = CappedIO(cap)
+            sys.stdout = capped_io(cap)
             signal.setitimer(signal.ITIMER_REAL, per_case)
             exec(code, glb)
             signal.setitimer(signal.ITIMER_REAL, 0)
@@ -143,7 +155,7 @@ def main():
             return CODE_IMPORT
     for i, case in enumerate(spec["cases"]):
         t0 = time.perf_counter()
-        buf = CappedIO(cap)
+        buf = capped_io(cap)
         rec = {"i": i}
         try:
             sys.stdout = buf

@@ -15,6 +15,8 @@ Where the machine allows it (``isolation()`` says which applies):
   on /tmp, /var/tmp and /dev/shm, and the program runs as an unprivileged uid of its own per
   pool slot with no capabilities, so the process limit is enforced and the host's files are
   protected by permissions.
+* ``uid``: root without ``unshare``: the unprivileged per-slot uid (process limit enforced,
+  host files protected by permissions), but the network is only refused by the audit hook.
 * ``user-namespace``: not root but unprivileged user namespaces work: private network and pid
   namespaces; the process limit is counted against the invoking user.
 * ``rlimits-only``: neither: resource limits, the audit hook and the timeout only. The audit
@@ -70,16 +72,53 @@ def isolation() -> str:
     """Which walls this machine allows; probed once."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        return "rlimits-only"
+        return "uid" if os.geteuid() == 0 else "rlimits-only"
     if os.geteuid() == 0 and shutil.which("setpriv"):
         probe = [unshare, "-n", "-m", "--propagation", "private", "sh", "-c",
                  f"mount -t tmpfs tmpfs /tmp && exec setpriv --reuid={UID_BASE} --regid={UID_BASE} --clear-groups "
-                 f"--no-new-privs {sys.executable} -I -c 'pass'"]
+                 "--no-new-privs /bin/sh -c true"]
         if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
             return "namespaces"
+    if os.geteuid() == 0:
+        return "uid"
     if subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=30).returncode == 0:
         return "user-namespace"
     return "rlimits-only"
+
+
+def _drop_to(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_python() -> str:
+    """The interpreter sandboxed programs run with.
+
+    When the sandbox drops root to an unprivileged uid, that uid may be unable to reach this
+    process's interpreter (a venv or pyenv under /root, say); then the first system Python it
+    can run is used. Set ``MASRL_SANDBOX_PYTHON`` to choose. Sandboxed code sees only the
+    standard library of that interpreter, never the trainer's packages.
+    """
+    chosen = os.environ.get("MASRL_SANDBOX_PYTHON")
+    if chosen:
+        return chosen
+    if isolation() not in ("namespaces", "uid"):
+        return sys.executable
+    candidates = [sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3",
+                  "/bin/python3"]
+    for exe in candidates:
+        if not os.path.isfile(exe):
+            continue
+        try:
+            r = subprocess.run([exe, "-I", "-c", "pass"], capture_output=True, timeout=30,
+                               preexec_fn=functools.partial(_drop_to, UID_BASE))
+        except OSError:  # not executable by that uid
+            continue
+        if r.returncode == 0:
+            return exe
+    raise RuntimeError(f"no Python interpreter is executable by the sandbox uid {UID_BASE}; set MASRL_SANDBOX_PYTHON")
 
 
 def _user_process_count() -> int:
@@ -95,8 +134,8 @@ def _user_process_count() -> int:
     return n
 
 
-def _limit_child(limits: Limits, nproc: int) -> None:
-    """preexec_fn: runs in the child between fork and exec."""
+def _limit_child(limits: Limits, nproc: int, uid: int | None = None) -> None:
+    """preexec_fn: runs in the child between fork and exec. ``uid``: drop root to it last."""
     cpu = max(1, int(limits.cpu_s + 0.999))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     mem = limits.memory_mb * 1024 * 1024
@@ -106,10 +145,12 @@ def _limit_child(limits: Limits, nproc: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    if uid is not None:
+        _drop_to(uid)
 
 
 def _command(workdir: Path, mode: str, slot: int, kind: str) -> list[str]:
-    py = [sys.executable, "-I", "-B", "_harness.py", mode]
+    py = [sandbox_python(), "-I", "-B", "_harness.py", mode]
     if kind == "namespaces":
         uid = UID_BASE + slot
         script = (
@@ -134,7 +175,7 @@ def _kill_group(proc: subprocess.Popen, slot: int, kind: str) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if kind == "namespaces":
+    if kind in ("namespaces", "uid"):
         # The pid namespace dies with its first process, taking every descendant with it (also
         # ones that left the process group with setsid). Sweep the slot's uid anyway, in case.
         uid = UID_BASE + slot
@@ -167,11 +208,24 @@ def _reader(stream, cap: int, sink: list, over: threading.Event) -> None:
 
 
 def sandbox_root() -> Path:
-    """Parent of the per-run directories. Not under /tmp: namespaces mode hides /tmp behind a tmpfs."""
+    """Parent of the per-run directories (``MASRL_SANDBOX_DIR`` to choose).
+
+    In namespaces mode it is under the cache dir: /tmp is hidden behind a tmpfs there, and the run
+    directory is bind-mounted, so only root needs to reach it. Otherwise the sandbox uid must
+    reach it itself, so it is a folder under the temp dir that anyone may traverse.
+    """
     from masrl.models import cache_dir
 
-    root = Path(os.environ.get("MASRL_SANDBOX_DIR") or cache_dir() / "sandbox")
+    env = os.environ.get("MASRL_SANDBOX_DIR")
+    if env:
+        root = Path(env)
+    elif isolation() == "namespaces":
+        root = cache_dir() / "sandbox"
+    else:
+        root = Path(tempfile.gettempdir()) / f"masrl-sandbox-{os.getuid()}"
     root.mkdir(parents=True, exist_ok=True)
+    if isolation() == "uid":
+        os.chmod(root, 0o711)
     return root
 
 
@@ -185,7 +239,7 @@ def run_python(code: str, *, mode: str = "script", stdin: str | None = None, lim
         shutil.copyfile(HARNESS, workdir / "_harness.py")
         for name, text in (files or {}).items():
             (workdir / name).write_text(text)
-        if kind == "namespaces":
+        if kind in ("namespaces", "uid"):
             os.chown(workdir, UID_BASE + slot, UID_BASE + slot)
             for p in workdir.iterdir():
                 os.chown(p, UID_BASE + slot, UID_BASE + slot)
@@ -199,7 +253,7 @@ def run_python(code: str, *, mode: str = "script", stdin: str | None = None, lim
         proc = subprocess.Popen(
             _command(workdir, mode, slot, kind), cwd=workdir, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=functools.partial(_limit_child, limits, nproc),
+            preexec_fn=functools.partial(_limit_child, limits, nproc, UID_BASE + slot if kind == "uid" else None),
         )
         out, err, over = [], [], threading.Event()
         threads = [threading.Thread(target=_reader, args=(proc.stdout, limits.output_bytes, out, over), daemon=True),

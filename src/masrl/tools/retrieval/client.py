@@ -52,6 +52,7 @@ class RetrieverClient:
         self.dead_for_s = dead_for_s
         self._dead_until: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._local = threading.local()  # one keep-alive connection per thread and endpoint
 
     def _order(self) -> list[str]:
         now = time.monotonic()
@@ -68,15 +69,33 @@ class RetrieverClient:
                 self._dead_until[endpoint] = time.monotonic() + self.dead_for_s
 
     def _post(self, endpoint: str, body: bytes) -> tuple[int, bytes]:
+        conns = self._local.__dict__.setdefault("conns", {})
         u = urllib.parse.urlsplit(endpoint)
-        conn = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout_s)
-        try:
-            conn.request("POST", (u.path.rstrip("/") or "") + "/retrieve", body=body,
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
+        path = (u.path.rstrip("/") or "") + "/retrieve"
+        for fresh in (False, True):  # a kept-alive connection may have been closed by the server
+            conn = conns.get(endpoint)
+            if conn is None or fresh:
+                if conn is not None:
+                    conn.close()
+                conn = conns[endpoint] = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout_s)
+            try:
+                conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.will_close:
+                    conn.close()
+                    conns.pop(endpoint, None)
+                return resp.status, data
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as exc:
+                conn.close()
+                conns.pop(endpoint, None)
+                if fresh:
+                    raise exc
+            except Exception:
+                conn.close()
+                conns.pop(endpoint, None)
+                raise
+        raise AssertionError("unreachable")
 
     def retrieve(self, queries: list[str], topk: int = 3, return_scores: bool = True) -> list[list[dict]]:
         body = json.dumps({"queries": list(queries), "topk": topk, "return_scores": return_scores}).encode()

@@ -60,6 +60,7 @@ def make_handler(index: BM25Index):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "masrl-retriever"
+        disable_nagle_algorithm = True  # answer in one segment; no 40 ms delayed-ACK stalls on keep-alive
 
         def log_message(self, fmt, *args):  # quiet by default
             pass
@@ -114,11 +115,41 @@ def make_handler(index: BM25Index):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the default backlog of 5 resets connections under concurrent clients
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.open_sockets: set = set()
+        self._sock_lock = threading.Lock()
+
+    def process_request_thread(self, request, client_address):
+        with self._sock_lock:
+            self.open_sockets.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._sock_lock:
+                self.open_sockets.discard(request)
+
+    def close_open_connections(self) -> None:
+        import socket
+
+        with self._sock_lock:
+            socks = list(self.open_sockets)
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 class RetrieverServer:
     """Serve an index in a background thread (tests, benchmarks) or the foreground (CLI)."""
 
     def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0):
-        self.httpd = ThreadingHTTPServer((host, port), make_handler(index))
+        self.httpd = _Server((host, port), make_handler(index))
         self.httpd.daemon_threads = True
         self.thread: threading.Thread | None = None
 
@@ -136,8 +167,10 @@ class RetrieverServer:
         self.httpd.serve_forever()
 
     def stop(self) -> None:
+        """Stop serving and drop kept-alive connections, as a killed server would."""
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.httpd.close_open_connections()
         if self.thread is not None:
             self.thread.join(timeout=5)
 

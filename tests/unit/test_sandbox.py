@@ -177,3 +177,37 @@ def test_the_calling_process_is_unharmed():
         r = run_python(code, limits=FAST)
         assert r.status in ("ok", "runtime_error")
     assert os.getcwd() == before[0] and dict(os.environ) == before[1]
+
+
+PROGRAMS = {
+    "ok": ("print(sum(range(10)))", "ok"),
+    "compile": ("def (", "compile_error"),
+    "loop": ("while True:\n    pass", "timeout"),
+    "memory": ("x = bytearray(10**10)", "memory"),
+    "output": ("while True:\n    print('z' * 1000)", "output_limit"),
+    "raise": ("raise SystemExit(4)", "runtime_error"),
+}
+
+
+@pytest.mark.skipif(not NS, reason="the zygote is used in namespaces mode only")
+@pytest.mark.parametrize("backend", ["zygote", "fresh-process"])
+def test_both_backends_give_the_same_verdicts(backend, monkeypatch):
+    monkeypatch.setenv("MASRL_SANDBOX_ZYGOTE", "1" if backend == "zygote" else "0")
+    for name, (code, status) in PROGRAMS.items():
+        assert run_python(code, limits=FAST).status == status, name
+
+
+@pytest.mark.skipif(not NS, reason="needs namespaces")
+def test_nothing_carries_over_from_one_run_to_the_next():
+    leave = ("import ctypes, os, subprocess, sys\n"
+             "libc = ctypes.CDLL(None)\n"
+             "libc.open(b'/tmp/leak', os.O_WRONLY | os.O_CREAT, 0o644)\n"
+             "open('here.txt', 'w').write('x')\n"
+             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+             "print('left')")
+    look = ("import os\n"
+            "mine = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == os.getuid()]\n"
+            "print(os.path.exists('/tmp/leak'), os.path.exists('here.txt'), len(mine))")
+    assert run_python(leave, limits=FAST).stdout.strip() == "left"
+    r = run_python(look, limits=FAST)
+    assert r.stdout.split() == ["False", "False", "1"]  # only the looking process itself

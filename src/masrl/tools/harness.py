@@ -1,6 +1,6 @@
 """Runs inside the sandbox's child process. Standard library only; copied into the work dir.
 
-Usage: python -I _harness.py MODE
+Usage: python -I _harness.py MODE   (or ``main(mode)`` in a process forked by the zygote)
   script  run program.py as __main__ with the real stdin/stdout
   stdio   run program.py once per case from cases.json, stdin/stdout redirected, in this process
   call    import program.py once, call the named function per case from cases.json
@@ -98,8 +98,10 @@ def _jsonable(v):
         return {"__repr__": repr(v)}
 
 
-def main():
-    mode = sys.argv[1]
+def main(mode=None):
+    global ROOT
+    ROOT = os.path.realpath(os.getcwd())
+    mode = mode or sys.argv[1]
     source = open("program.py").read()
     try:
         code = compile(source, "program.py", "exec")

@@ -1,0 +1,287 @@
+"""The sandbox zygote: a pre-started process per pool slot that forks one child per program.
+
+Starting a fresh interpreter inside fresh namespaces costs ~45 ms per program; forking a
+process that already sits in them, with the harness imported, costs a few. The zygote runs as
+root *inside* private network, pid and mount namespaces (started by ``sandbox.py`` with
+``unshare``) and only ever runs this file's code. For each program it forks a child that:
+
+  1. enters a mount namespace of its own with fresh tmpfs on /tmp, /var/tmp and /dev/shm and its
+     run directory bind-mounted at /tmp/work (so nothing written by one run is seen by the next);
+  2. moves to a new session, sets the resource limits, closes every inherited descriptor but the
+     three pipes to the zygote, drops to the slot's unprivileged uid with no capabilities and
+     ``no_new_privs``;
+  3. runs the harness in-process and exits.
+
+The child cannot signal or trace the zygote (different uid). After each run the zygote kills
+every process of the slot uid left in its pid namespace and reaps orphans (it is pid 1 there).
+
+Protocol on stdin/stdout: one JSON request per line, one JSON reply per line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import sys
+import time
+
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _mount(src, dst, fstype, flags, data) -> None:
+    enc = (lambda x: x.encode() if isinstance(x, str) else x)
+    _check(_libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {dst}")
+
+
+def _child(req: dict, run_dir: str, uid: int, fds: tuple[int, int, int]) -> None:
+    """In the forked child: build the walls, then run the harness. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        _check(_libc.unshare(CLONE_NEWNS), "unshare")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+        for d in ("/tmp", "/var/tmp", "/dev/shm"):
+            if os.path.isdir(d):
+                _mount("tmpfs", d, "tmpfs", 0, "size=16m,mode=1777")
+        os.mkdir("/tmp/work")
+        _mount(run_dir, "/tmp/work", None, MS_BIND, None)
+        os.chdir("/tmp/work")
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+        os.closerange(3, 1 << 16)
+        lim = req["limits"]
+        cpu = max(1, int(lim["cpu_s"] + 0.999))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        mem = lim["memory_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+        fsize = lim["file_size_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_procs"], lim["max_procs"]))
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        os.environ.clear()
+        os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/work",
+                           "PYTHONIOENCODING": "utf-8"})
+        import io
+
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        code = sys.modules["_harness"].main(req["mode"])
+        code = code if isinstance(code, int) else 1
+    except BaseException as exc:  # walls failed to go up: never run the program
+        try:
+            os.write(2, f"sandbox child set-up failed: {exc}\n".encode())
+        except OSError:
+            pass
+        code = 70
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        os._exit(code)
+
+
+def _sweep(uid: int) -> None:
+    """Kill every process of ``uid`` left in this pid namespace, then reap."""
+    for _ in range(50):
+        found = False
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    if os.stat(f"/proc/{pid}").st_uid == uid:
+                        found = True
+                        os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        _reap()
+        if not found:
+            return
+        time.sleep(0.002)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def run_one(req: dict, uid: int, base: str, n: int) -> dict:
+    run_dir = os.path.join(base, f"run-{n}")
+    os.mkdir(run_dir, 0o700)
+    try:
+        for name, text in req["files"].items():
+            with open(os.path.join(run_dir, name), "w") as f:
+                f.write(text)
+        for name in os.listdir(run_dir):
+            os.chown(os.path.join(run_dir, name), uid, uid)
+        os.chown(run_dir, uid, uid)
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        sys.stdout.flush()
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            _child(req, run_dir, uid, (in_r, out_w, err_w))
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        pending = memoryview((req.get("stdin") or "").encode())
+        lim = req["limits"]
+        cap = lim["output_bytes"]
+        bufs = {out_r: bytearray(), err_r: bytearray()}
+        sel = selectors.DefaultSelector()
+        for fd in bufs:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        os.set_blocking(in_w, False)
+        if len(pending):
+            sel.register(in_w, selectors.EVENT_WRITE)
+        else:
+            os.close(in_w)
+            in_w = -1
+        status = None
+        deadline = t0 + lim["wall_s"]
+        rc = None
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                status = "timeout"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.05)):
+                if key.fd == in_w:
+                    try:
+                        pending = pending[os.write(in_w, pending[:65536]):]
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:  # the program closed its stdin
+                        pending = pending[:0]
+                    if not len(pending):
+                        sel.unregister(in_w)
+                        os.close(in_w)
+                        in_w = -1
+                    continue
+                try:
+                    chunk = os.read(key.fd, 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(key.fd)
+                    continue
+                b = bufs[key.fd]
+                if len(b) < cap + 1:
+                    b.extend(chunk[: cap + 1 - len(b)])
+                if len(b) > cap:
+                    status = "output_limit"
+            if status is not None:
+                break
+            done, wstatus = os.waitpid(pid, os.WNOHANG)
+            if done:
+                rc = os.waitstatus_to_exitcode(wstatus)
+                # drain what is left in the pipes
+                for fd in list(bufs):
+                    try:
+                        while True:
+                            chunk = os.read(fd, 65536)
+                            if not chunk:
+                                break
+                            if len(bufs[fd]) < cap + 1:
+                                bufs[fd].extend(chunk[: cap + 1 - len(bufs[fd])])
+                    except (BlockingIOError, OSError):
+                        pass
+                if any(len(b) > cap for b in bufs.values()):
+                    status = "output_limit"
+                break
+        if rc is None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                _, wstatus = os.waitpid(pid, 0)
+                rc = os.waitstatus_to_exitcode(wstatus)
+            except ChildProcessError:
+                rc = -9
+        _sweep(uid)
+        sel.close()
+        if in_w >= 0:
+            os.close(in_w)
+        for fd in bufs:
+            os.close(fd)
+        duration = time.perf_counter() - t0
+        left_files = {}
+        res = os.path.join(run_dir, "results.jsonl")
+        if os.path.isfile(res) and os.path.getsize(res) < 8 * 1024 * 1024:
+            with open(res, errors="replace") as f:
+                left_files["results.jsonl"] = f.read()
+        return {"status": status, "returncode": rc, "stdout": bufs[out_r][:cap].decode("utf-8", "replace"),
+                "stderr": bufs[err_r][:cap].decode("utf-8", "replace"), "duration_s": duration, "files": left_files}
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+PRELOAD = ("io", "json", "traceback", "math", "re", "collections", "itertools", "functools", "typing", "heapq",
+           "bisect", "string", "random", "statistics", "fractions", "decimal", "hashlib", "copy", "operator",
+           "datetime", "dataclasses", "enum")
+
+
+def serve(uid: int, harness_path: str, base: str) -> None:
+    """``base``: an existing directory; a tmpfs private to this namespace is mounted over it."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_harness", harness_path)
+    harness = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(harness)
+    sys.modules["_harness"] = harness
+    for name in PRELOAD:  # children start with these imported (copy-on-write)
+        importlib.import_module(name)
+    _mount("tmpfs", base, "tmpfs", 0, "size=256m,mode=0711")
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    n = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        n += 1
+        req = json.loads(line)
+        try:
+            reply = run_one(req, uid, base, n)
+        except Exception as exc:  # report, stay alive
+            reply = {"status": "error", "returncode": None, "stdout": "", "stderr": f"zygote: {exc}",
+                     "duration_s": 0.0, "files": {}}
+        reply["id"] = req.get("id")
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3])

@@ -1,0 +1,115 @@
+"""Which walls this machine allows, the sandbox's uid, interpreter and working directories.
+
+Modes, probed once by ``isolation()``:
+* ``namespaces``: root with ``unshare``: private network, pid and mount namespaces, an
+  unprivileged uid per pool slot with no capabilities (the best walls; used here).
+* ``uid``: root without ``unshare``: the unprivileged per-slot uid only; the network is refused
+  by the audit hook alone.
+* ``user-namespace``: not root, unprivileged user namespaces work: private network and pid
+  namespaces; the process limit counts against the invoking user.
+* ``rlimits-only``: resource limits, the timeout and the audit hook. The audit hook is a speed
+  bump, not a wall (ctypes gets around it): run such hosts' sandboxes in a container or VM.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+UID_BASE = 61000  # slot k runs as uid UID_BASE + k
+
+
+@functools.lru_cache(maxsize=1)
+def isolation() -> str:
+    """Which walls this machine allows; probed once."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return "uid" if os.geteuid() == 0 else "rlimits-only"
+    if os.geteuid() == 0 and shutil.which("setpriv"):
+        probe = [unshare, "-n", "-m", "--propagation", "private", "sh", "-c",
+                 f"mount -t tmpfs tmpfs /tmp && exec setpriv --reuid={UID_BASE} --regid={UID_BASE} --clear-groups "
+                 "--no-new-privs /bin/sh -c true"]
+        if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
+            return "namespaces"
+    if os.geteuid() == 0:
+        return "uid"
+    if subprocess.run([unshare, "-rn", "true"], capture_output=True, timeout=30).returncode == 0:
+        return "user-namespace"
+    return "rlimits-only"
+
+
+def drop_to(uid: int) -> None:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_python() -> str:
+    """The interpreter sandboxed programs run with.
+
+    When the sandbox drops root to an unprivileged uid, that uid may be unable to reach this
+    process's interpreter (a venv or pyenv under /root, say); then the first system Python it
+    can run is used. Set ``MASRL_SANDBOX_PYTHON`` to choose. Sandboxed code sees only the
+    standard library of that interpreter, never the trainer's packages.
+    """
+    chosen = os.environ.get("MASRL_SANDBOX_PYTHON")
+    if chosen:
+        return chosen
+    if isolation() not in ("namespaces", "uid"):
+        return sys.executable
+    candidates = [sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3", "/usr/local/bin/python3",
+                  "/bin/python3"]
+    for exe in candidates:
+        if not os.path.isfile(exe):
+            continue
+        try:
+            r = subprocess.run([exe, "-I", "-c", "pass"], capture_output=True, timeout=30,
+                               preexec_fn=functools.partial(drop_to, UID_BASE))
+        except OSError:  # not executable by that uid
+            continue
+        if r.returncode == 0:
+            return exe
+    raise RuntimeError(f"no Python interpreter is executable by the sandbox uid {UID_BASE}; set MASRL_SANDBOX_PYTHON")
+
+
+def user_process_count() -> int:
+    uid = os.getuid()
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+
+def sandbox_root() -> Path:
+    """Parent of the per-run directories (``MASRL_SANDBOX_DIR`` to choose).
+
+    In namespaces mode it is under the cache dir: /tmp is hidden behind a tmpfs there, and the run
+    directory is bind-mounted, so only root needs to reach it. Otherwise the sandbox uid must
+    reach it itself, so it is a folder under the temp dir that anyone may traverse.
+    """
+    from masrl.models import cache_dir
+
+    env = os.environ.get("MASRL_SANDBOX_DIR")
+    if env:
+        root = Path(env)
+    elif isolation() == "namespaces":
+        root = cache_dir() / "sandbox"
+    else:
+        root = Path(tempfile.gettempdir()) / f"masrl-sandbox-{os.getuid()}"
+    root.mkdir(parents=True, exist_ok=True)
+    if isolation() == "uid":
+        os.chmod(root, 0o711)
+    return root
+
+

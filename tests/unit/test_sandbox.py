@@ -211,3 +211,17 @@ def test_nothing_carries_over_from_one_run_to_the_next():
     assert run_python(leave, limits=FAST).stdout.strip() == "left"
     r = run_python(look, limits=FAST)
     assert r.stdout.split() == ["False", "False", "1"]  # only the looking process itself
+
+
+@pytest.mark.parametrize("backend", ["zygote", "fresh-process"])
+def test_works_when_the_cache_dir_is_under_tmp(backend, monkeypatch, tmp_path):
+    from masrl.tools.zygote_client import shutdown_zygotes
+
+    monkeypatch.setenv("MASRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("MASRL_SANDBOX_ZYGOTE", "1" if backend == "zygote" else "0")
+    shutdown_zygotes()
+    try:
+        r = run_python("print(6 * 7)", limits=FAST)
+        assert r.status == "ok" and r.stdout == "42\n", r.stderr
+    finally:
+        shutdown_zygotes()

@@ -91,25 +91,38 @@ def user_process_count() -> int:
     return n
 
 
+HIDDEN_IN_SANDBOX = ("/tmp", "/var/tmp", "/dev/shm")  # covered by fresh tmpfs inside the namespaces
+
+
+def _hidden(path: Path) -> bool:
+    real = os.path.realpath(path)
+    return any(real == h or real.startswith(h + os.sep) for h in HIDDEN_IN_SANDBOX)
+
+
 def sandbox_root() -> Path:
     """Parent of the per-run directories (``MASRL_SANDBOX_DIR`` to choose).
 
-    In namespaces mode it is under the cache dir: /tmp is hidden behind a tmpfs there, and the run
-    directory is bind-mounted, so only root needs to reach it. Otherwise the sandbox uid must
-    reach it itself, so it is a folder under the temp dir that anyone may traverse.
+    In namespaces mode run directories are bind-mounted into the sandbox after fresh tmpfs cover
+    /tmp, /var/tmp and /dev/shm there, so they must live elsewhere: under the cache dir, or
+    /var/lib/masrl/sandbox when the cache dir itself is under /tmp. Otherwise the sandbox uid
+    must reach its directory itself, so it is a folder under the temp dir anyone may traverse.
     """
     from masrl.models import cache_dir
 
     env = os.environ.get("MASRL_SANDBOX_DIR")
+    mode = isolation()
     if env:
         root = Path(env)
-    elif isolation() == "namespaces":
+        if mode == "namespaces" and _hidden(root):
+            raise RuntimeError(f"MASRL_SANDBOX_DIR={env} is under {', '.join(HIDDEN_IN_SANDBOX)}, which the sandbox "
+                               "covers with a fresh tmpfs; choose a directory elsewhere")
+    elif mode == "namespaces":
         root = cache_dir() / "sandbox"
+        if _hidden(root):
+            root = Path("/var/lib/masrl/sandbox")
     else:
         root = Path(tempfile.gettempdir()) / f"masrl-sandbox-{os.getuid()}"
     root.mkdir(parents=True, exist_ok=True)
-    if isolation() == "uid":
+    if mode == "uid":
         os.chmod(root, 0o711)
     return root
-
-

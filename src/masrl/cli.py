@@ -8,11 +8,35 @@ import sys
 from masrl.errors import MasrlError
 
 
+def _interrupt_handler(grace_s: float = 20.0):
+    """First Ctrl-C: raise KeyboardInterrupt and let the run unwind (checkpoints are written
+    atomically, so the last one stays loadable); if unwinding takes longer than ``grace_s``, or
+    on a second Ctrl-C, exit at once."""
+    import os
+    import threading
+
+    state = {"fired": False}
+
+    def handler(signum, frame):
+        if state["fired"]:
+            os._exit(130)
+        state["fired"] = True
+        timer = threading.Timer(grace_s, lambda: os._exit(130))
+        timer.daemon = True
+        timer.start()
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def _train(args) -> int:
+    import signal
+
     from masrl.config import load_config
     from masrl.runtime.loop import train
 
     cfg = load_config(args.config, args.overrides)
+    signal.signal(signal.SIGINT, _interrupt_handler())
     try:
         train(cfg, resume=args.resume)
     except KeyboardInterrupt:

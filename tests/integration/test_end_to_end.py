@@ -120,15 +120,19 @@ def test_cli_train_then_eval_checkpoint(tmp_path):
 def test_ctrl_c_leaves_the_last_checkpoint_loadable(tmp_path):
     cfgfile = tmp_path / "c.yaml"
     cfgfile.write_text(yaml.safe_dump(tiny_config("math_team_shared", tmp_path / "run", steps=500)))
+    out_f, err_f = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")  # files: a full pipe cannot block it
     proc = subprocess.Popen([sys.executable, "-m", "masrl.cli", "train", str(cfgfile)], cwd=tmp_path, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=out_f, stderr=err_f, text=True)
     root = tmp_path / "run" / "checkpoints"
     deadline = time.time() + 240
     while time.time() < deadline and len(list(root.glob("step_*"))) < 2:
         time.sleep(0.2)
     assert len(list(root.glob("step_*"))) >= 2, "training did not checkpoint in time"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    out_f.close()
+    err_f.close()
+    err = (tmp_path / "err.log").read_text()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "--resume" in err
     latest = ckpt.latest_checkpoint(root)

@@ -5,9 +5,7 @@ import math
 
 import pytest
 
-from masrl.config import load_config
-from masrl.runtime.loop import Trainer
-from tinycfg import tiny_config
+from tinycfg import prepared_trainer, tiny_config
 
 VARIANTS = {
     "grpo-seq-kl-k3": {"advantage": "grpo", "aggregation": "sequence", "kl_coef": 0.1, "kl_estimator": "k3"},
@@ -24,11 +22,7 @@ VARIANTS = {
 def test_variant_updates(name, base, tmp_path):
     data = tiny_config(base, tmp_path, steps=1)
     data["algorithm"].update(VARIANTS[name])
-    cfg = load_config(data=data)
-    tr = Trainer(cfg, run_dir=tmp_path)
-    tr.prepare(resume=False)
-    workers = {p: w for w in tr.rt.workers for p in w.policy_names}
-    before = {p: workers[p].fingerprint(p) for p in workers}
+    tr, workers, before = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
     for p, m in rec["policies"].items():
         assert all(math.isfinite(v) for v in m.values()), m

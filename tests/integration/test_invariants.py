@@ -6,7 +6,7 @@ import pytest
 
 from masrl.config import load_config
 from masrl.runtime.loop import Trainer
-from tinycfg import tiny_config
+from tinycfg import prepared_trainer, tiny_config
 
 TWO = {
     "policies": {"A": {"optim": {"lr": 1e-2}}, "B": {"optim": {"lr": 1e-2}}},
@@ -22,11 +22,7 @@ LORA = {
 
 
 def one_step(data, tmp_path):
-    cfg = load_config(data=data)
-    tr = Trainer(cfg, run_dir=tmp_path)
-    tr.prepare(resume=False)
-    workers = {p: w for w in tr.rt.workers for p in w.policy_names}
-    before = {p: workers[p].fingerprint(p) for p in workers}
+    tr, workers, before = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
     after = {p: workers[p].fingerprint(p) for p in workers}
     return rec, {p: before[p] != after[p] for p in workers}, tr

@@ -38,3 +38,14 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
             node = node.setdefault(part, {})
         node[parts[-1]] = v
     return data
+
+
+def prepared_trainer(data: dict, run_dir: Path):
+    """A Trainer for ``data`` with its workers built, and each policy's weight fingerprint."""
+    from masrl.config import load_config
+    from masrl.runtime.loop import Trainer
+
+    tr = Trainer(load_config(data=data), run_dir=run_dir)
+    tr.prepare(resume=False)
+    workers = {p: w for w in tr.rt.workers for p in w.policy_names}
+    return tr, workers, {p: workers[p].fingerprint(p) for p in workers}

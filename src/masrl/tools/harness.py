@@ -11,9 +11,10 @@ which cases finished if this process is killed. Exit codes: 0 done, 75 memory er
 """
 
 import os
+import resource  # tiny; and apply_limits runs between fork and exec, where importing is unsafe
 import sys
 
-# Only os and sys at start-up: every import here is paid by every sandboxed run. The rest are
+# Only these at start-up: every import here is paid by every sandboxed run. The rest are
 # imported where a mode needs them.
 
 ROOT = os.path.realpath(os.getcwd())
@@ -44,6 +45,41 @@ def _audit(event, args):
         paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
         if any(not _inside(p) for p in paths):
             raise PermissionError(f"{event} outside the sandbox directory is not allowed")
+
+
+def apply_limits(cpu_s, memory_mb, file_size_mb, max_open_files, max_procs):
+    """Resource limits for a sandboxed process (shared by sandbox.py and zygote.py)."""
+    cpu = max(1, int(cpu_s + 0.999))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    mem = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    fsize = file_size_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NPROC, (max_procs, max_procs))
+
+
+def kill_uid_processes(uid, passes=20, between=None):
+    """SIGKILL every process of ``uid`` visible in /proc, pass after pass until none is left."""
+    import signal
+    import time
+
+    for _ in range(passes):
+        found = False
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    if os.stat(f"/proc/{pid}").st_uid == uid:
+                        found = True
+                        os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        if between is not None:
+            between()
+        if not found:
+            return
+        time.sleep(0.005)
 
 
 class OutputLimit(Exception):

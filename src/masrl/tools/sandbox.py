@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -30,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from masrl.tools.harness import apply_limits, kill_uid_processes
 from masrl.tools.isolation import UID_BASE, drop_to, isolation, sandbox_python, sandbox_root, user_process_count
 from masrl.tools.sandbox_result import CODE_COMPILE, CODE_IMPORT, CODE_MEMORY, Limits, RunResult, status_from_exit
 from masrl.tools.zygote_client import HARNESS, use_zygote, zygote_for
@@ -40,15 +40,7 @@ __all__ = ["Limits", "RunResult", "Sandbox", "run_python", "isolation", "UID_BAS
 
 def _limit_child(limits: Limits, nproc: int, uid: int | None = None) -> None:
     """preexec_fn: runs in the child between fork and exec. ``uid``: drop root to it last."""
-    cpu = max(1, int(limits.cpu_s + 0.999))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-    mem = limits.memory_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-    fsize = limits.file_size_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files, limits.max_open_files))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    apply_limits(limits.cpu_s, limits.memory_mb, limits.file_size_mb, limits.max_open_files, nproc)
     if uid is not None:
         drop_to(uid)
 
@@ -82,20 +74,7 @@ def _kill_group(proc: subprocess.Popen, slot: int, kind: str) -> None:
     if kind in ("namespaces", "uid"):
         # The pid namespace dies with its first process, taking every descendant with it (also
         # ones that left the process group with setsid). Sweep the slot's uid anyway, in case.
-        uid = UID_BASE + slot
-        for _ in range(20):
-            found = False
-            for pid in os.listdir("/proc"):
-                if pid.isdigit():
-                    try:
-                        if os.stat(f"/proc/{pid}").st_uid == uid:
-                            found = True
-                            os.kill(int(pid), signal.SIGKILL)
-                    except OSError:
-                        pass
-            if not found:
-                break
-            time.sleep(0.01)
+        kill_uid_processes(UID_BASE + slot)
 
 
 def _reader(stream, cap: int, sink: list, over: threading.Event) -> None:

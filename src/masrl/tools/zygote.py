@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import resource
 import selectors
 import shutil
 import signal
@@ -64,15 +63,8 @@ def _child(req: dict, run_dir: str, uid: int, fds: tuple[int, int, int]) -> None
             os.dup2(fd, i)
         os.closerange(3, 1 << 16)
         lim = req["limits"]
-        cpu = max(1, int(lim["cpu_s"] + 0.999))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        mem = lim["memory_mb"] * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        fsize = lim["file_size_mb"] * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (lim["max_open_files"], lim["max_open_files"]))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (lim["max_procs"], lim["max_procs"]))
+        sys.modules["_harness"].apply_limits(lim["cpu_s"], lim["memory_mb"], lim["file_size_mb"],
+                                             lim["max_open_files"], lim["max_procs"])
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
@@ -105,21 +97,8 @@ def _child(req: dict, run_dir: str, uid: int, fds: tuple[int, int, int]) -> None
 
 
 def _sweep(uid: int) -> None:
-    """Kill every process of ``uid`` left in this pid namespace, then reap."""
-    for _ in range(50):
-        found = False
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    if os.stat(f"/proc/{pid}").st_uid == uid:
-                        found = True
-                        os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
-        _reap()
-        if not found:
-            return
-        time.sleep(0.002)
+    """Kill every process of ``uid`` left in this pid namespace, reaping as we go (we are pid 1)."""
+    sys.modules["_harness"].kill_uid_processes(uid, passes=50, between=_reap)
 
 
 def _reap() -> None:

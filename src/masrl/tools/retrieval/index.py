@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from masrl.data.loader import read_rows
 from masrl.errors import DataError
 
 INDEX_VERSION = 1
@@ -23,32 +24,21 @@ INDEX_VERSION = 1
 def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     """(ids, contents) of a JSONL corpus; errors name the line and the field."""
     ids, contents = [], []
-    p = Path(path)
-    if not p.is_file():
-        raise DataError(f"corpus file '{path}' does not exist")
     seen = set()
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected an object with id and text")
-            if "id" not in row:
-                raise DataError(f"{path}:{lineno}: missing field 'id'")
-            text = row.get("text", row.get("contents"))
-            if not isinstance(text, str):
-                raise DataError(f"{path}:{lineno}: field 'text' must be a string")
-            doc_id = str(row["id"])
-            if doc_id in seen:
-                raise DataError(f"{path}:{lineno}: duplicate id {doc_id!r}")
-            seen.add(doc_id)
-            title = row.get("title")
-            ids.append(doc_id)
-            contents.append(f"{title}\n{text}" if title else text)
+    for row in read_rows(path):
+        where = f"{path}:{row.get('__line__')}"
+        if "id" not in row:
+            raise DataError(f"{where}: missing field 'id'")
+        text = row.get("text", row.get("contents"))
+        if not isinstance(text, str):
+            raise DataError(f"{where}: field 'text' must be a string")
+        doc_id = str(row["id"])
+        if doc_id in seen:
+            raise DataError(f"{where}: duplicate id {doc_id!r}")
+        seen.add(doc_id)
+        title = row.get("title")
+        ids.append(doc_id)
+        contents.append(f"{title}\n{text}" if title else text)
     if not ids:
         raise DataError(f"corpus file '{path}' has no documents")
     return ids, contents

@@ -5,17 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from masrl.config import SamplingParams
 from masrl.parsing import ParseResult
 
 Parser = Callable[[str], ParseResult]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -31,10 +24,11 @@ class AgentRole:
 
 @dataclass(frozen=True)
 class AgentSpec:
-    """A logical agent: its role in the workflow plus the policy and sampling chosen in config."""
+    """A logical agent: its role in the workflow plus the policy and sampling chosen in config
+    (``sampling`` is resolved: the role's defaults fill what the config left unset)."""
 
     name: str
     policy: str
     parser: Parser
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams().resolved(64))
     trainable: bool = True

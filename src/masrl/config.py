@@ -37,19 +37,42 @@ class OptimConfig(Strict):
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm per optimizer step")
 
 
+DEVICE = r"^(auto|cpu|cuda|cuda:\d+)$"
+
+
 class PolicyConfig(Strict):
     model: str | None = Field(None, description="model for this policy; default: the top-level `model`")
+    device: str | None = Field(None, pattern=DEVICE, description="auto | cpu | cuda | cuda:N; default: the run's `device`")
     lora: LoraConfig | None = Field(None, description="set: a LoRA adapter on the frozen base `model`")
     optim: OptimConfig = Field(default_factory=OptimConfig)
 
 
-class AgentConfig(Strict):
-    policy: str = Field(description="name of the policy (under `policies`) that plays this agent")
-    trainable: bool = Field(True, description="false: the agent runs but its calls never train")
+class SamplingParams(Strict):
+    """How an agent samples. The one definition of these settings: agents set them in config,
+    and the same object travels with every call to the worker and its engine."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
     temperature: float = Field(1.0, ge=0, le=5, description="0 = greedy")
     top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int | None = Field(None, ge=1, le=8192, description="default: the workflow's value")
-    stop: list[str] | None = None
+    max_new_tokens: int | None = Field(None, ge=1, le=32768, description="default: the workflow's value for the agent")
+    stop: tuple[str, ...] | None = Field(None, description="stop strings; default: the workflow's for the agent")
+    ignore_eos: bool = Field(False, description="generate exactly max_new_tokens (benchmarks)")
+
+    def resolved(self, max_new_tokens: int, stop: tuple[str, ...] = ()) -> "SamplingParams":
+        """A copy with the unset fields filled from the workflow's defaults for the agent."""
+        return self.model_copy(update={
+            "max_new_tokens": self.max_new_tokens if self.max_new_tokens is not None else max_new_tokens,
+            "stop": tuple(self.stop) if self.stop is not None else tuple(stop),
+        })
+
+
+class AgentConfig(SamplingParams):
+    policy: str = Field(description="name of the policy (under `policies`) that plays this agent")
+    trainable: bool = Field(True, description="false: the agent runs but its calls never train")
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(**{k: getattr(self, k) for k in SamplingParams.model_fields})
 
 
 class WorkflowConfig(Strict):
@@ -88,6 +111,12 @@ class RolloutConfig(Strict):
     max_in_flight: int = Field(64, ge=1, description="workflows running at once")
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
     max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch")
+    engine: Literal["auto", "hf", "static"] = Field(
+        "auto", description="hf: eager, any architecture; static: preallocated KV cache and (on CUDA) CUDA graphs, "
+                            "Llama-family models; auto: static on CUDA when the model supports it, else hf")
+    cuda_graphs: bool = Field(True, description="static engine on CUDA: replay decode steps as CUDA graphs")
+    sync_every: int = Field(8, ge=1, le=256, description="static engine: decode steps between host checks for "
+                                                           "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)
     trace_timeout_s: float = Field(1800.0, gt=0)
 
@@ -122,6 +151,18 @@ class AlgorithmConfig(Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batches: int = Field(1, ge=1, description="optimizer steps per epoch")
     micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward")
+    micro_batch_tokens: int | None = Field(
+        None, ge=1, description="token budget per forward/backward (padded, or packed when `pack` is on); "
+                                "set: micro-batches are filled by length up to it instead of by `micro_batch_size`")
+    pack: bool | None = Field(None, description="pack sequences without padding (varlen flash attention, CUDA only); "
+                                                  "default: on where available")
+    share_prefix: bool | None = Field(None, description="run the prompt prefix that rows share once per micro-batch; "
+                                                          "default: on CPU, off on CUDA")
+    activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: recompute the old logprobs with the trainer and weight "
+                                "each token by min(pi_trainer / pi_rollout, tis_cap); for when the engine's numerics "
+                                "differ from the trainer's (bf16, other kernels)")
     gamma: float = Field(1.0, ge=0, le=1, description="gae discount")
     lam: float = Field(0.95, ge=0, le=1, description="gae lambda")
     vf_coef: float = Field(0.5, ge=0, description="gae: value loss weight")
@@ -147,7 +188,10 @@ class RunConfig(Strict):
     output_dir: str | None = Field(None, description="default: runs/<name>")
     seed: int = 0
     model: str = Field("smollm2-135m-instruct", description="default model of every policy")
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = Field("auto", pattern=DEVICE, description="auto (the GPU when there is one) | cpu | cuda | cuda:N")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16: bf16 weights and compute, fp32 master weights and optimizer state; "
+                            "auto: bf16 on CUDA, fp32 on CPU")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: all cores)")
     policies: dict[str, PolicyConfig]
     agents: dict[str, AgentConfig]
@@ -160,6 +204,13 @@ class RunConfig(Strict):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "dtype" in data:
+            raise ValueError("`dtype` was replaced by `precision` (auto | fp32 | bf16); bf16 keeps fp32 master weights")
+        return data
 
     @model_validator(mode="after")
     def _check_mapping(self) -> "RunConfig":
@@ -181,6 +232,9 @@ class RunConfig(Strict):
 
     def policy_model(self, policy: str) -> str:
         return self.policies[policy].model or self.model
+
+    def policy_device(self, policy: str) -> str:
+        return self.policies[policy].device or self.device
 
     def run_dir(self) -> Path:
         return Path(self.output_dir or f"runs/{self.name}")

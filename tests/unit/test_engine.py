@@ -1,10 +1,32 @@
-"""The engine on a real (tiny, random) Llama: logprobs, stop rules, prefix sharing, LoRA batches."""
+"""Both engines on a real (tiny, random) Llama: logprobs, stop rules, prefix sharing, compaction,
+LoRA batches, weight updates. The static engine runs its decode step eagerly on the CPU here; the
+GPU tests (tests/gpu) replay the same step as CUDA graphs."""
+
+import copy
 
 import pytest
 import torch
 
-from masrl.engines.hf import GenRequest, HFEngine
+from masrl.config import SamplingParams
+from masrl.engines.hf import HFEngine
+from masrl.engines.static import StaticEngine
+from masrl.messages import GenRequest
 from masrl.models import stop_token_ids
+
+
+def req(prompt, temperature=1.0, max_new_tokens=8, stop=(), adapter=None, ignore_eos=False, top_p=1.0):
+    sp = SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, stop=tuple(stop),
+                        ignore_eos=ignore_eos)
+    return GenRequest(list(prompt), sp, adapter=adapter)
+
+
+def make(kind, model, tok, stops, **kw):
+    if kind == "static":
+        return StaticEngine(model, tok, stops, device="cpu", seed=kw.pop("seed", 0), **kw)
+    return HFEngine(model, tok, stops, fast_path=kind != "hf-forward", **kw)
+
+
+ENGINES = ["hf-lean", "hf-forward", "static"]
 
 
 def full_logprobs(model, prompt, completion, temperature):
@@ -20,78 +42,142 @@ def prompts_with_shared_prefix(tok, n=4):
     return [tok(f"{sys_} Question {i}: what is {i} plus {i * 3}?", add_special_tokens=False)["input_ids"] for i in range(n)]
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["lean-forward", "hf-forward"])
-def test_logprobs_match_a_full_forward(tiny, fast):
+@pytest.mark.parametrize("kind", ENGINES)
+def test_logprobs_match_a_full_forward(tiny, kind):
     model, tok = tiny
-    eng = HFEngine(model, tok, stop_token_ids(tok, model), seed=0, fast_path=fast)
+    eng = make(kind, model, tok, stop_token_ids(tok, model))
     prompts = prompts_with_shared_prefix(tok) + [tok("short", add_special_tokens=False)["input_ids"]]
-    reqs = [GenRequest(p, temperature=t, max_new_tokens=n) for p, t, n in zip(prompts, [1.0, 0.7, 0.0, 1.3, 1.0], [5, 9, 3, 7, 6])]
+    reqs = [req(p, temperature=t, max_new_tokens=n) for p, t, n in zip(prompts, [1.0, 0.7, 0.0, 1.3, 1.0], [5, 9, 3, 7, 6])]
     outs = eng.generate(reqs)
     for r, o in zip(reqs, outs):
         assert len(o.completion_ids) == len(o.logprobs) == r.max_new_tokens  # random model: no EOS
-        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.temperature)
+        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
         assert torch.allclose(ref, torch.tensor(o.logprobs), atol=1e-4)
         assert o.finish_reason == "length"
+
+
+@pytest.mark.parametrize("sync_every", [1, 3, 16])
+def test_static_engine_greedy_equals_the_eager_engine(tiny, sync_every):
+    """Different lengths make rows finish at different steps: compaction and the chunked host
+    checks must not change any row's tokens."""
+    model, tok = tiny
+    prompts = prompts_with_shared_prefix(tok, 6) + [tok("a different start", add_special_tokens=False)["input_ids"]]
+    reqs = [req(p, temperature=0.0, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts)]
+    eager = HFEngine(model, tok, [2]).generate(reqs)
+    static = StaticEngine(model, tok, [2], device="cpu", sync_every=sync_every, compact_ratio=0.9)
+    for a, b in zip(eager, static.generate(reqs)):
+        assert a.completion_ids == b.completion_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    # batches larger than the engine's limit are split, and buffers are reused across calls
+    small = StaticEngine(model, tok, [2], device="cpu", max_batch_size=3)
+    assert [o.completion_ids for o in small.generate(reqs)] == [o.completion_ids for o in eager]
+    assert [o.completion_ids for o in small.generate(reqs[:2])] == [o.completion_ids for o in eager[:2]]
 
 
 def test_prefix_sharing_and_compaction_do_not_change_greedy_output(tiny):
     model, tok = tiny
     prompts = prompts_with_shared_prefix(tok, 6)
-    reqs = [GenRequest(p, temperature=0.0, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts)]
+    reqs = [req(p, temperature=0.0, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts)]
     shared = HFEngine(model, tok, [2], fast_path=True).generate(reqs)
     plain = HFEngine(model, tok, [2], fast_path=True, min_prefix=10_000, compact_ratio=0.0).generate(reqs)
     hf = HFEngine(model, tok, [2], fast_path=False).generate(reqs)
     one_by_one = [HFEngine(model, tok, [2]).generate([r])[0] for r in reqs]
-    for a, b, c, d in zip(shared, plain, hf, one_by_one):
-        assert a.completion_ids == b.completion_ids == c.completion_ids == d.completion_ids
+    static_plain = StaticEngine(model, tok, [2], device="cpu", min_prefix=10_000).generate(reqs)
+    for a, b, c, d, e in zip(shared, plain, hf, one_by_one, static_plain):
+        assert a.completion_ids == b.completion_ids == c.completion_ids == d.completion_ids == e.completion_ids
 
 
-def test_stop_token_and_stop_string(tiny):
+@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+def test_stop_token_and_stop_string(tiny, kind):
     model, tok = tiny
     prompt = tok("hello there", add_special_tokens=False)["input_ids"]
-    greedy = HFEngine(model, tok, [2]).generate([GenRequest(prompt, temperature=0.0, max_new_tokens=6)])[0]
+    greedy = make(kind, model, tok, [2]).generate([req(prompt, temperature=0.0, max_new_tokens=6)])[0]
     # make the 3rd greedy token a stop token: generation ends there, the stop token is kept
     stop_at = greedy.completion_ids[2]
-    out = HFEngine(model, tok, [stop_at]).generate([GenRequest(prompt, temperature=0.0, max_new_tokens=6)])[0]
+    out = make(kind, model, tok, [stop_at]).generate([req(prompt, temperature=0.0, max_new_tokens=6)])[0]
     assert out.completion_ids == greedy.completion_ids[: greedy.completion_ids.index(stop_at) + 1]
     assert out.finish_reason == "stop"
     # a stop string that appears in the greedy text
     text = greedy.text
     needle = text[len(text) // 2 : len(text) // 2 + 2]
     if needle.strip():
-        out = HFEngine(model, tok, [2]).generate([GenRequest(prompt, temperature=0.0, max_new_tokens=6, stop=(needle,))])[0]
+        out = make(kind, model, tok, [2]).generate([req(prompt, temperature=0.0, max_new_tokens=6, stop=(needle,))])[0]
         assert needle in out.text and out.finish_reason == "stop" and len(out.completion_ids) <= 6
+        ref = HFEngine(model, tok, [2]).generate([req(prompt, temperature=0.0, max_new_tokens=6, stop=(needle,))])[0]
+        assert out.completion_ids == ref.completion_ids
     # ignore_eos runs to the limit even through stop tokens
-    out = HFEngine(model, tok, [stop_at]).generate([GenRequest(prompt, temperature=0.0, max_new_tokens=6, ignore_eos=True)])[0]
-    assert len(out.completion_ids) == 6
+    out = make(kind, model, tok, [stop_at]).generate([req(prompt, temperature=0.0, max_new_tokens=6, ignore_eos=True)])[0]
+    assert len(out.completion_ids) == 6 and out.finish_reason == "length"
 
 
-def test_lora_mixed_adapter_batch_equals_separate_runs(tiny):
-    import copy
-
+def _lora_model(tiny):
     from peft import LoraConfig, get_peft_model
 
     model, tok = tiny
     base = copy.deepcopy(model)
-    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj", "o_proj"], task_type="CAUSAL_LM")
     pm = get_peft_model(base, cfg, adapter_name="a")
-    pm.add_adapter("b", cfg)
+    pm.add_adapter("b", LoraConfig(r=2, lora_alpha=8, target_modules=["k_proj", "down_proj", "gate_proj"],
+                                   task_type="CAUSAL_LM"))
     torch.manual_seed(0)
     for n, p in pm.named_parameters():
         if "lora_B" in n:
             torch.nn.init.normal_(p, std=0.5)
     pm.eval()
-    prompts = prompts_with_shared_prefix(tok, 4)
-    adapters = ["a", "b", "a", "b"]
-    reqs = [GenRequest(p, temperature=0.0, max_new_tokens=5, adapter=a) for p, a in zip(prompts, adapters)]
-    mixed = HFEngine(pm, tok, [2]).generate(reqs)
+    return pm, tok
+
+
+@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
+    pm, tok = _lora_model(tiny)
+    prompts = prompts_with_shared_prefix(tok, 4) + prompts_with_shared_prefix(tok, 2)
+    adapters = ["a", "b", "a", "b", None, "a"]
+    reqs = [req(p, temperature=0.0, max_new_tokens=5, adapter=a) for p, a in zip(prompts, adapters)]
+    mixed = make(kind, pm, tok, [2]).generate(reqs)
     for r, m in zip(reqs, mixed):
-        pm.set_adapter(r.adapter)
-        alone = HFEngine(pm, tok, [2]).generate([GenRequest(r.prompt_ids, temperature=0.0, max_new_tokens=5,
-                                                            adapter=r.adapter)])[0]
-        ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
+        if r.adapter is None:
+            with pm.disable_adapter():
+                ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
+        else:
+            pm.set_adapter(r.adapter)
+            ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
         assert torch.allclose(ref, torch.tensor(m.logprobs), atol=1e-4)
+        alone = make(kind, pm, tok, [2]).generate([r])[0]
         assert alone.completion_ids == m.completion_ids
     # the adapters really change the outputs: the same prompts under the bare base differ
-    base_out = HFEngine(pm, tok, [2]).generate([GenRequest(r.prompt_ids, temperature=0.0, max_new_tokens=5) for r in reqs])
+    base_out = make(kind, pm, tok, [2]).generate([req(r.prompt_ids, temperature=0.0, max_new_tokens=5) for r in reqs])
     assert [o.completion_ids for o in base_out] != [m.completion_ids for m in mixed]
+
+
+def test_static_engine_sees_weight_updates_after_weights_updated(tiny):
+    """The static engine reads fused copies of some weights; ``weights_updated`` refreshes them."""
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    prompts = prompts_with_shared_prefix(tok, 3)
+    reqs = [req(p, temperature=0.0, max_new_tokens=6) for p in prompts]
+    eng = StaticEngine(model, tok, [2], device="cpu")
+    before = eng.generate(reqs)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for lin in (layer.self_attn.q_proj, layer.self_attn.v_proj, layer.mlp.up_proj):
+                lin.weight.normal_(std=0.3)
+    truth = HFEngine(model, tok, [2]).generate(reqs)
+    assert [o.completion_ids for o in truth] != [o.completion_ids for o in before]
+    stale = StaticEngine.generate(eng, reqs)
+    gaps = [abs(a - b) for o, t in zip(stale, truth) for a, b in zip(o.logprobs[1:], t.logprobs[1:])]
+    assert max(gaps) > 1e-3  # decode steps still read the old fused weights
+    eng.weights_updated()
+    after = eng.generate(reqs)
+    assert [o.completion_ids for o in after] == [o.completion_ids for o in truth]
+    for a, t in zip(after, truth):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(t.logprobs), atol=1e-4)
+
+
+def test_sampling_is_seeded(tiny):
+    model, tok = tiny
+    prompts = prompts_with_shared_prefix(tok, 3)
+    reqs = [req(p, temperature=1.0, top_p=0.9, max_new_tokens=6) for p in prompts]
+    a = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
+    b = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
+    assert [o.completion_ids for o in a] == [o.completion_ids for o in b]

@@ -1,6 +1,6 @@
 import torch
 
-from masrl.engines.prefix import common_prefix_len, group_by_prefix
+from masrl.modeling.prefix import common_prefix_len, group_by_prefix
 from masrl.engines.sampling import inverse_cdf_sample, sample_tokens, top_p_filter
 
 

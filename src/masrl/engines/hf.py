@@ -12,33 +12,13 @@ other architecture runs the model's own forward with a ``DynamicCache``.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 
 import torch
 
-from masrl.engines import llama_forward
-from masrl.engines.prefix import group_by_prefix
-from masrl.engines.sampling import sample_tokens
-
-
-@dataclass
-class GenRequest:
-    prompt_ids: list[int]
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop: tuple[str, ...] = ()
-    adapter: str | None = None  # LoRA adapter name on a shared base; None: the plain model
-    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
-
-
-@dataclass
-class GenOutput:
-    completion_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" | "length"
-    meta: dict = field(default_factory=dict)
+from masrl.engines.sampling import BatchFlags, sample_tokens
+from masrl.messages import GenOutput, GenRequest
+from masrl.modeling import lean as llama_forward
+from masrl.modeling.prefix import group_by_prefix
 
 
 class _HFForward:
@@ -49,6 +29,10 @@ class _HFForward:
         core = model.get_base_model() if hasattr(model, "peft_config") else model
         params = inspect.signature(type(core).forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
 
     def new_cache(self, batch, max_len, dtype):
         from transformers import DynamicCache
@@ -76,20 +60,29 @@ class HFEngine:
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.stop_set))
-        self.generator = torch.Generator().manual_seed(seed)
         self.compact_ratio = compact_ratio
         self.is_peft = hasattr(model, "peft_config")
         use_fast = fast_path and llama_forward.supports(model)
         self.stepper = llama_forward.LlamaForward(model) if use_fast else _HFForward(model)
         self.share_prefix = use_fast
         self.min_prefix = min_prefix
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self.dtype, self.dev = first.dtype, first.device
+        self.device = str(self.dev)
+        self.generator = torch.Generator(device=self.dev).manual_seed(seed)
+
+    def weights_updated(self, policies=None) -> None:  # reads the live parameters
+        return None
+
+    def adapters(self) -> list[str]:
+        return list(self.model.peft_config) if self.is_peft else []
 
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         if not requests:
             return []
         B = len(requests)
+        dev = self.dev
         prompts = [list(r.prompt_ids) for r in requests]
         adapters = [r.adapter or "__base__" for r in requests] if self.is_peft else None
         max_new = max(r.max_new_tokens for r in requests)
@@ -104,19 +97,23 @@ class HFEngine:
         smax = max(len(p) - k for p, k in zip(prompts, pre))
         total = pmax + smax + max_new
         cache = self.stepper.new_cache(B, total, self.dtype)
-        key_valid = torch.zeros((B, total), dtype=torch.bool)
+        key_valid = torch.zeros((B, total), dtype=torch.bool, device=dev)
         for rows, plen in groups:
             if plen > 0:
                 self._fill_prefix(cache, key_valid, rows, prompts[rows[0]][:plen], adapters[rows[0]] if adapters else None)
         ids = torch.full((B, smax), self.pad_id, dtype=torch.long)
         positions = torch.zeros((B, smax), dtype=torch.long)
+        valid = torch.zeros((B, total), dtype=torch.bool)
         for i, p in enumerate(prompts):
             n = len(p) - pre[i]
             ids[i, smax - n :] = torch.tensor(p[pre[i] :], dtype=torch.long)
             positions[i, smax - n :] = torch.arange(pre[i], len(p))
-            key_valid[i, pmax + smax - n : pmax + smax] = True
-        temps = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
-        top_ps = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
+            valid[i, pmax + smax - n : pmax + smax] = True
+        ids, positions = ids.to(dev), positions.to(dev)
+        key_valid |= valid.to(dev)
+        temps = torch.tensor([r.sampling.temperature for r in requests], dtype=torch.float32, device=dev)
+        top_ps = torch.tensor([r.sampling.top_p for r in requests], dtype=torch.float32, device=dev)
+        flags = BatchFlags.of([r.sampling.temperature for r in requests], [r.sampling.top_p for r in requests])
 
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -125,17 +122,17 @@ class HFEngine:
         # until the next compaction drops it from the cache)
         rows: list[int | None] = list(range(B))
         logits = self.stepper.forward(ids, positions, cache, pmax, key_valid, adapters)
-        next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
+        next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long, device=dev)
         cur = pmax + smax
         while True:
-            tokens, lps = sample_tokens(logits, temps, top_ps, self.generator)
+            tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags)
             for b, (t, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
                 i = rows[b]
                 if i is None:
                     continue
                 out_ids[i].append(t)
                 out_lp[i].append(lp)
-                req = requests[i]
+                req = requests[i].sampling
                 if (not req.ignore_eos and t in self.stop_set) or (req.stop and self._hit_stop(out_ids[i], req.stop)):
                     finish[i], rows[b] = "stop", None
                 elif len(out_ids[i]) >= req.max_new_tokens:
@@ -144,7 +141,7 @@ class HFEngine:
             if not active:
                 break
             if len(active) <= self.compact_ratio * len(rows):
-                idx = torch.tensor(active, dtype=torch.long)
+                idx = torch.tensor(active, dtype=torch.long, device=dev)
                 cache = self.stepper.select(cache, idx)
                 key_valid, tokens, next_pos = key_valid[idx], tokens[idx], next_pos[idx]
                 temps, top_ps = temps[idx], top_ps[idx]
@@ -167,14 +164,15 @@ class HFEngine:
 
     def _fill_prefix(self, cache, key_valid, rows: list[int], prefix: list[int], adapter: str | None) -> None:
         """Run a shared prefix once (batch of 1) and copy its keys/values into every row of the group."""
-        from masrl.engines.llama_forward import causal_mask
+        from masrl.modeling.lean import causal_mask
 
         n = len(prefix)
-        ids = torch.tensor([prefix], dtype=torch.long)
-        mask = causal_mask(torch.ones((1, n), dtype=torch.bool), 0, n)
-        _, kv = self.stepper.hidden(ids, torch.arange(n).unsqueeze(0), mask, adapters=[adapter] if adapter else None,
-                                    return_kv=True, last_only=True)
-        idx = torch.tensor(rows, dtype=torch.long)
+        dev = self.dev
+        ids = torch.tensor([prefix], dtype=torch.long, device=dev)
+        mask = causal_mask(torch.ones((1, n), dtype=torch.bool, device=dev), 0, n)
+        _, kv = self.stepper.hidden(ids, torch.arange(n, device=dev).unsqueeze(0), mask,
+                                    adapters=[adapter] if adapter else None, return_kv=True, last_only=True)
+        idx = torch.tensor(rows, dtype=torch.long, device=dev)
         for (kc, vc), (k, v) in zip(cache, kv):
             kc[idx, :, :n] = k
             vc[idx, :, :n] = v

@@ -7,6 +7,8 @@ PPO ratio starts at 1 on the first update; top-p below 1 makes rollouts slightly
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -26,24 +28,40 @@ def top_p_filter(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(drop, float("-inf"))
 
 
+@dataclass(frozen=True)
+class BatchFlags:
+    """What a batch needs, known on the host from its requests, so sampling never has to ask the
+    device (a GPU round trip per token)."""
+
+    all_greedy: bool
+    any_greedy: bool
+    any_top_p: bool
+
+    @classmethod
+    def of(cls, temperatures: list[float], top_ps: list[float]) -> "BatchFlags":
+        return cls(all(t <= 0 for t in temperatures), any(t <= 0 for t in temperatures), any(p < 1 for p in top_ps))
+
+
 def sample_tokens(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None = None
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None = None,
+    flags: BatchFlags | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row. Returns ``(tokens [B], logprobs [B])``."""
     logits = logits.float()
     greedy = temperature <= 0
-    all_greedy = bool(greedy.all())
-    scaled = logits if all_greedy else logits / effective_temperature(temperature).unsqueeze(-1)
+    if flags is None:
+        flags = BatchFlags(bool(greedy.all()), bool(greedy.any()), bool((top_p < 1).any()))
+    scaled = logits if flags.all_greedy else logits / effective_temperature(temperature).unsqueeze(-1)
     logp = torch.log_softmax(scaled, dim=-1)
-    if all_greedy:
+    if flags.all_greedy:
         tokens = torch.argmax(logits, dim=-1)
     else:
-        if bool((top_p < 1).any()):
+        if flags.any_top_p:
             probs = torch.softmax(top_p_filter(scaled, top_p), dim=-1)
         else:
             probs = logp.exp()
         tokens = inverse_cdf_sample(probs, generator)
-        if bool(greedy.any()):
+        if flags.any_greedy:
             tokens = torch.where(greedy, torch.argmax(logits, dim=-1), tokens)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
@@ -55,6 +73,6 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = 
     milliseconds per step for a 49k vocabulary on a CPU; a cumulative sum and a binary search do not.
     """
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype) * cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return idx.clamp(max=probs.shape[-1] - 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from masrl.agents import AgentSpec, SamplingParams
+from masrl.agents import AgentSpec
 from masrl.config import DataSourceConfig, RunConfig
 from masrl.data import arithmetic
 from masrl.data.loader import load_math_tasks
@@ -17,10 +17,11 @@ from masrl.data.tasks import Task
 from masrl.engines.batcher import Batcher
 from masrl.errors import ConfigError, ModelError
 from masrl.models import resolve_model
-from masrl.policies import LoraSpec, OptimSpec, PolicySpec
+from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
-from masrl.runtime.controller import Controller, RolloutSettings
-from masrl.runtime.worker import PolicyWorker, UpdateSettings
+from masrl.runtime.controller import Controller
+from masrl.runtime.precision import resolve_device
+from masrl.runtime.worker import PolicyWorker
 from masrl.workflows import build_workflow, load_object
 
 
@@ -37,11 +38,7 @@ def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
     agents = {}
     for name, role in roles.items():
         a = cfg.agents[name]
-        sampling = SamplingParams(
-            temperature=a.temperature, top_p=a.top_p,
-            max_new_tokens=a.max_new_tokens or role.default_max_new_tokens,
-            stop=tuple(a.stop if a.stop is not None else role.default_stop),
-        )
+        sampling = a.sampling().resolved(role.default_max_new_tokens, role.default_stop)
         agents[name] = AgentSpec(name, a.policy, role.parser, sampling, a.trainable)
     return agents
 
@@ -55,17 +52,25 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
         trainable = any(a.trainable and a.policy == name for a in cfg.agents.values())
-        lora = None
-        if p.lora is not None:
-            lora = LoraSpec(p.lora.r, p.lora.alpha, p.lora.dropout, tuple(p.lora.target_modules))
-        o = p.optim
-        optim = OptimSpec(o.lr, o.weight_decay, tuple(o.betas), o.eps, o.grad_clip)
-        specs.append(PolicySpec(name, cfg.policy_model(name), lora, optim, trainable))
+        key = f"policies.{name}.device" if p.device else "device"
+        try:
+            device = resolve_device(cfg.policy_device(name))
+        except ConfigError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device))
+    shared: dict[str, set[str]] = {}
+    for s in specs:
+        if s.is_lora:
+            shared.setdefault(s.model, set()).add(s.device)
+    for model, devices in shared.items():
+        if len(devices) > 1:
+            raise ConfigError(f"LoRA policies on base '{model}' share one copy of it, so they need one device; "
+                              f"they ask for {', '.join(sorted(devices))}: set the same policies.<name>.device")
     return specs
 
 
 def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]]:
-    """LoRA policies on the same base share a host; each full-model policy gets its own."""
+    """LoRA policies on the same base share a host (and its device); each full-model policy gets its own."""
     groups: list[tuple[str, list[PolicySpec]]] = []
     lora_groups: dict[str, list[PolicySpec]] = {}
     for p in policies:
@@ -116,18 +121,17 @@ def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
     return train_tasks, eval_tasks
 
 
+def uses_static_engine(engine: str, device: str) -> bool:
+    """Whether a worker on ``device`` may get the static engine (its options apply only then)."""
+    return engine == "static" or (engine == "auto" and device.startswith("cuda"))
+
+
 @dataclass
 class Runtime:
     workflow: object
     agents: dict[str, AgentSpec]
     workers: list[PolicyWorker]
     controller: Controller
-
-
-def update_settings(cfg: RunConfig) -> UpdateSettings:
-    d = cfg.algorithm.model_dump()
-    d["group_key"] = tuple(d["group_key"])
-    return UpdateSettings(**d)
 
 
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
@@ -139,17 +143,21 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         import torch
 
         torch.set_num_threads(cfg.threads)
-    update = update_settings(cfg)
     workers, batchers = [], []
-    lock = threading.Lock()  # in-process workers share the CPU: one engine batch at a time
+    locks: dict[str, threading.Lock] = {}  # workers on one device take turns: one engine batch at a time
+    r = cfg.rollout
+    engine_options = {}
+    if r.engine != "hf":
+        engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     for i, (model, specs) in enumerate(group_hosts(policies)):
         kind = "LoRA adapters " + ", ".join(s.name for s in specs) if specs[0].is_lora else f"full model for {specs[0].name}"
-        log(f"[masrl] loading {model} ({kind})")
-        w = PolicyWorker(model, specs, update, dtype=cfg.dtype, seed=cfg.seed + i)
+        device = specs[0].device
+        log(f"[masrl] loading {model} ({kind}) on {device}")
+        w = PolicyWorker(model, specs, cfg.algorithm, device=device, precision=cfg.precision, seed=cfg.seed + i,
+                         engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, device) else {})
         workers.append(w)
-        batchers.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
-                                compute_lock=lock, name=f"worker{i}"))
-    settings = RolloutSettings(cfg.rollout.max_in_flight, cfg.rollout.call_timeout_s, cfg.rollout.trace_timeout_s)
+        batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
+                                compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
     tools = workflow.tools() if hasattr(workflow, "tools") else {}
-    controller = Controller(workflow, agents, workers, batchers, allocators, settings, tools=tools)
+    controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
     return Runtime(workflow, agents, workers, controller)

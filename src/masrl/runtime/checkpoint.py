@@ -48,7 +48,7 @@ def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
         # tied weights share storage; safetensors refuses duplicates
         if getattr(host.core.config, "tie_word_embeddings", False):
             sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
-    return {k: v.detach().contiguous().clone() for k, v in sd.items()}
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
 
 
 def save_policy(host, policy: str, optimizer, directory: Path) -> None:
@@ -64,7 +64,8 @@ def save_policy(host, policy: str, optimizer, directory: Path) -> None:
         host.core.config.save_pretrained(str(directory))
         host.tokenizer.save_pretrained(str(directory))
     if policy in host.value_heads:
-        save_file(host.value_heads[policy].state_dict(), str(directory / "value_head.safetensors"))
+        save_file({k: v.detach().cpu() for k, v in host.value_heads[policy].state_dict().items()},
+                  str(directory / "value_head.safetensors"))
     if optimizer is not None:
         torch.save(optimizer.state_dict(), directory / "optimizer.pt")
 
@@ -86,7 +87,7 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
         path = directory / "model.safetensors"
         if not path.is_file():
             raise MasrlError(f"{path} is missing: policy '{policy}' is a full model in this config but not in the checkpoint")
-        missing, unexpected = host.model.load_state_dict(load_file(str(path)), strict=False)
+        missing, unexpected = host.model.load_state_dict(load_file(str(path)), strict=False)  # copies onto its device
         missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise MasrlError(f"{path}: weights do not fit the model of policy '{policy}' "
@@ -96,9 +97,13 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
     vh = directory / "value_head.safetensors"
     if policy in host.value_heads and vh.is_file():
         host.value_heads[policy].load_state_dict(load_file(str(vh)))
+    if optimizer is None:
+        return
+    optimizer.sync_from_params()  # fp32 masters follow the loaded weights, then the saved masters win
     opt = directory / "optimizer.pt"
-    if with_optimizer and optimizer is not None and opt.is_file():
-        optimizer.load_state_dict(torch.load(opt, weights_only=False))
+    if with_optimizer and opt.is_file():
+        # saved on any device, loaded on this one (AdamW moves its state to its parameters' device)
+        optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=False))
 
 
 def write_atomically(target: Path, fill) -> Path:

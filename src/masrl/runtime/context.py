@@ -8,7 +8,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
-from masrl.runtime.worker import GenCall
+from masrl.messages import GenCall
 from masrl.trace import Call, ToolCall, Trace, new_id
 
 
@@ -56,12 +56,11 @@ class WorkflowContext:
             trainable=self.train and spec.trainable,
         )
         t.calls.append(call)
-        s = spec.sampling
+        sampling = spec.sampling
+        if self.temperature is not None:  # eval override
+            sampling = sampling.model_copy(update={"temperature": self.temperature, "top_p": 1.0})
         gen = GenCall(
-            call_id=call.call_id, policy=spec.policy, messages=messages,
-            temperature=s.temperature if self.temperature is None else self.temperature,
-            top_p=s.top_p if self.temperature is None else 1.0,
-            max_new_tokens=s.max_new_tokens, stop=tuple(s.stop), record=call.trainable,
+            call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:

@@ -9,28 +9,22 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Callable
 
 from masrl.agents import AgentSpec
+from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
 from masrl.engines.batcher import Batcher
 from masrl.rewards import combine
 from masrl.runtime.context import InfraError, WorkflowContext
-from masrl.runtime.worker import GenCall, PolicyWorker
+from masrl.messages import GenCall
+from masrl.runtime.worker import PolicyWorker
 from masrl.trace import Trace, new_id
-
-
-@dataclass
-class RolloutSettings:
-    max_in_flight: int = 64
-    call_timeout_s: float = 600.0
-    trace_timeout_s: float = 1800.0
 
 
 class Controller:
     def __init__(self, workflow, agents: dict[str, AgentSpec], workers: list[PolicyWorker], batchers: list[Batcher],
-                 allocators: list, settings: RolloutSettings, tools: dict[str, Callable] | None = None):
+                 allocators: list, settings: RolloutConfig, tools: dict[str, Callable] | None = None):
         self.workflow = workflow
         self.agents = agents
         self.workers = workers

@@ -39,7 +39,8 @@ class ModelHost:
         model_name: str,
         policies: list[PolicySpec],
         *,
-        dtype: str = "float32",
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
         seed: int = 0,
         need_reference: bool = False,
         need_critic: bool = False,
@@ -54,8 +55,10 @@ class ModelHost:
         self.model_name = model_name
         self.policies = {p.name: p for p in policies}
         self.is_lora = all(lora)
+        self.device = torch.device(device)
+        self.dtype = dtype
         torch.manual_seed(seed)
-        model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype)
+        model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype, device=device)
         self.reference: nn.Module | None = None
         if self.is_lora:
             from peft import get_peft_model
@@ -65,6 +68,9 @@ class ModelHost:
             model = get_peft_model(model, _peft_config(first), adapter_name=first.name)
             for p in rest:
                 model.add_adapter(p.name, _peft_config(p))
+            for n, prm in model.named_parameters():  # adapters train in fp32 on any base (they are small)
+                if "lora_" in n:
+                    prm.data = prm.data.float()
             self.model = model
             self.core = model.get_base_model()
         else:
@@ -76,7 +82,7 @@ class ModelHost:
         self.value_heads: dict[str, nn.Linear] = {}
         if need_critic:
             for name in self.policies:
-                head = nn.Linear(hidden, 1).to(next(self.core.parameters()).dtype)
+                head = nn.Linear(hidden, 1).to(self.device)  # fp32: its inputs are cast up
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)
                 self.value_heads[name] = head
@@ -134,7 +140,7 @@ class ModelHost:
 
     def fast_forward(self, module: nn.Module):
         """A LlamaForward over ``module`` (the policy model or the reference), or None if unsupported."""
-        from masrl.engines import llama_forward
+        from masrl.modeling import lean as llama_forward
 
         cache = self.__dict__.setdefault("_fast", {})
         key = id(module)

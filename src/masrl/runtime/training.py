@@ -1,135 +1,118 @@
-"""One policy update: advantages, then PPO-clip over micro-batches with accumulation.
+"""One policy update: advantages, then PPO-clip over micro-batches with gradient accumulation.
 
 The worker calls ``train_policy`` with the samples (its own buffered calls) of one policy, so a
 policy only ever sees gradients from calls that it served to its own agents.
+
+Per micro-batch: the lean forward (``modeling.lean``) over the layout ``batching`` chose, the
+output head only at completion positions (in chunks that are recomputed in backward, so a 150k
+vocabulary never holds all logits of a large micro-batch at once), the PPO loss, backward.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from masrl.algorithms import SEQUENCE_ESTIMATORS
 from masrl.algorithms.gae import gae_advantages, place_sequence_rewards, whiten
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
-from masrl.engines.llama_forward import causal_mask
-from masrl.engines.prefix import common_prefix_len, group_by_prefix
+from masrl.modeling.lean import causal_mask
+from masrl.runtime.batching import Batch, Sample, make_batch, micro_batches, pad_rows
 from masrl.runtime.hosting import ModelHost
 
+__all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
 
-@dataclass
-class Sample:
-    """A served call as its worker keeps it: the exact tokens sampled and their logprobs."""
-
-    call_id: str
-    policy: str
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    temperature: float
-    key: dict  # task_id, agent, turn, sample_idx, trace_id
-    reward: float | None = None
-    advantage: float = 0.0
-    token_adv: list[float] | None = None  # GAE
-    returns: list[float] | None = None
-    old_values: list[float] | None = None
-    ref_logprobs: list[float] | None = None
+HEAD_CHUNK = 8192  # completion tokens per output-head chunk
 
 
-@dataclass
-class Batch:
-    """A micro-batch laid out as [shared prefix, run once] + [rest of prompt + completion, per row]."""
-
-    prefix: torch.Tensor  # [1, P] tokens shared by every row (P may be 0)
-    ids: torch.Tensor  # [B, S] rest of prompt + completion, right-padded
-    valid: torch.Tensor  # [B, S] bool
-    gather_idx: torch.Tensor  # [B, T] suffix positions whose hidden state predicts each completion token
-    tokens: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T] float
-    temps: torch.Tensor  # [B]
+def packing_available(host: ModelHost) -> bool:
+    return (host.device.type == "cuda" and host.dtype in (torch.bfloat16, torch.float16)
+            and hasattr(torch.ops.aten, "_flash_attention_forward") and host.fast_forward(host.core) is not None)
 
 
-def make_batch(samples: list[Sample], pad_id: int, *, share_prefix: bool = True, min_prefix: int = 16) -> Batch:
-    P = 0
-    if share_prefix and len(samples) > 1:
-        P = min(len(s.prompt_ids) for s in samples) - 1
-        first = samples[0].prompt_ids
-        for s in samples[1:]:
-            P = min(P, common_prefix_len(first, s.prompt_ids))
-        if P < min_prefix:
-            P = 0
-    B = len(samples)
-    S = max(len(s.prompt_ids) - P + len(s.completion_ids) for s in samples)
-    T = max(len(s.completion_ids) for s in samples)
-    ids = torch.full((B, S), pad_id, dtype=torch.long)
-    valid = torch.zeros((B, S), dtype=torch.bool)
-    gather_idx = torch.zeros((B, T), dtype=torch.long)
-    tokens = torch.full((B, T), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, T), dtype=torch.float32)
-    for i, s in enumerate(samples):
-        rest, c = s.prompt_ids[P:], len(s.completion_ids)
-        ids[i, : len(rest) + c] = torch.tensor(rest + s.completion_ids)
-        valid[i, : len(rest) + c] = True
-        gather_idx[i, :c] = torch.arange(len(rest) - 1, len(rest) + c - 1)
-        tokens[i, :c] = torch.tensor(s.completion_ids)
-        mask[i, :c] = 1.0
-    temps = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in samples], dtype=torch.float32)
-    prefix = torch.tensor([samples[0].prompt_ids[:P]], dtype=torch.long)
-    return Batch(prefix, ids, valid, gather_idx, tokens, mask, temps)
+def choose_layout(host: ModelHost, algo) -> str:
+    """``packed`` | ``padded`` | ``prefix``: see ``batching``. Defaults: packed on CUDA (bf16),
+    the shared-prefix layout on a CPU."""
+    cuda = host.device.type == "cuda"
+    pack = algo.pack if algo.pack is not None else cuda
+    if pack and packing_available(host):
+        return "packed"
+    share = algo.share_prefix if algo.share_prefix is not None else not cuda
+    return "prefix" if share else "padded"
 
 
-def pad_rows(rows: list[list[float]], T: int) -> torch.Tensor:
-    out = torch.zeros((len(rows), T), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
-    return out
-
-
-def suffix_hidden(host: ModelHost, module, batch: Batch) -> torch.Tensor:
-    """Hidden states ``[B, S, H]`` of the per-row part, with the shared prefix run once."""
+def suffix_hidden(host: ModelHost, module, batch: Batch, checkpoint: bool = False) -> torch.Tensor:
+    """Hidden states ``[rows, S, H]`` of the per-row part, with the shared prefix run once."""
     fast = host.fast_forward(module)
     B, S = batch.ids.shape
     P = batch.prefix.shape[1]
-    if fast is None:  # any architecture: the model's own forward over prefix + suffix
+    dev = batch.ids.device
+    if fast is None:  # any architecture: the model's own forward over prefix + right-padded rows
         ids = torch.cat([batch.prefix.expand(B, -1), batch.ids], dim=1)
-        attn = torch.cat([torch.ones((B, P), dtype=torch.long), batch.valid.long()], dim=1)
+        attn = torch.ones_like(ids)
+        if batch.mask is not None:
+            attn[:, P:] = batch.mask[:, 0, -1, P:].long()
         return host.hidden_states(module, ids, attn)[:, P:]
+    if batch.packed is not None:
+        return fast.hidden(batch.ids, batch.positions, None, packed=batch.packed, checkpoint=checkpoint)
     past = None
     if P > 0:
-        _, kv = fast.hidden(batch.prefix, torch.arange(P).unsqueeze(0),
-                            causal_mask(torch.ones((1, P), dtype=torch.bool), 0, P), return_kv=True, last_only=True)
+        _, kv = fast.hidden(batch.prefix, torch.arange(P, device=dev).unsqueeze(0),
+                            causal_mask(torch.ones((1, P), dtype=torch.bool, device=dev), 0, P),
+                            return_kv=True, last_only=True)
         past = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in kv]
-    key_valid = torch.cat([torch.ones((B, P), dtype=torch.bool), batch.valid], dim=1)
-    positions = (P + torch.arange(S)).unsqueeze(0).expand(B, -1)
-    return fast.hidden(batch.ids, positions, causal_mask(key_valid, P, S), past=past)
+    return fast.hidden(batch.ids, batch.positions, batch.mask, past=past, checkpoint=checkpoint)
 
 
-def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False):
+def _head_logprobs(h, weight, bias, tokens, temps):
+    logits = F.linear(h, weight, bias).float() / temps[:, None]
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
+def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
+                       checkpoint: bool = False):
     """Logprobs ``[B, T]`` of the sampled tokens (at each row's temperature), entropy, values.
 
-    The output head runs only on completion positions: the prompt's logits are never needed.
+    The output head runs only on completion positions, in chunks of ``HEAD_CHUNK`` tokens that
+    are recomputed in backward when there are several (their logits are never all held at once).
     """
-    hidden = suffix_hidden(host, module, batch)
-    H = hidden.shape[-1]
-    h = hidden.gather(1, batch.gather_idx.unsqueeze(-1).expand(-1, -1, H))
-    logits = module.lm_head(h).float() / batch.temps.view(-1, 1, 1)
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, batch.tokens.unsqueeze(-1)).squeeze(-1)
-    if want_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    else:
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    values = value_head(h).squeeze(-1).float() if value_head is not None else None
+    hidden = suffix_hidden(host, module, batch, checkpoint)
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.select)  # [N, H]
+    head = module.lm_head
+    N = h.shape[0]
+    parts = []
+    for i in range(0, N, HEAD_CHUNK):
+        args = (h[i : i + HEAD_CHUNK], head.weight, head.bias, batch.tokens[i : i + HEAD_CHUNK],
+                batch.token_temps[i : i + HEAD_CHUNK])
+        if N > HEAD_CHUNK and torch.is_grad_enabled():
+            from torch.utils.checkpoint import checkpoint as ckpt
+
+            parts.append(ckpt(_head_logprobs, *args, use_reentrant=False))
+        else:
+            parts.append(_head_logprobs(*args))
+    logp_sel = torch.cat([p[0] for p in parts])
+    ent_sel = torch.cat([p[1] for p in parts])
+    if not want_entropy:
+        ent_sel = ent_sel.detach()
+    B, T = batch.n_rows, batch.width
+    logp = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), logp_sel).view(B, T)
+    entropy = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), ent_sel).view(B, T)
+    values = None
+    if value_head is not None:
+        v_sel = value_head(h.float()).squeeze(-1)
+        values = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), v_sel).view(B, T)
     return logp, entropy, values
 
 
 def compute_advantages(samples: list[Sample], algo) -> None:
-    """Set ``advantage`` on each sample (sequence estimators); GAE is done in ``train_policy``."""
+    """Set ``advantage`` on each sample (sequence estimators); GAE is done in ``_prepare``."""
     if algo.advantage == "gae":
         return
     keys = [tuple(s.key.get(k) if k != "policy" else s.policy for k in algo.group_key) for s in samples]
@@ -139,63 +122,53 @@ def compute_advantages(samples: list[Sample], algo) -> None:
         s.advantage = a
 
 
-def micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    """Chunks of at most ``size`` that share a prompt prefix where possible (the few-shot part
-    of one agent's prompt), so each chunk runs that prefix once; leftovers are length-sorted."""
-    groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=16, max_group=size)
-    out, singles = [], []
-    for rows, plen in groups:
-        if plen > 0:
-            out.append([samples[i] for i in rows])
-        else:
-            singles.extend(samples[i] for i in rows)
-    singles.sort(key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    out += [singles[i : i + size] for i in range(0, len(singles), size)]
-    return out
-
-
 @torch.no_grad()
-def _prepare_critic_and_reference(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int) -> None:
-    need_ref = algo.kl_coef > 0
-    need_values = algo.advantage == "gae"
-    if not (need_ref or need_values):
+def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str) -> None:
+    """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
+    own logprobs (truncated importance sampling)."""
+    need_ref, need_values, need_old = algo.kl_coef > 0, algo.advantage == "gae", algo.tis_cap is not None
+    if not (need_ref or need_values or need_old):
         return
-    for mb in micro_batches(samples, algo.micro_batch_size):
-        batch = make_batch(mb, pad_id)
+    for mb in micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens):
+        batch = make_batch(mb, pad_id, layout=layout, device=host.device)
         if need_ref:
             with host.reference_mode() as ref:
                 ref_lp, _, _ = completion_forward(host, ref, batch)
             for i, s in enumerate(mb):
                 s.ref_logprobs = ref_lp[i, : len(s.completion_ids)].tolist()
-        if need_values:
+        if need_values or need_old:
             with host.active(policy):
-                _, _, values = completion_forward(host, host.core, batch, host.value_heads[policy])
-            for i, s in enumerate(mb):
-                s.old_values = values[i, : len(s.completion_ids)].tolist()
-    if need_values:
-        for mb in micro_batches(samples, len(samples)):
-            T = max(len(s.completion_ids) for s in mb)
-            mask = pad_rows([[1.0] * len(s.completion_ids) for s in mb], T)
-            values = pad_rows([s.old_values for s in mb], T)
-            rewards = place_sequence_rewards(torch.tensor([float(s.reward) for s in mb]), mask)
-            adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
-            adv = whiten(adv, mask)
+                lp, _, values = completion_forward(host, host.core, batch, host.value_heads.get(policy) if need_values else None)
             for i, s in enumerate(mb):
                 n = len(s.completion_ids)
-                s.token_adv, s.returns = adv[i, :n].tolist(), ret[i, :n].tolist()
+                if need_values:
+                    s.old_values = values[i, :n].tolist()
+                if need_old:
+                    s.old_logprobs = lp[i, :n].tolist()
+    if need_values:  # GAE over the whole batch, whitened over all its tokens
+        T = max(len(s.completion_ids) for s in samples)
+        mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
+        values = pad_rows([s.old_values for s in samples], T)
+        rewards = place_sequence_rewards(torch.tensor([float(s.reward) for s in samples]), mask)
+        adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
+        adv = whiten(adv, mask)
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            s.token_adv, s.returns = adv[i, :n].tolist(), ret[i, :n].tolist()
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
                  pad_id: int, seed: int = 0) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics."""
     critic = algo.advantage == "gae"
+    layout = choose_layout(host, algo)
     compute_advantages(samples, algo)
-    _prepare_critic_and_reference(host, policy, samples, algo, pad_id)
+    _prepare(host, policy, samples, algo, pad_id, layout)
     zero_grad_possible = algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not critic
     value_head = host.value_heads.get(policy)
-    params = host.policy_parameters(policy)
     rng = random.Random(seed)
     sums: dict[str, float] = {}
+    mismatch_max = 0.0
     grad_norms: list[float] = []
     losses: list[float] = []
     skipped = 0
@@ -215,17 +188,20 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                         skipped += len(mini) - len(todo)
                     optimizer.zero_grad(set_to_none=True)
                     loss = 0.0
-                    for mb in micro_batches(todo, algo.micro_batch_size):
-                        stats = _micro_step(host, mb, algo, value_head, pad_id, n_tokens, float(len(mini)))
+                    for mb in micro_batches(todo, algo.micro_batch_size, layout=layout,
+                                            token_budget=algo.micro_batch_tokens):
+                        stats = _micro_step(host, mb, algo, value_head, pad_id, n_tokens, float(len(mini)), layout)
                         loss += stats.pop("loss")
+                        mx = stats.pop("mismatch_max")
                         for name, v in stats.items():
                             sums[name] = sums.get(name, 0.0) + v
-                        if epoch == 0 and k == 0:
+                        if epoch == 0 and k == 0:  # same weights that sampled: the gap is numerics
                             sums["mismatch_tokens"] = sums.get("mismatch_tokens", 0.0) + stats["tokens"]
                             sums["mismatch_first"] = sums.get("mismatch_first", 0.0) + stats["mismatch_sum"]
+                            mismatch_max = max(mismatch_max, mx)
                     losses.append(loss)
                     if todo:
-                        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                        norm = torch.nn.utils.clip_grad_norm_(optimizer.grads(), grad_clip)
                         grad_norms.append(float(norm))
                         if math.isfinite(float(norm)):
                             optimizer.step()
@@ -250,54 +226,58 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         "reward_mean": sum(rewards) / len(rewards),
         "adv_abs_mean": sum(abs(s.advantage) for s in samples) / len(samples),
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
+        "lp_mismatch_max": mismatch_max,
     }
+    if algo.tis_cap is not None:  # the trainer's own old logprobs against the rollout's, all samples
+        gaps = [abs(a - b) for s in samples for a, b in zip(s.old_logprobs, s.logprobs)]
+        out["lp_mismatch"] = sum(gaps) / max(1, len(gaps))
+        out["lp_mismatch_max"] = max(gaps, default=0.0)
+        out["tis_weight"] = sums.get("tis_sum", 0.0) / ntok
     if critic:
         out["value_loss"] = sums.get("vl_sum", 0.0) / ntok
     return out
 
 
-def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs) -> dict[str, float]:
+def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) -> dict[str, float]:
     """Forward and backward one micro-batch; return the loss and per-token sums for metrics."""
-    batch = make_batch(mb, pad_id)
-    T = batch.tokens.shape[1]
-    logp, entropy, values = completion_forward(host, host.core, batch, value_head, want_entropy=algo.entropy_coef > 0)
-    old = pad_rows([s.logprobs for s in mb], T)
+    dev = host.device
+    batch = make_batch(mb, pad_id, layout=layout, device=dev)
+    T = batch.width
+    logp, entropy, values = completion_forward(host, host.core, batch, value_head, want_entropy=algo.entropy_coef > 0,
+                                               checkpoint=algo.activation_checkpointing)
+    rollout = pad_rows([s.logprobs for s in mb], T, dev)
+    tis = algo.tis_cap is not None
+    old = pad_rows([s.old_logprobs for s in mb], T, dev) if tis else rollout
     if algo.advantage == "gae":
-        adv = pad_rows([s.token_adv for s in mb], T)
+        adv = pad_rows([s.token_adv for s in mb], T, dev)
     else:
-        adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32).unsqueeze(-1).expand(-1, T)
+        adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=dev).unsqueeze(-1).expand(-1, T)
     pg, clipped, ratio = ppo_clip_loss(logp, old, adv, clip_low=algo.clip_eps, clip_high=algo.clip_eps_high)
+    weight = torch.ones_like(pg)
+    if tis:  # truncated importance sampling: the rollout engine's distribution differs from the trainer's
+        weight = torch.exp(old - rollout).clamp(max=algo.tis_cap)
+        pg = pg * weight
     per_token = pg
     kl = torch.zeros_like(pg)
     if algo.kl_coef > 0:
-        kl = kl_penalty(logp, pad_rows([s.ref_logprobs for s in mb], T), algo.kl_estimator)
+        kl = kl_penalty(logp, pad_rows([s.ref_logprobs for s in mb], T, dev), algo.kl_estimator)
         per_token = per_token + algo.kl_coef * kl
     if algo.entropy_coef > 0:
         per_token = per_token - algo.entropy_coef * entropy
     agg = dict(mode=algo.aggregation, n_tokens=n_tokens, n_seqs=n_seqs)
-    loss = aggregate(per_token, batch.mask, **agg)
+    m = batch.token_mask
+    loss = aggregate(per_token, m, **agg)
     vl = None
     if values is not None:
-        vl = value_loss(values, pad_rows([s.old_values for s in mb], T), pad_rows([s.returns for s in mb], T),
+        vl = value_loss(values, pad_rows([s.old_values for s in mb], T, dev), pad_rows([s.returns for s in mb], T, dev),
                         clip=algo.value_clip)
-        loss = loss + algo.vf_coef * aggregate(vl, batch.mask, **agg)
+        loss = loss + algo.vf_coef * aggregate(vl, m, **agg)
     loss.backward()
-    m = batch.mask
     with torch.no_grad():
-        def msum(x):
-            return float((x.detach() * m).sum())
-
-        stats = {
-            "loss": float(loss),
-            "tokens": float(m.sum()),
-            "pg_sum": msum(pg),
-            "kl_sum": msum(kl),
-            "ent_sum": msum(entropy),
-            "clip_sum": msum(clipped),
-            "ratio_sum": msum(ratio),
-            # rollout vs trainer logprobs of the same tokens; ~0 on the first pass (same weights)
-            "mismatch_sum": msum((logp - old).abs()),
-        }
-        if vl is not None:
-            stats["vl_sum"] = msum(vl)
-    return stats
+        gap = (logp - rollout).abs() * m
+        sums = torch.stack([loss.detach().float(), m.sum(), (pg * m).sum(), (kl * m).sum(), (entropy * m).sum(),
+                            (clipped * m).sum(), (ratio * m).sum(), gap.sum(), gap.max(), (weight * m).sum(),
+                            (vl * m).sum() if vl is not None else torch.zeros((), device=dev)]).tolist()
+    names = ["loss", "tokens", "pg_sum", "kl_sum", "ent_sum", "clip_sum", "ratio_sum", "mismatch_sum", "mismatch_max",
+             "tis_sum", "vl_sum"]
+    return dict(zip(names, sums))

@@ -10,81 +10,39 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from masrl.engines.hf import GenRequest, HFEngine
+from masrl.config import AlgorithmConfig
+from masrl.engines.base import Engine, make_engine
+from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
 from masrl.runtime import checkpoint as ckpt
 from masrl.runtime.hosting import ModelHost
+from masrl.runtime.precision import MasterWeightsAdamW, param_dtype
 from masrl.runtime.training import Sample, train_policy
 
 
-@dataclass
-class GenCall:
-    call_id: str
-    policy: str
-    messages: list[dict]
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-    stop: tuple[str, ...] = ()
-    record: bool = True  # keep the tokens for training
-    ignore_eos: bool = False  # generate exactly max_new_tokens (benchmarks)
-    key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
-
-
-@dataclass
-class GenResult:
-    call_id: str
-    text: str
-    n_prompt_tokens: int
-    n_completion_tokens: int
-    finish_reason: str
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """Plain copy of the algorithm config that the update needs (see config.AlgorithmConfig)."""
-
-    advantage: str = "grpo"
-    group_key: tuple[str, ...] = ("task_id", "agent", "turn")
-    std_normalize: bool = True
-    baseline: str = "none"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None
-    kl_coef: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    aggregation: str = "token"
-    ppo_epochs: int = 1
-    mini_batches: int = 1
-    micro_batch_size: int = 8
-    gamma: float = 1.0
-    lam: float = 0.95
-    vf_coef: float = 0.5
-    value_clip: float | None = 0.2
-    skip_zero_advantage: bool = True
-
-
 class PolicyWorker:
-    def __init__(self, model_name: str, policies: list[PolicySpec], update: UpdateSettings, *,
-                 dtype: str = "float32", seed: int = 0, fast_engine: bool = True):
-        self.update = update
+    def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
+                 device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
+                 engine_options: dict | None = None):
+        self.algo = algo or AlgorithmConfig()
         self.seed = seed
-        self.host = ModelHost(model_name, policies, dtype=dtype, seed=seed,
-                              need_reference=update.kl_coef > 0, need_critic=update.advantage == "gae")
+        self.device = device
+        self.host = ModelHost(model_name, policies, device=device, dtype=param_dtype(precision, device), seed=seed,
+                              need_reference=self.algo.kl_coef > 0, need_critic=self.algo.advantage == "gae")
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
-        self.engine = HFEngine(self.host.model, tok, stop_token_ids(tok, self.host.core), seed=seed, fast_path=fast_engine)
-        self.optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.engine: Engine = make_engine(engine, self.host.model, tok, stop_token_ids(tok, self.host.core),
+                                          device=device, seed=seed, **(engine_options or {}))
+        self.optimizers: dict[str, MasterWeightsAdamW] = {}
         for spec in policies:
             if spec.trainable:
                 o = spec.optim
-                self.optimizers[spec.name] = torch.optim.AdamW(
+                self.optimizers[spec.name] = MasterWeightsAdamW(
                     self.host.policy_parameters(spec.name), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
                 )
         self.buffer: dict[str, Sample] = {}
@@ -102,17 +60,13 @@ class PolicyWorker:
 
     def generate(self, calls: list[GenCall]) -> list[GenResult]:
         prompts = [self.render(c.messages) for c in calls]
-        requests = [
-            GenRequest(p, temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
-                       stop=tuple(c.stop), adapter=self.host.adapter_for(c.policy), ignore_eos=c.ignore_eos)
-            for c, p in zip(calls, prompts)
-        ]
+        requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy)) for c, p in zip(calls, prompts)]
         outputs = self.engine.generate(requests)
         results = []
         for c, p, o in zip(calls, prompts, outputs):
             if c.record and self.host.policies[c.policy].trainable:
                 self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
-                                                c.temperature, dict(c.key))
+                                                c.sampling.temperature, dict(c.key))
             results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason))
         return results
 
@@ -138,10 +92,12 @@ class PolicyWorker:
             if not samples:
                 continue
             t0 = time.perf_counter()
-            m = train_policy(self.host, name, samples, opt, self.update, self.host.policies[name].optim.grad_clip,
+            m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
                              self.pad_id, seed=self.seed + self.step)
             m["update_s"] = time.perf_counter() - t0
             metrics[name] = m
+        if metrics:
+            self.engine.weights_updated(list(metrics))
         unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)
         for m in metrics.values():
             m["unrewarded_calls"] = float(unrewarded)
@@ -160,6 +116,7 @@ class PolicyWorker:
         d = Path(directory)
         for name in self.policy_names:
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
+        self.engine.weights_updated()
         meta = d / f"worker_{'_'.join(self.policy_names)}.json"
         if meta.is_file():
             self.step = json.loads(meta.read_text())["step"]

@@ -1,0 +1,64 @@
+"""The plain messages that cross the seams between controller, worker and engine.
+
+No torch here: workflows, tools and the controller import these, and they travel to Ray actors
+as they are. The flow of one LLM call::
+
+    controller --GenCall--> PolicyWorker --GenRequest--> Engine
+    controller <-GenResult- PolicyWorker <--GenOutput--- Engine
+
+Token ids and logprobs stop at the worker (it keeps them to train on); the controller gets text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from masrl.config import SamplingParams
+
+__all__ = ["SamplingParams", "GenCall", "GenResult", "GenRequest", "GenOutput"]
+
+
+@dataclass
+class GenCall:
+    """One agent call, as the controller hands it to the worker that hosts the agent's policy."""
+
+    call_id: str
+    policy: str
+    messages: list[dict]
+    sampling: SamplingParams  # resolved: max_new_tokens and stop are set
+    record: bool = True  # keep the tokens for training
+    key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
+
+
+@dataclass
+class GenResult:
+    call_id: str
+    text: str
+    n_prompt_tokens: int
+    n_completion_tokens: int
+    finish_reason: str  # "stop" (EOS or stop string) | "length"
+
+
+@dataclass
+class GenRequest:
+    """One row of an engine batch: token ids in, sampled token ids and logprobs out."""
+
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    adapter: str | None = None  # LoRA adapter name on a shared base; None: the plain model
+
+    @property
+    def max_new_tokens(self) -> int:
+        n = self.sampling.max_new_tokens
+        if n is None:
+            raise ValueError("GenRequest.sampling.max_new_tokens is unset; resolve the sampling params first")
+        return n
+
+
+@dataclass
+class GenOutput:
+    completion_ids: list[int]
+    logprobs: list[float]  # of each sampled token under softmax(logits / T), before top-p
+    text: str
+    finish_reason: str  # "stop" | "length"
+    meta: dict = field(default_factory=dict)

@@ -1,0 +1,225 @@
+"""A lean forward pass for Llama-family HF models, shared by the engines and the trainer.
+
+Why not ``model(..., past_key_values=DynamicCache())``: that path copies the growing cache every
+step (``torch.cat`` per layer), repeats K/V heads for grouped-query attention, and computes the
+output head as a skinny matmul. Here:
+
+* an engine's KV cache is preallocated and written in place; attention reads a view of it;
+* keys may come from a *shared prefix* computed once and expanded over the batch (``past``), which
+  is how the engine and (on CPU) the trainer avoid recomputing the few-shot prompt that every call
+  of an agent starts with. In training the prefix runs with gradients, once; autograd sums the
+  gradient over the rows that share it, so the result is exact;
+* the trainer can run right-padded rows with causal attention (flash kernels on CUDA), or rows
+  *packed* end to end without padding (varlen flash attention, CUDA), optionally recomputing each
+  layer's activations in backward (activation checkpointing).
+
+It calls the model's own modules (projections, rotary frequencies, norm weights), so PEFT LoRA
+layers work unchanged; a batch that mixes adapters passes ``adapter_names`` to each LoRA layer.
+RMSNorm runs as ``F.rms_norm`` (one fused kernel on CUDA) with the module's weight and epsilon.
+Every tensor it creates lives on the device of the model's weights. Outputs match the HF forward
+to float rounding (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def core_model(model):
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
+def supports(model) -> bool:
+    core = core_model(model)
+    cfg = core.config
+    if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    if cfg.model_type != "llama" and getattr(cfg, "use_sliding_window", False):
+        return False
+    return hasattr(core, "model") and hasattr(core.model, "layers") and hasattr(core.model, "rotary_emb")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
+    eps = getattr(module, "variance_epsilon", None) or getattr(module, "eps", 1e-6)
+    return F.rms_norm(x, (x.shape[-1],), module.weight, eps)
+
+
+def causal_mask(key_valid: torch.Tensor, start: int, length: int) -> torch.Tensor:
+    """``[B, 1, S, start+S]`` bool: query i (slot start+i) sees valid slots up to its own.
+
+    Every query also sees its own slot, so padding queries never get an empty softmax (NaN).
+    """
+    end = start + length
+    dev = key_valid.device
+    causal = torch.ones(length, end, dtype=torch.bool, device=dev).tril(diagonal=start)
+    own = torch.zeros(length, end, dtype=torch.bool, device=dev)
+    own[torch.arange(length, device=dev), start + torch.arange(length, device=dev)] = True
+    return ((causal[None] & key_valid[:, None, :end]) | own[None])[:, None]
+
+
+@dataclass
+class Packed:
+    """Rows laid end to end in one sequence: ``cu_seqlens [N+1]`` int32 offsets, longest row."""
+
+    cu_seqlens: torch.Tensor
+    max_len: int
+
+
+def packed_attention(q, k, v, packed: Packed, scale: float) -> torch.Tensor:
+    """Causal attention within each packed row: ``q [T, H, D]``, ``k, v [T, Hkv, D]`` (GQA native)."""
+    out = torch.ops.aten._flash_attention_forward(
+        q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.max_len, packed.max_len, 0.0, True, False, scale=scale
+    )[0]
+    return out
+
+
+class LlamaForward:
+    def __init__(self, model):
+        self.peft = hasattr(model, "peft_config")
+        core = core_model(model)
+        self.core = core
+        cfg = core.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scale = self.head_dim**-0.5
+        self.layers = list(core.model.layers)
+        if self.peft:
+            from peft.tuners.tuners_utils import BaseTunerLayer
+
+            self._lora_types: tuple = (BaseTunerLayer,)
+        else:
+            self._lora_types = ()
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.model.embed_tokens.weight.device
+
+    # -- engine cache --------------------------------------------------------------------------
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype) -> KV:
+        shape = (batch, self.n_kv, max_len, self.head_dim)
+        # zeros, not empty: masked-out slots still meet the softmax weights (0 * NaN = NaN)
+        dev = self.device
+        return [(torch.zeros(shape, dtype=dtype, device=dev), torch.zeros(shape, dtype=dtype, device=dev))
+                for _ in self.layers]
+
+    @staticmethod
+    def select(cache: KV, idx: torch.Tensor) -> KV:
+        return [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in cache]
+
+    # -- forward -------------------------------------------------------------------------------
+    def _proj(self, mod, x, adapters):
+        if adapters is not None and isinstance(mod, self._lora_types):
+            return mod(x, adapter_names=adapters)
+        return mod(x)
+
+    def rope(self, positions: torch.Tensor, like: torch.Tensor):
+        """``cos, sin [B, S, 1, D]`` for ``positions [B, S]`` in ``like``'s dtype."""
+        cos, sin = self.core.model.rotary_emb(like, positions)
+        return cos.unsqueeze(2), sin.unsqueeze(2)
+
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        cache: KV | None = None,
+        start: int = 0,
+        past: KV | None = None,
+        adapters: list[str] | None = None,
+        return_kv: bool = False,
+        last_only: bool = False,
+        packed: Packed | None = None,
+        checkpoint: bool = False,
+    ):
+        """Final-norm hidden states of ``ids [B, S]``.
+
+        Keys/values come from: ``cache`` (written in place at slots ``[start, start+S)``, attention
+        over ``[0, start+S)``), or ``past`` (prepended, e.g. a shared prefix), or only this chunk.
+        ``mask`` is ``[B, 1, S, K]`` bool over those K keys; ``None`` means causal over this chunk
+        (right-padded rows). ``packed``: ``ids`` is ``[1, T]``, rows laid end to end.
+        ``return_kv``: also return this chunk's keys/values per layer. ``checkpoint``: recompute
+        each layer in backward.
+        """
+        h = self.core.model.embed_tokens(ids)
+        cos, sin = self.rope(positions, h)
+        new_kv: KV = []
+        for li, layer in enumerate(self.layers):
+            kv_in = cache[li] if cache is not None else (past[li] if past is not None else None)
+            if checkpoint and torch.is_grad_enabled():
+                from torch.utils.checkpoint import checkpoint as ckpt
+
+                h, kv = ckpt(self._layer, layer, h, cos, sin, mask, kv_in, cache is not None, start, adapters, packed,
+                             use_reentrant=False)
+            else:
+                h, kv = self._layer(layer, h, cos, sin, mask, kv_in, cache is not None, start, adapters, packed)
+            if return_kv:
+                new_kv.append(kv)
+        if last_only:
+            h = h[:, -1:]
+        h = rms_norm(self.core.model.norm, h)
+        return (h, new_kv) if return_kv else h
+
+    def _layer(self, layer, h, cos, sin, mask, kv_in, in_cache: bool, start: int, adapters, packed):
+        B, S, _ = h.shape
+        attn = layer.self_attn
+        x = rms_norm(layer.input_layernorm, h)
+        q = self._proj(attn.q_proj, x, adapters).view(B, S, self.n_heads, self.head_dim)
+        k = self._proj(attn.k_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
+        v = self._proj(attn.v_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
+        q = q * cos + rotate_half(q) * sin  # [B, S, heads, D]
+        k = k * cos + rotate_half(k) * sin
+        gqa = self.n_kv != self.n_heads
+        if packed is not None:
+            o = packed_attention(q[0], k[0], v[0], packed, self.scale).unsqueeze(0)  # [1, T, H, D]
+        else:
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            if in_cache:
+                kc, vc = kv_in
+                kc[:, :, start : start + S] = k
+                vc[:, :, start : start + S] = v
+                keys, vals = kc[:, :, : start + S], vc[:, :, : start + S]
+            elif kv_in is not None:
+                pk, pv = kv_in
+                keys, vals = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
+            else:
+                keys, vals = k, v
+            if mask is None:
+                o = F.scaled_dot_product_attention(q, keys, vals, is_causal=True, scale=self.scale, enable_gqa=gqa)
+            else:
+                o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+            o = o.transpose(1, 2)
+        h = h + self._proj(attn.o_proj, o.reshape(B, S, -1), adapters)
+        x = rms_norm(layer.post_attention_layernorm, h)
+        mlp = layer.mlp
+        gated = mlp.act_fn(self._proj(mlp.gate_proj, x, adapters)) * self._proj(mlp.up_proj, x, adapters)
+        h = h + self._proj(mlp.down_proj, gated, adapters)
+        return h, (k, v)
+
+    def head_last(self, h_last: torch.Tensor) -> torch.Tensor:
+        """Output logits for ``[B, H]`` hidden states, as ``W @ h.T`` (fast for few rows on a CPU)."""
+        head = self.core.lm_head
+        logits = torch.mm(head.weight, h_last.t()).t()
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias
+        return logits
+
+    def forward(self, ids, positions, cache, start, key_valid, adapters=None) -> torch.Tensor:
+        """Engine step: write ``ids`` at ``start`` into ``cache``; return last-position logits."""
+        S = ids.shape[1]
+        mask = key_valid[:, None, None, : start + 1] if S == 1 else causal_mask(key_valid, start, S)
+        h = self.hidden(ids, positions, mask, cache=cache, start=start, adapters=adapters, last_only=True)
+        return self.head_last(h[:, -1])

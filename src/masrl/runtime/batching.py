@@ -1,0 +1,165 @@
+"""Buffered calls (Sample) and how the trainer lays them out for a forward pass.
+
+Three layouts of one micro-batch, all producing logprobs of exactly the sampled tokens:
+
+* ``prefix`` (CPU default): the prompt prefix every row shares (an agent's system prompt and
+  worked examples) runs once; the rest of each row is right-padded after it, with an explicit mask.
+* ``padded``: rows right-padded, plain causal attention (flash kernels on CUDA). Micro-batches
+  are filled with rows of similar length, so padding stays small.
+* ``packed`` (CUDA default): rows laid end to end in one sequence, no padding at all; attention
+  stays inside each row (varlen flash attention).
+
+Tensors are built on the host and moved to the device in one copy each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from masrl.modeling.lean import Packed, causal_mask
+from masrl.modeling.prefix import common_prefix_len, group_by_prefix
+
+
+@dataclass
+class Sample:
+    """A served call as its worker keeps it: the exact tokens sampled and their logprobs."""
+
+    call_id: str
+    policy: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # from the rollout engine
+    temperature: float
+    key: dict  # task_id, agent, turn, sample_idx, trace_id
+    reward: float | None = None
+    advantage: float = 0.0
+    token_adv: list[float] | None = None  # GAE
+    returns: list[float] | None = None
+    old_values: list[float] | None = None
+    ref_logprobs: list[float] | None = None
+    old_logprobs: list[float] | None = None  # the trainer's own, before the update (truncated IS)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class Batch:
+    ids: torch.Tensor  # [B, S] rest of prompt + completion per row, or [1, T] packed
+    positions: torch.Tensor  # same shape as ids
+    mask: torch.Tensor | None  # [B, 1, S, P+S] bool (prefix layout); None: causal
+    prefix: torch.Tensor  # [1, P] tokens shared by every row (P may be 0)
+    packed: Packed | None
+    select: torch.Tensor  # [N] flat positions (into ids) whose hidden state predicts a completion token
+    dest: torch.Tensor  # [N] flat positions into [B, T] of those tokens
+    tokens: torch.Tensor  # [N] the completion tokens
+    token_temps: torch.Tensor  # [N] sampling temperature of each token's row
+    token_mask: torch.Tensor  # [B, T] float: 1 on completion tokens
+    n_rows: int
+    width: int  # T, the longest completion
+
+
+def pad_rows(rows: list[list[float]], T: int, device=None) -> torch.Tensor:
+    out = torch.zeros((len(rows), T), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.float32)
+    return out.to(device) if device is not None else out
+
+
+def _shared_prefix(samples: list[Sample], min_prefix: int) -> int:
+    if len(samples) < 2:
+        return 0
+    P = min(len(s.prompt_ids) for s in samples) - 1
+    first = samples[0].prompt_ids
+    for s in samples[1:]:
+        P = min(P, common_prefix_len(first, s.prompt_ids))
+    return P if P >= min_prefix else 0
+
+
+def make_batch(samples: list[Sample], pad_id: int, *, layout: str = "prefix", device="cpu",
+               min_prefix: int = 16) -> Batch:
+    B = len(samples)
+    T = max(len(s.completion_ids) for s in samples)
+    P = _shared_prefix(samples, min_prefix) if layout == "prefix" else 0
+    rests = [s.prompt_ids[P:] + s.completion_ids for s in samples]
+    select, dest, tokens, temps = [], [], [], []
+    token_mask = torch.zeros((B, T), dtype=torch.float32)
+    if layout == "packed":
+        S = sum(len(r) for r in rests)
+        ids = torch.tensor([[t for r in rests for t in r]], dtype=torch.long)
+        positions = torch.tensor([[p for r in rests for p in range(len(r))]], dtype=torch.long)
+        cu = [0]
+        for r in rests:
+            cu.append(cu[-1] + len(r))
+        packed = Packed(torch.tensor(cu, dtype=torch.int32).to(device), max(len(r) for r in rests))
+        offsets = cu[:-1]
+    else:
+        S = max(len(r) for r in rests)
+        ids = torch.full((B, S), pad_id, dtype=torch.long)
+        for i, r in enumerate(rests):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        positions = (P + torch.arange(S)).unsqueeze(0).expand(B, -1).contiguous()
+        packed = None
+        offsets = [i * S for i in range(B)]
+    for i, s in enumerate(samples):
+        c = len(s.completion_ids)
+        first = len(s.prompt_ids) - P - 1  # the hidden state before the first completion token
+        select += range(offsets[i] + first, offsets[i] + first + c)
+        dest += range(i * T, i * T + c)
+        tokens += s.completion_ids
+        temps += [s.temperature if s.temperature > 0 else 1.0] * c
+        token_mask[i, :c] = 1.0
+    mask = None
+    if layout == "prefix":
+        valid = torch.zeros((B, P + S), dtype=torch.bool)
+        valid[:, :P] = True
+        for i, r in enumerate(rests):
+            valid[i, P : P + len(r)] = True
+        mask = causal_mask(valid.to(device), P, S)
+    return Batch(
+        ids=ids.to(device), positions=positions.to(device), mask=mask,
+        prefix=torch.tensor([samples[0].prompt_ids[:P]], dtype=torch.long).to(device), packed=packed,
+        select=torch.tensor(select, dtype=torch.long).to(device), dest=torch.tensor(dest, dtype=torch.long).to(device),
+        tokens=torch.tensor(tokens, dtype=torch.long).to(device),
+        token_temps=torch.tensor(temps, dtype=torch.float32).to(device), token_mask=token_mask.to(device),
+        n_rows=B, width=T,
+    )
+
+
+def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
+                  token_budget: int | None = None) -> list[list[Sample]]:
+    """Split ``samples`` into forward/backward chunks.
+
+    ``prefix``: chunks of at most ``size`` rows that share a prompt prefix (the few-shot part of
+    one agent's prompt), so each runs that prefix once; leftovers are length-sorted. ``padded`` /
+    ``packed``: rows sorted by length and filled greedily, up to ``size`` rows or, when
+    ``token_budget`` is set, up to that many tokens (padded: rows x longest row; packed: the sum).
+    """
+    if layout == "prefix" and token_budget is None:
+        groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=16, max_group=size)
+        out, singles = [], []
+        for rows, plen in groups:
+            if plen > 0:
+                out.append([samples[i] for i in rows])
+            else:
+                singles.extend(samples[i] for i in rows)
+        singles.sort(key=lambda s: s.length)
+        return out + [singles[i : i + size] for i in range(0, len(singles), size)]
+    order = sorted(samples, key=lambda s: s.length, reverse=True)
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    for s in order:
+        if cur:
+            n = len(cur) + 1
+            cost = sum(x.length for x in cur) + s.length if layout == "packed" else n * cur[0].length
+            over = cost > token_budget if token_budget is not None else n > size
+            if over:
+                out.append(cur)
+                cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out

@@ -1,0 +1,121 @@
+"""Device and precision: resolve the config's words into torch objects, and the optimizer that
+keeps fp32 master weights for bf16 parameters.
+
+The scheme (``precision: bf16``, the default on CUDA): **bf16 parameters with an fp32 master
+copy**, not autocast over fp32 parameters. The same weights serve the rollout engine and the
+trainer; the engine must read bf16 weights at every decode step (casting fp32 weights per step
+would cost more than the step), and the trainer's forward then needs no casts either. The
+optimizer holds an fp32 copy of every bf16 trainable parameter; each micro-batch's bf16 gradient
+is added into an fp32 buffer as soon as autograd produces it (so accumulation is in fp32), AdamW
+(fused on CUDA) updates the fp32 copy with fp32 state, and the result is written back to the bf16
+parameter in place. Updates smaller than bf16's resolution accumulate in the master copy instead
+of rounding away. Trainable parameters that are already fp32 (LoRA adapters, which PEFT keeps in
+fp32 on a bf16 base; value heads) are their own masters.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from masrl.errors import ConfigError
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda:0`` when a GPU is visible, else ``cpu``; ``cuda`` -> ``cuda:0``."""
+    if name == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device '{name}': this machine has no CUDA GPU that torch {torch.__version__} can use; "
+                              f"use device=cpu (or device=auto)")
+        index = int(name.split(":", 1)[1]) if ":" in name else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"device '{name}': only {torch.cuda.device_count()} GPU(s) visible (cuda:0 .. "
+                              f"cuda:{torch.cuda.device_count() - 1})")
+        return f"cuda:{index}"
+    return "cpu"
+
+
+def param_dtype(precision: str, device: str) -> torch.dtype:
+    if precision == "auto":
+        precision = "bf16" if device.startswith("cuda") else "fp32"
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+class MasterWeightsAdamW:
+    """AdamW over fp32 masters of the given parameters; see the module docstring."""
+
+    def __init__(self, params: list[torch.nn.Parameter], *, lr: float, betas, eps: float, weight_decay: float):
+        self.params = list(params)
+        self.masters: list[torch.Tensor] = []
+        self._hooks = []
+        for p in self.params:
+            if p.dtype == torch.float32:
+                self.masters.append(p)
+                continue
+            m = p.detach().float().clone().requires_grad_(True)
+            self.masters.append(m)
+            self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulate_into(m)))
+        fused = bool(self.params) and all(m.is_cuda for m in self.masters)
+        self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                     fused=fused or None)
+
+    @staticmethod
+    def _accumulate_into(master: torch.Tensor):
+        def hook(p: torch.Tensor) -> None:
+            g = p.grad.float()
+            if master.grad is None:
+                master.grad = g
+            else:
+                master.grad.add_(g)
+            p.grad = None
+
+        return hook
+
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    def grads(self) -> list[torch.Tensor]:
+        """The fp32 tensors whose ``.grad`` the update uses (for clipping and norms)."""
+        return self.masters
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+        self.opt.zero_grad(set_to_none=True)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.opt.step()
+        low = [(p, m) for p, m in zip(self.params, self.masters) if p is not m]
+        if low:
+            torch._foreach_copy_([p for p, _ in low], [m for _, m in low])
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.opt.state_dict(),
+                "masters": [m.detach().cpu() for p, m in zip(self.params, self.masters) if p is not m]}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if "adamw" not in state:  # an optimizer state saved before master weights existed
+            self.opt.load_state_dict(state)
+            return
+        self.opt.load_state_dict(state["adamw"])
+        low = [(p, m) for p, m in zip(self.params, self.masters) if p is not m]
+        saved = state.get("masters", [])
+        if len(saved) != len(low):
+            # saved under another precision: the parameters themselves are the masters
+            for p, m in low:
+                m.copy_(p.float())
+            return
+        for (p, m), s in zip(low, saved):
+            m.copy_(s.to(m.device))
+            p.copy_(m)
+
+    def sync_from_params(self) -> None:
+        """After loading weights into the parameters, refresh the masters from them."""
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                if p is not m:
+                    m.copy_(p.float())

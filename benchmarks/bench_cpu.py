@@ -52,16 +52,19 @@ def fake_reward(text: str) -> float:
 def child_ours_step(repeats: int) -> dict:
     import torch
 
-    from masrl.policies import OptimSpec, PolicySpec
-    from masrl.runtime.worker import GenCall, PolicyWorker, UpdateSettings
+    from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
+    from masrl.messages import GenCall
+    from masrl.policies import PolicySpec
+    from masrl.runtime.worker import PolicyWorker
 
     torch.manual_seed(0)
-    w = PolicyWorker("smollm2-135m-instruct", [PolicySpec("p", "smollm2-135m-instruct", optim=OptimSpec(lr=1e-6))],
-                     UpdateSettings(micro_batch_size=4, group_key=("task_id",)), seed=0)
+    w = PolicyWorker("smollm2-135m-instruct", [PolicySpec("p", "smollm2-135m-instruct", optim=OptimConfig(lr=1e-6))],
+                     AlgorithmConfig(micro_batch_size=4, group_key=["task_id"]), device="cpu", seed=0)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     times = []
     for rep in range(repeats + 1):  # first is warm-up
-        calls = [GenCall(f"c{rep}-{i}-{k}", "p", messages(q), temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True,
-                         key={"task_id": i}) for i, q in enumerate(QUESTIONS) for k in range(4)]
+        calls = [GenCall(f"c{rep}-{i}-{k}", "p", messages(q), sp, key={"task_id": i})
+                 for i, q in enumerate(QUESTIONS) for k in range(4)]
         t0 = time.perf_counter()
         res = w.generate(calls)
         t1 = time.perf_counter()
@@ -119,7 +122,9 @@ def child_trl_step(repeats: int) -> dict:
 def child_generate(batch: int, repeats: int) -> dict:
     import torch
 
-    from masrl.engines.hf import GenRequest, HFEngine
+    from masrl.config import SamplingParams
+    from masrl.engines.hf import HFEngine
+    from masrl.messages import GenRequest
     from masrl.models import load_model, stop_token_ids
 
     model, tok = load_model("smollm2-135m-instruct")
@@ -128,11 +133,12 @@ def child_generate(batch: int, repeats: int) -> dict:
     eng = HFEngine(model, tok, stop_token_ids(tok, model), seed=0)
     out = {}
     # ours
-    eng.generate([GenRequest(p, max_new_tokens=8, ignore_eos=True) for p in prompts])
+    eng.generate([GenRequest(p, SamplingParams(max_new_tokens=8, ignore_eos=True)) for p in prompts])
     best = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        res = eng.generate([GenRequest(p, temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True) for p in prompts])
+        res = eng.generate([GenRequest(p, SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True))
+                            for p in prompts])
         best.append(time.perf_counter() - t0)
         assert all(len(r.completion_ids) == NEW_TOKENS for r in res)
     out["ours_s"] = min(best)

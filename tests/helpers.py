@@ -30,3 +30,20 @@ class TextHashReward:
 
 def agent_hash_reward(weight: float = 1.0, agents: list[str] | None = None):
     return TextHashReward(weight=weight, agents=tuple(agents) if agents else None)
+
+
+@dataclass
+class TaskTextHashReward:
+    """Like TextHashReward, but also hashes the task id: identical completions of different tasks
+    (a greedy random model repeats itself) still get different rewards, so groups have variance."""
+
+    weight: float = 1.0
+    name: str = "task_text_hash"
+
+    def allocate(self, trace, task):
+        return [RewardAssignment(c.call_id, self.weight * (zlib.crc32(f"{task.id}|{c.completion}".encode()) % 97) / 97.0,
+                                 self.name) for c in trace.calls]
+
+
+def task_hash_reward(weight: float = 1.0):
+    return TaskTextHashReward(weight=weight)

@@ -130,6 +130,10 @@ class Trainer:
             while self.step < cfg.train.steps:
                 rec = await self.train_step()
                 writer.write(rec)
+                roll = rec["rollout"]
+                if roll["traces"] and roll["failed"] == roll["traces"]:
+                    raise MasrlError(f"step {self.step}: every trace failed ({roll['failed']}/{roll['traces']}), so "
+                                     f"nothing was trained; the first error: {roll.get('first_error')}")
                 writer.write_traces(self.step, self._last_traces, cfg.train.log_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:

@@ -1,0 +1,458 @@
+"""masrl vs peers on one GPU: rollout tokens/s, update MFU, a GRPO step vs TRL, the LoRA math team.
+
+Run on a GPU host (set up with scripts/gpu_prepare.sh here, then there):
+    source scripts/gpu_setup.sh && python3 benchmarks/bench_gpu.py [--only rollout,update,grpo,team] [--quick]
+
+Every measurement runs in its own child process and prints JSON that this driver collects; the
+driver prints one table with the command, the GPU, the versions and the ratios. Models are built
+from config with random weights, bf16 (no hub): SmolLM2-135M's shape and Qwen2.5-0.5B's shape.
+Random weights sample near-uniform tokens, so every side generates with EOS ignored.
+
+Sides, and what each does differently:
+* rollout: masrl's StaticEngine (static KV cache, CUDA-graph decode, fused q/k/v and gate/up, host
+  checks every 8 steps) vs ``model.generate`` (HF's default dynamic cache, sampling at T=1,
+  top_k=0), both from 128-token distinct prompts, 256 new tokens, EOS ignored.
+* update: masrl's trainer (packed rows with varlen flash attention, output head only on
+  completion tokens, bf16 weights with fp32 master weights and fused AdamW) vs plain HF
+  (``model(input_ids, attention_mask)`` on padded micro-batches of 8, full logits, bf16 weights,
+  ``torch.optim.AdamW``). MFU counts the same useful FLOPs for both: 6 x linear params x tokens,
+  causal attention, and the output head on completion tokens only, over 989 TFLOP/s (H100/H200
+  dense bf16 peak).
+* grpo: bench_cpu.py's single-agent workload scaled up (64 prompts x 8 samples x 256 new tokens,
+  one update, no KL, token-level loss, pseudo-random rewards), masrl PolicyWorker vs TRL
+  GRPOTrainer (bf16, no gradient checkpointing, HF generate: vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEAK_TFLOPS = 989.0
+SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}
+if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
+    SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
+DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")
+
+
+def peak_gb() -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def fake_reward(text: str) -> float:
+    return (zlib.crc32(text.encode()) % 1000) / 1000.0
+
+
+# -- rollout -------------------------------------------------------------------------------------
+
+def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: int) -> dict:
+    import torch
+
+    from masrl.config import SamplingParams
+    from masrl.engines.static import StaticEngine
+    from masrl.messages import GenRequest
+    from masrl.models import load_model
+
+    model, tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
+    rng = random.Random(0)
+    out = {}
+    eng = StaticEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    for B in batches:
+        prompts = [[rng.randrange(100, 49000) for _ in range(prompt_len)] for _ in range(B)]
+        reqs = [GenRequest(p, sp) for p in prompts]
+        eng.generate(reqs)  # warm-up: captures this batch's graphs
+        sync()
+        t0 = time.perf_counter()
+        res = eng.generate(reqs)
+        sync()
+        ours = time.perf_counter() - t0
+        assert all(len(r.completion_ids) == new_tokens for r in res)
+        ids = torch.tensor(prompts, device=DEV)
+        kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tok.pad_token_id,
+                  attention_mask=torch.ones_like(ids))
+        with torch.inference_mode():
+            model.generate(ids, max_new_tokens=8, min_new_tokens=8, **kw)
+            sync()
+            t0 = time.perf_counter()
+            o = model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
+            sync()
+            hf = time.perf_counter() - t0
+        assert o.shape[1] - prompt_len == new_tokens
+        out[B] = {"ours_tps": B * new_tokens / ours, "hf_tps": B * new_tokens / hf, "ours_s": ours, "hf_s": hf}
+        print(f"  rollout {shape} batch {B}: masrl {out[B]['ours_tps']:.0f} tok/s, generate {out[B]['hf_tps']:.0f} tok/s",
+              flush=True)
+    out["graphs"] = eng.stats["graphs_captured"]
+    out["step_ms"] = decode_profile(eng, batches)
+    return out
+
+
+def decode_profile(eng, batches) -> dict:
+    """Median milliseconds of one replayed decode step per batch (the engine's floor per token)."""
+    import torch
+
+    res = {}
+    for B, S in [(b, 384) for b in batches]:
+        key = next((k for k in eng.graphs if k[0] == B), None)
+        if key is None:
+            continue
+        g, _ = eng.graphs[key]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(20):
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        res[B] = sorted(times)[len(times) // 2]
+    return res
+
+
+# -- update --------------------------------------------------------------------------------------
+
+def update_workload(n=32, lo=256, hi=1024, prompt=32, seed=0):
+    if os.environ.get("MASRL_BENCH_MODEL"):  # checking the script on a CPU
+        n, lo, hi = 8, 64, 128
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        L = rng.randint(lo, hi)
+        ids = [rng.randrange(100, 49000) for _ in range(L)]
+        rows.append((ids[:prompt], ids[prompt:]))
+    return rows
+
+
+def useful_flops(cfg, rows) -> float:
+    D, L, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = D // H
+    linear = L * (D * H * hd + 2 * D * Hkv * hd + H * hd * D + 3 * D * I)
+    tokens = sum(len(p) + len(c) for p, c in rows)
+    comp = sum(len(c) for _, c in rows)
+    attn = sum(6 * L * (len(p) + len(c)) ** 2 * H * hd for p, c in rows)  # causal: half of 4 S^2 H hd, x3
+    return 6 * linear * tokens + attn + 6 * cfg.vocab_size * D * comp
+
+
+def child_update(side: str, repeats: int) -> dict:
+    import torch
+
+    from masrl.models import load_model
+
+    rows = update_workload()
+    if side == "ours":
+        from masrl.config import AlgorithmConfig, OptimConfig
+        from masrl.policies import PolicySpec
+        from masrl.runtime.batching import Sample
+        from masrl.runtime.hosting import ModelHost
+        from masrl.runtime.precision import MasterWeightsAdamW
+        from masrl.runtime.training import choose_layout, train_policy
+
+        host = ModelHost(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
+                         device=DEV, dtype=torch.bfloat16)
+        opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384)
+        cfg = host.core.config
+
+        def step():
+            samples = [Sample(f"s{i}", "p", p, c, [-10.0] * len(c), 1.0, {"task_id": i % 4}, reward=float(i % 5))
+                       for i, (p, c) in enumerate(rows)]
+            return train_policy(host, "p", samples, opt, algo, 1.0, 0)
+
+        layout = choose_layout(host, algo)
+    else:
+        model, _ = load_model(SHAPES["0.5b"], seed=0, dtype=torch.bfloat16, device=DEV)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
+        cfg = model.config
+        layout = "padded HF forward, micro-batches of 8"
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            n_tok = sum(len(c) for _, c in rows)
+            for k in range(0, len(rows), 8):
+                mb = rows[k : k + 8]
+                S = max(len(p) + len(c) for p, c in mb)
+                ids = torch.zeros((len(mb), S), dtype=torch.long)
+                att = torch.zeros((len(mb), S), dtype=torch.long)
+                lab = torch.zeros((len(mb), S), dtype=torch.bool)
+                for i, (p, c) in enumerate(mb):
+                    ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+                    att[i, : len(p) + len(c)] = 1
+                    lab[i, len(p) : len(p) + len(c)] = True
+                ids, att, lab = ids.to(DEV), att.to(DEV), lab.to(DEV)
+                logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float()
+                logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                loss = -(logp * lab[:, 1:]).sum() / n_tok
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            return {}
+
+    step()  # warm-up
+    sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    t = sorted(times)[len(times) // 2]
+    flops = useful_flops(cfg, rows)
+    return {"s": t, "mfu": flops / t / (PEAK_TFLOPS * 1e12), "tflops": flops / t / 1e12, "layout": layout,
+            "tokens": sum(len(p) + len(c) for p, c in rows), "peak_gb": peak_gb()}
+
+
+# -- GRPO step vs TRL --------------------------------------------------------------------------------
+
+def grpo_prompts(n):
+    names = ["Tom", "Mei", "Omar", "Ana", "Raj", "Lena", "Kofi", "Ivy"]
+    things = ["apples", "pencils", "books", "coins", "cards", "stamps", "shells", "marbles"]
+    rng = random.Random(0)
+    qs = []
+    for i in range(n):
+        a, b = rng.randint(2, 60), rng.randint(2, 60)
+        qs.append(f"{names[i % 8]} has {a} {things[(i // 8) % 8]} and gets {b} more. How many {things[(i // 8) % 8]} now?")
+    system = ("You solve math word problems. Write the calculation in <solution></solution> and the final number in "
+              "<answer></answer>.")
+    return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in qs]
+
+
+def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
+    import torch
+
+    from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
+    from masrl.messages import GenCall
+    from masrl.policies import PolicySpec
+    from masrl.runtime.worker import PolicyWorker
+
+    w = PolicyWorker(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6), device=DEV)],
+                     AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384), device=DEV, precision="bf16",
+                     engine_options={"max_batch_size": prompts_n * samples})
+    sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
+    msgs = grpo_prompts(prompts_n)
+    steps = []
+    for rep in range(repeats + 1):
+        calls = [GenCall(f"c{rep}-{i}-{k}", "p", m, sp, key={"task_id": i}) for i, m in enumerate(msgs) for k in range(samples)]
+        sync()
+        t0 = time.perf_counter()
+        res = w.generate(calls)
+        sync()
+        t1 = time.perf_counter()
+        w.commit_rewards({r.call_id: fake_reward(r.text + r.call_id) for r in res})
+        m = w.train_step()["p"]
+        sync()
+        t2 = time.perf_counter()
+        assert m["trained_tokens"] == prompts_n * samples * new_tokens, m
+        if rep:
+            steps.append({"rollout_s": t1 - t0, "update_s": t2 - t1, "step_s": t2 - t0,
+                          "lp_mismatch": m["lp_mismatch"], "lp_mismatch_max": m["lp_mismatch_max"]})
+    return {"steps": steps, "peak_gb": peak_gb()}
+
+
+def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
+    import tempfile
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from masrl.models import load_model
+
+    model, tok = load_model(SHAPES["0.5b"], seed=0, dtype=torch.bfloat16, device="cpu")
+    tmp = tempfile.mkdtemp(prefix="masrl-bench-trl-")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.bfloat16)
+    ds = Dataset.from_list([{"prompt": m} for m in grpo_prompts(prompts_n)] * (repeats + 1))
+
+    def reward(completions, **kw):
+        return [fake_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            sync()
+            self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            sync()
+            times.append(time.perf_counter() - self.t)
+
+    args = GRPOConfig(
+        output_dir=tmp + "/out", per_device_train_batch_size=prompts_n, gradient_accumulation_steps=samples,
+        num_generations=samples, max_completion_length=new_tokens, temperature=1.0, top_p=1.0, beta=0.0,
+        num_iterations=1, max_steps=repeats + 1, learning_rate=1e-6, logging_steps=1000, report_to="none",
+        save_strategy="no", loss_type="dapo", disable_dropout=True, seed=0, gradient_checkpointing=False,
+        bf16=torch.cuda.is_available(), use_cpu=not torch.cuda.is_available(),
+        generation_kwargs={"min_new_tokens": new_tokens}, dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
+                          callbacks=[Timer()])
+    trainer.train()
+    return {"steps": [{"step_s": t} for t in times[1:]], "peak_gb": peak_gb()}
+
+
+# -- the math team on four LoRA adapters ----------------------------------------------------------------
+
+def child_team(steps: int, tasks: int, samples: int) -> dict:
+    import asyncio
+
+    import torch
+
+    from masrl.config import load_config
+    from masrl.runtime.loop import Trainer
+
+    cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [
+        f"device={DEV}", f"model={SHAPES['0.5b']}", f"train.steps={steps}", "train.eval_before=false",
+        "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",
+        f"rollout.samples_per_task={samples}", "rollout.max_batch_size=256", "rollout.max_in_flight=512",
+        "algorithm.micro_batch_tokens=16384", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}"])
+    tr = Trainer(cfg)
+    tr.prepare(resume=False)
+    recs = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        rec = asyncio.run(tr.train_step())
+        sync()
+        rec["step_s"] = time.perf_counter() - t0
+        recs.append({k: rec[k] for k in ("step_s", "rollout_s", "update_s")} |
+                    {"calls": sum(a["calls"] for a in rec["rollout"]["agents"].values()),
+                     "mismatch": {p: (m["lp_mismatch"], m["lp_mismatch_max"]) for p, m in rec["policies"].items()}})
+    asyncio.run(tr.rt.controller.aclose())
+    return {"steps": recs, "peak_gb": peak_gb()}
+
+
+# -- driver ------------------------------------------------------------------------------------------
+
+def run_child(*args: str, timeout: int = 900) -> dict:
+    cmd = [sys.executable, __file__, "--child", *args]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    for line in proc.stdout.splitlines():
+        if line.startswith("  "):
+            print(line, flush=True)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = proc.stderr.strip().splitlines()[-12:]
+        print(f"  child {args} failed ({proc.returncode}) after {time.time() - t0:.0f}s:\n    " + "\n    ".join(tail), flush=True)
+        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def header() -> str:
+    import torch
+    import transformers
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    try:
+        import trl
+
+        trl_v = trl.__version__
+    except Exception:  # noqa: BLE001
+        trl_v = "not installed"
+    return (f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
+            f"trl {trl_v}; command: python3 benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", nargs="+")
+    ap.add_argument("--only", default="rollout,update,grpo,team")
+    ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
+    ap.add_argument("--json", help="also write all numbers to this file")
+    a = ap.parse_args()
+    if a.child:
+        kind, *rest = a.child
+        fns = {
+            "rollout": lambda: child_rollout(rest[0], [int(x) for x in rest[1].split(",")], int(rest[2]), int(rest[3])),
+            "update": lambda: child_update(rest[0], int(rest[1])),
+            "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest)),
+            "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
+            "team": lambda: child_team(*(int(x) for x in rest)),
+        }
+        print("RESULT " + json.dumps(fns[kind]()), flush=True)
+        return
+    only = set(a.only.split(","))
+    report: dict = {"header": header()}
+    print(report["header"], flush=True)
+    rows: list[tuple[str, str, str, str]] = []
+    if "rollout" in only:
+        batches = "1,64" if a.quick else "1,64,256"
+        for shape in ("135m",) if a.quick else ("135m", "0.5b"):
+            r = run_child("rollout", shape, batches, "256", "128")
+            report[f"rollout_{shape}"] = r
+            for B in batches.split(","):
+                x = r.get(B) or r.get(int(B))
+                if x:
+                    bar = 20 if B == "1" else (10 if B == "256" else None)
+                    ratio = x["ours_tps"] / x["hf_tps"]
+                    rows.append((f"rollout tok/s, {shape} shape, batch {B}", f"{x['ours_tps']:,.0f}",
+                                 f"generate {x['hf_tps']:,.0f}",
+                                 f"{ratio:.1f}x" + (f" (bar {bar}x: {'met' if ratio >= bar else 'missed'})" if bar else "")))
+            if "step_ms" in r:
+                rows.append((f"  decode step (graph replay), {shape}", ", ".join(f"b{k}: {v:.3f} ms" for k, v in r["step_ms"].items()),
+                             "", ""))
+    if "update" in only:
+        ours, hf = run_child("update", "ours", "3"), run_child("update", "hf", "3")
+        report["update"] = {"ours": ours, "hf": hf}
+        if "mfu" in ours and "mfu" in hf:
+            rows.append(("update MFU, 0.5B shape, 32 seqs 256-1024 tok", f"{ours['mfu']:.2f} ({ours['s']:.2f} s)",
+                         f"plain HF {hf['mfu']:.2f} ({hf['s']:.2f} s)",
+                         f"{hf['s'] / ours['s']:.2f}x faster (bar MFU 0.40: {'met' if ours['mfu'] >= 0.40 else 'missed'})"))
+    if "grpo" in only:
+        args = ("16", "8", "128", "1") if a.quick else ("64", "8", "256", "2")
+        ours, trl = run_child("grpo_ours", *args), run_child("grpo_trl", *args, timeout=1500)
+        report["grpo"] = {"ours": ours, "trl": trl}
+        if "steps" in ours:
+            o = min(s["step_s"] for s in ours["steps"])
+            mm = ours["steps"][-1]
+            note = f"rollout {ours['steps'][-1]['rollout_s']:.1f} s, update {ours['steps'][-1]['update_s']:.1f} s"
+            if "steps" in trl and trl["steps"]:
+                t = min(s["step_s"] for s in trl["steps"])
+                rows.append((f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok", f"{o:.1f} s ({note})", f"TRL {t:.1f} s",
+                             f"{o / t:.2f}x TRL's time (bar 0.33: {'met' if o / t <= 0.33 else 'missed'})"))
+            else:
+                rows.append((f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok", f"{o:.1f} s ({note})",
+                             f"TRL failed: {trl.get('error', '?')[:60]}", ""))
+            rows.append(("  rollout/trainer logprob gap (bf16)", f"mean {mm['lp_mismatch']:.2e}, max {mm['lp_mismatch_max']:.2e}",
+                         "", ""))
+    if "team" in only:
+        args = ("2", "8", "4") if a.quick else ("3", "32", "8")
+        r = run_child("team", *args)
+        report["team"] = r
+        if "steps" in r:
+            for i, s in enumerate(r["steps"]):
+                rows.append((f"math team, 4 LoRA on 0.5B, step {i + 1} ({s['calls']} calls)",
+                             f"{s['step_s']:.1f} s (rollout {s['rollout_s']:.1f}, update {s['update_s']:.1f})", "",
+                             f"peak GPU memory {r['peak_gb']:.1f} GiB" if i == 0 else ""))
+    print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+# Source this on the GPU host, at the repo root: `source scripts/gpu_setup.sh`.
+# It installs the wheels from .gpu/wheels (see scripts/gpu_prepare.sh) into /tmp/site without
+# network, puts the repo's src/ and tests/ on the path, points masrl's cache at .gpu/cache, and
+# prints what the run will use. Every GPU run starts this way.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl \
+  2>&1 | grep -v "^WARNING: Target directory" || true
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+export MASRL_CACHE_DIR=$PWD/.gpu/cache
+export PYTHONUNBUFFERED=1
+export TOKENIZERS_PARALLELISM=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+python3 - <<'PY'
+import torch, transformers, peft
+print(f"[gpu_setup] torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
+      f"peft {peft.__version__}; GPUs: {[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}")
+PY

@@ -76,6 +76,21 @@ def test_engine_logprobs_match_a_full_forward_on_gpu(dtype):
         assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
 
 
+def test_engine_buffers_grow_and_graphs_recapture_across_batch_sizes():
+    """Batch 1, then 16 (the buffers grow and every graph is recaptured), then 3 (graphs reused)."""
+    from masrl.engines.hf import HFEngine
+    from masrl.engines.static import StaticEngine
+    from masrl.models import load_model
+
+    model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
+    eng = StaticEngine(model, tok, [tok.eos_token_id], device="cuda:0")
+    eager = HFEngine(model, tok, [tok.eos_token_id])
+    for n in (1, 16, 3):
+        reqs = [req(p, temperature=0.0, max_new_tokens=6 + i) for i, p in enumerate(prompts(tok, n))]
+        assert [o.completion_ids for o in eng.generate(reqs)] == [o.completion_ids for o in eager.generate(reqs)]
+    print(f"[gpu] engine stats after batches 1, 16, 3: {eng.stats}")
+
+
 def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
     from peft import LoraConfig, get_peft_model
 

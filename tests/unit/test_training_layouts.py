@@ -56,13 +56,27 @@ def test_layouts_give_the_same_logprobs_and_gradients(host, monkeypatch):
         assert torch.allclose(lp_prefix[i, : len(ref)], ref, atol=1e-4)
     variants = {"padded": logprobs_and_grads(host, samples, "padded"),
                 "checkpointed": logprobs_and_grads(host, samples, "padded", checkpoint=True)}
-    monkeypatch.setattr(training, "HEAD_CHUNK", 5)  # several head chunks, recomputed in backward
-    variants["head-chunks"] = logprobs_and_grads(host, samples, "prefix")
     for name, (lp, grads) in variants.items():
         assert torch.allclose(lp, lp_prefix, atol=1e-5), name
         assert len(grads) == len(g_prefix)
         for a, b in zip(grads, g_prefix):
             assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), name
+
+
+def test_no_grad_head_chunks_and_sampled_entropy_agree_with_the_full_computation(host, monkeypatch):
+    samples = samples_for(host)
+    batch = make_batch(samples, host.tokenizer.pad_token_id, layout="prefix")
+    with torch.no_grad():
+        lp_full, ent_full, _ = training.completion_forward(host, host.core, batch, want_entropy=True)
+        monkeypatch.setattr(training, "HEAD_CHUNK", 5)
+        monkeypatch.setattr(training, "ENTROPY_ROWS", 3)
+        lp, ent, _ = training.completion_forward(host, host.core, batch)
+    m = batch.token_mask > 0
+    assert torch.allclose(lp[m], lp_full[m], atol=1e-5)
+    measured = ~torch.isnan(ent)
+    assert 0 < int(measured.sum()) < int(m.sum())  # a sample: 3 tokens per chunk of 5
+    assert torch.allclose(ent[measured], ent_full[measured], atol=1e-5)
+    assert not torch.isnan(ent_full[m]).any()
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])

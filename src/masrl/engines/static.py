@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from masrl.engines import kernels
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
@@ -49,6 +50,13 @@ def batch_bucket(n: int) -> int:
 
 def slot_bucket(n: int, step: int = 64) -> int:
     return max(step, -(-n // step) * step)
+
+
+def _residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
+    """``h + lin(x)`` as one matmul with the residual as its addend."""
+    if lin.bias is not None:
+        return h + F.linear(x, lin.weight, lin.bias)
+    return torch.addmm(h, x, lin.weight.t())
 
 
 def _base(mod):
@@ -85,6 +93,7 @@ class _Weights:
                           if _base(at.q_proj).bias is not None else None),
                 "w_gu": torch.cat([_base(m).weight.detach() for m in gu_mods]),
                 "o": at.o_proj, "down": mlp.down_proj, "act": mlp.act_fn,
+                "silu": getattr(self.core.config, "hidden_act", "silu") == "silu",
                 "lora": {},
             }
             for name, mods in (("qkv", qkv_mods), ("o", [at.o_proj]), ("gu", gu_mods), ("down", [mlp.down_proj])):
@@ -146,7 +155,7 @@ class _Weights:
 class StaticEngine:
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, cuda_graphs: bool = True,
                  sync_every: int = 8, max_batch_size: int = 256, min_prefix: int = 16, compact_ratio: float = 0.5,
-                 prefill_tokens: int = 16384):
+                 prefill_tokens: int = 16384, fused_kernels: bool = True):
         self.model = model
         self.tok = tokenizer
         self.fwd = LlamaForward(model)
@@ -161,6 +170,16 @@ class StaticEngine:
         self.slot_of = {name: i for i, name in enumerate(self._adapters)}
         self.w = _Weights(model, self._adapters)
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
+        self.fused = fused_kernels and kernels.available(self.dev)
+        if self.fused:
+            cfg = self.core.config
+            why = kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
+                                cfg.hidden_size, cfg.intermediate_size)
+            if why is not None:
+                import warnings
+
+                warnings.warn(f"masrl static engine: fused kernels off ({why}); using torch ops", stacklevel=2)
+                self.fused = False
         self.sync_every = sync_every
         self.max_batch_size = max_batch_size
         self.min_prefix = min_prefix
@@ -174,7 +193,7 @@ class StaticEngine:
         self.slots_cap = 0
         self.graphs: dict[tuple[int, int], tuple] = {}
         self.pool = None
-        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0}
+        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0, "fused_kernels": self.fused}
 
     # -- Engine interface ------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -214,6 +233,7 @@ class StaticEngine:
         self.slots_cap = max(slot_bucket(slots, 256), self.slots_cap)
         R, S, dev = self.rows_cap, self.slots_cap, self.dev
         self.graphs.clear()  # they point at the old buffers
+        self.pool = None  # a pool whose graphs are all gone is freed: never capture into it again
         self.cache = self.fwd.new_cache(R, S, self.dtype)
         self.bias = torch.full((R, S), float("-inf"), dtype=self.dtype, device=dev)
         self.tok_buf = torch.zeros(R, dtype=torch.long, device=dev)
@@ -238,41 +258,32 @@ class StaticEngine:
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
         fwd, dt = self.fwd, self.dtype
         H, Hkv, D = fwd.n_heads, fwd.n_kv, fwd.head_dim
-        G = H // Hkv
+        k = kernels if self.fused else None
+        rms = k.rms_norm if k else kernels.rms_norm_ref
+        rope = k.rope_and_cache if k else kernels.rope_and_cache_ref
+        silu_mul = k.silu_mul if k else kernels.silu_mul_ref
         slot = self.slot_t
         self.bias[:B].index_fill_(1, slot, 0.0)
         bias = self.bias[:B, None, None, :S]
-        pos = self.pos_buf[:B]
-        freqs = pos[:, None].float() * self.inv_freq[None, :].float()
+        freqs = self.pos_buf[:B, None].float() * self.inv_freq[None, :].float()
         emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(dt)[:, None, :]  # [B, 1, D]
-        sin = (emb.sin() * self.rope_scale).to(dt)[:, None, :]
+        cos = (emb.cos() * self.rope_scale).to(dt)  # [B, D]
+        sin = (emb.sin() * self.rope_scale).to(dt)
         h = F.embedding(self.tok_buf[:B], self.core.model.embed_tokens.weight)
         for li, e in enumerate(self.w.layers):
-            x = F.rms_norm(h, (h.shape[-1],), e["ln1"].weight, e["ln1"].variance_epsilon)
-            qkv = F.linear(x, e["w_qkv"], e["b_qkv"])
-            qkv = self._lora(e, "qkv", x, qkv, B)
-            qk = qkv[:, : (H + Hkv) * D].view(B, H + Hkv, D)
-            qk = qk * cos + torch.cat([-qk[..., D // 2 :], qk[..., : D // 2]], dim=-1) * sin
-            q = qk[:, :H].reshape(B, Hkv, G, D)
-            k = qk[:, H:].unsqueeze(2)  # [B, Hkv, 1, D]
-            v = qkv[:, (H + Hkv) * D :].view(B, Hkv, 1, D)
+            x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
+            qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
             kc, vc = self.cache[li]
-            kc[:B].index_copy_(2, slot, k)
-            vc[:B].index_copy_(2, slot, v)
+            q = rope(qkv, cos, sin, kc, vc, slot, H, Hkv, D)  # also writes k, v at the slot
             o = F.scaled_dot_product_attention(q, kc[:B, :, :S], vc[:B, :, :S], attn_mask=bias, scale=fwd.scale)
             o = o.reshape(B, H * D)
-            ow = _base(e["o"])
-            y = F.linear(o, ow.weight, ow.bias)
-            h = h + self._lora(e, "o", o, y, B)
-            x = F.rms_norm(h, (h.shape[-1],), e["ln2"].weight, e["ln2"].variance_epsilon)
+            h = self._lora(e, "o", o, _residual_linear(h, o, _base(e["o"])), B)
+            x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
             gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
-            inter = gu.shape[-1] // 2
-            a = e["act"](gu[:, :inter]) * gu[:, inter:]
-            dw = _base(e["down"])
-            h = h + self._lora(e, "down", a, F.linear(a, dw.weight, dw.bias), B)
+            a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
+            h = self._lora(e, "down", a, _residual_linear(h, a, _base(e["down"])), B)
         norm = self.core.model.norm
-        h = F.rms_norm(h, (h.shape[-1],), norm.weight, norm.variance_epsilon)
+        h = rms(h, norm.weight, norm.variance_epsilon)
         head = self.core.lm_head
         logits = F.linear(h, head.weight, getattr(head, "bias", None))
         self.pos_buf[:B].add_(1)

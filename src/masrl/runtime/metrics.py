@@ -14,6 +14,9 @@ def summarize_traces(traces: list[Trace]) -> dict:
     """Per-run and per-agent figures over the traces that did not fail."""
     ok = [t for t in traces if not t.failed]
     out: dict = {"traces": len(traces), "failed": len(traces) - len(ok)}
+    errors = [t.error for t in traces if t.failed]
+    if errors:
+        out["first_error"] = errors[0]
     if not ok:
         out["agents"] = {}
         return out
@@ -41,9 +44,6 @@ def summarize_traces(traces: list[Trace]) -> dict:
         }
     out["agents"] = agents
     out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
-    errors = [t.error for t in traces if t.failed]
-    if errors:
-        out["first_error"] = errors[0]
     return out
 
 

@@ -4,8 +4,9 @@ The worker calls ``train_policy`` with the samples (its own buffered calls) of o
 policy only ever sees gradients from calls that it served to its own agents.
 
 Per micro-batch: the lean forward (``modeling.lean``) over the layout ``batching`` chose, the
-output head only at completion positions (in chunks that are recomputed in backward, so a 150k
-vocabulary never holds all logits of a large micro-batch at once), the PPO loss, backward.
+output head only at completion positions, the PPO loss, backward. ``algorithm.micro_batch_tokens``
+bounds the memory of a micro-batch (with a 150k vocabulary the fp32 log-probabilities of 16k tokens
+take 10 GB).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from masrl.runtime.hosting import ModelHost
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
 
-HEAD_CHUNK = 8192  # completion tokens per output-head chunk
+HEAD_CHUNK = 16384  # completion tokens per output-head chunk in no-grad passes
+ENTROPY_ROWS = 1024  # tokens whose entropy is measured (for metrics) when the loss does not need it
 
 
 def packing_available(host: ModelHost) -> bool:
@@ -68,11 +70,17 @@ def suffix_hidden(host: ModelHost, module, batch: Batch, checkpoint: bool = Fals
     return fast.hidden(batch.ids, batch.positions, batch.mask, past=past, checkpoint=checkpoint)
 
 
-def _head_logprobs(h, weight, bias, tokens, temps):
-    logits = F.linear(h, weight, bias).float() / temps[:, None]
-    logp_all = torch.log_softmax(logits, dim=-1)
+def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tensor | None):
+    """Logprobs of ``tokens`` under softmax(logits / T), and the entropy of the rows ``entropy_rows``
+    (None: all rows). The temperature scales ``h`` before the matmul (``[N, H]``, not ``[N, V]``), and
+    the log-softmax reads the bf16 logits and writes fp32 in one pass."""
+    logits = F.linear(h * inv_temps[:, None].to(h.dtype), weight)
+    if bias is not None:
+        logits = logits + bias[None, :] * inv_temps[:, None].to(bias.dtype)  # (h W + b) / T
+    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    la = logp_all if entropy_rows is None else logp_all.index_select(0, entropy_rows)
+    entropy = -(la.exp() * la).sum(-1)
     return logp, entropy
 
 
@@ -80,34 +88,37 @@ def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, w
                        checkpoint: bool = False):
     """Logprobs ``[B, T]`` of the sampled tokens (at each row's temperature), entropy, values.
 
-    The output head runs only on completion positions, in chunks of ``HEAD_CHUNK`` tokens that
-    are recomputed in backward when there are several (their logits are never all held at once).
+    The output head runs only on completion positions. With gradients it runs over the whole
+    micro-batch at once (``micro_batch_tokens`` bounds its memory); without, in chunks. Unless the
+    loss needs it (``want_entropy``), entropy is measured on an even sample of ``ENTROPY_ROWS``
+    tokens: ``entropy`` is then NaN on the others (``entropy_mask`` says which have it).
     """
     hidden = suffix_hidden(host, module, batch, checkpoint)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.select)  # [N, H]
     head = module.lm_head
     N = h.shape[0]
-    parts = []
-    for i in range(0, N, HEAD_CHUNK):
-        args = (h[i : i + HEAD_CHUNK], head.weight, head.bias, batch.tokens[i : i + HEAD_CHUNK],
-                batch.token_temps[i : i + HEAD_CHUNK])
-        if N > HEAD_CHUNK and torch.is_grad_enabled():
-            from torch.utils.checkpoint import checkpoint as ckpt
-
-            parts.append(ckpt(_head_logprobs, *args, use_reentrant=False))
-        else:
-            parts.append(_head_logprobs(*args))
-    logp_sel = torch.cat([p[0] for p in parts])
-    ent_sel = torch.cat([p[1] for p in parts])
-    if not want_entropy:
-        ent_sel = ent_sel.detach()
+    dev = h.device
+    chunk = N if torch.is_grad_enabled() else HEAD_CHUNK
+    inv_t = 1.0 / batch.token_temps
+    logps, ents, ent_idx = [], [], []
+    for i in range(0, N, chunk):
+        n = min(chunk, N - i)
+        rows = None
+        if not want_entropy and n > ENTROPY_ROWS:
+            rows = torch.linspace(0, n - 1, ENTROPY_ROWS, device=dev).long()
+        lp, ent = _head_logprobs(h[i : i + n], head.weight, head.bias, batch.tokens[i : i + n], inv_t[i : i + n], rows)
+        logps.append(lp)
+        ents.append(ent if want_entropy else ent.detach())
+        ent_idx.append((torch.arange(n, device=dev) if rows is None else rows) + i)
+    logp_sel, ent_sel, ent_at = torch.cat(logps), torch.cat(ents), torch.cat(ent_idx)
     B, T = batch.n_rows, batch.width
-    logp = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), logp_sel).view(B, T)
-    entropy = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), ent_sel).view(B, T)
+    logp = torch.zeros(B * T, dtype=torch.float32, device=dev).index_put((batch.dest,), logp_sel).view(B, T)
+    entropy = torch.full((B * T,), float("nan"), dtype=torch.float32, device=dev)
+    entropy = entropy.index_put((batch.dest.index_select(0, ent_at),), ent_sel).view(B, T)
     values = None
     if value_head is not None:
         v_sel = value_head(h.float()).squeeze(-1)
-        values = torch.zeros(B * T, dtype=torch.float32, device=h.device).index_put((batch.dest,), v_sel).view(B, T)
+        values = torch.zeros(B * T, dtype=torch.float32, device=dev).index_put((batch.dest,), v_sel).view(B, T)
     return logp, entropy, values
 
 
@@ -214,7 +225,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         "loss": sum(losses) / max(1, len(losses)),
         "pg_loss": sums.get("pg_sum", 0.0) / ntok,
         "kl": sums.get("kl_sum", 0.0) / ntok,
-        "entropy": sums.get("ent_sum", 0.0) / ntok,
+        "entropy": sums.get("ent_sum", 0.0) / max(1.0, sums.get("ent_tokens", 0.0)),
         "clip_frac": sums.get("clip_sum", 0.0) / ntok,
         "ratio": sums.get("ratio_sum", 0.0) / ntok if sums.get("tokens") else 1.0,
         "grad_norm": (sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
@@ -262,8 +273,9 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
     if algo.kl_coef > 0:
         kl = kl_penalty(logp, pad_rows([s.ref_logprobs for s in mb], T, dev), algo.kl_estimator)
         per_token = per_token + algo.kl_coef * kl
+    measured = ~torch.isnan(entropy)
     if algo.entropy_coef > 0:
-        per_token = per_token - algo.entropy_coef * entropy
+        per_token = per_token - algo.entropy_coef * torch.nan_to_num(entropy, nan=0.0)
     agg = dict(mode=algo.aggregation, n_tokens=n_tokens, n_seqs=n_seqs)
     m = batch.token_mask
     loss = aggregate(per_token, m, **agg)
@@ -275,9 +287,11 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
     loss.backward()
     with torch.no_grad():
         gap = (logp - rollout).abs() * m
-        sums = torch.stack([loss.detach().float(), m.sum(), (pg * m).sum(), (kl * m).sum(), (entropy * m).sum(),
+        em = measured & (m > 0)
+        sums = torch.stack([loss.detach().float(), m.sum(), (pg * m).sum(), (kl * m).sum(),
+                            torch.where(em, entropy, 0.0).sum(), em.sum().float(),
                             (clipped * m).sum(), (ratio * m).sum(), gap.sum(), gap.max(), (weight * m).sum(),
                             (vl * m).sum() if vl is not None else torch.zeros((), device=dev)]).tolist()
-    names = ["loss", "tokens", "pg_sum", "kl_sum", "ent_sum", "clip_sum", "ratio_sum", "mismatch_sum", "mismatch_max",
-             "tis_sum", "vl_sum"]
+    names = ["loss", "tokens", "pg_sum", "kl_sum", "ent_sum", "ent_tokens", "clip_sum", "ratio_sum", "mismatch_sum",
+             "mismatch_max", "tis_sum", "vl_sum"]
     return dict(zip(names, sums))

@@ -170,16 +170,17 @@ class StaticEngine:
         self.slot_of = {name: i for i, name in enumerate(self._adapters)}
         self.w = _Weights(model, self._adapters)
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
-        self.fused = fused_kernels and kernels.available(self.dev)
-        if self.fused:
+        self.fused: dict[str, bool] = {}  # kernel name -> use the fused Triton version
+        if fused_kernels and kernels.available(self.dev):
             cfg = self.core.config
-            why = kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
-                                cfg.hidden_size, cfg.intermediate_size)
-            if why is not None:
+            verdict = kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
+                                    cfg.hidden_size, cfg.intermediate_size)
+            self.fused = {name: why is None for name, why in verdict.items()}
+            bad = {name: why for name, why in verdict.items() if why is not None}
+            if bad:
                 import warnings
 
-                warnings.warn(f"masrl static engine: fused kernels off ({why}); using torch ops", stacklevel=2)
-                self.fused = False
+                warnings.warn(f"masrl static engine: torch ops instead of fused kernels for {bad}", stacklevel=2)
         self.sync_every = sync_every
         self.max_batch_size = max_batch_size
         self.min_prefix = min_prefix
@@ -193,7 +194,7 @@ class StaticEngine:
         self.slots_cap = 0
         self.graphs: dict[tuple[int, int], tuple] = {}
         self.pool = None
-        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0, "fused_kernels": self.fused}
+        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0, "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
 
     # -- Engine interface ------------------------------------------------------------------------
     def adapters(self) -> list[str]:
@@ -258,13 +259,13 @@ class StaticEngine:
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
         fwd, dt = self.fwd, self.dtype
         H, Hkv, D = fwd.n_heads, fwd.n_kv, fwd.head_dim
-        k = kernels if self.fused else None
-        rms = k.rms_norm if k else kernels.rms_norm_ref
-        rope = k.rope_and_cache if k else kernels.rope_and_cache_ref
-        silu_mul = k.silu_mul if k else kernels.silu_mul_ref
+        f = self.fused
+        rms = kernels.rms_norm if f.get("rms_norm") else kernels.rms_norm_ref
+        rope = kernels.rope_and_cache if f.get("rope_and_cache") else kernels.rope_and_cache_ref
+        silu_mul = kernels.silu_mul if f.get("silu_mul") else kernels.silu_mul_ref
+        attend = kernels.decode_attention if f.get("decode_attention") else kernels.decode_attention_ref
         slot = self.slot_t
         self.bias[:B].index_fill_(1, slot, 0.0)
-        bias = self.bias[:B, None, None, :S]
         freqs = self.pos_buf[:B, None].float() * self.inv_freq[None, :].float()
         emb = torch.cat([freqs, freqs], dim=-1)
         cos = (emb.cos() * self.rope_scale).to(dt)  # [B, D]
@@ -275,8 +276,7 @@ class StaticEngine:
             qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
             kc, vc = self.cache[li]
             q = rope(qkv, cos, sin, kc, vc, slot, H, Hkv, D)  # also writes k, v at the slot
-            o = F.scaled_dot_product_attention(q, kc[:B, :, :S], vc[:B, :, :S], attn_mask=bias, scale=fwd.scale)
-            o = o.reshape(B, H * D)
+            o = attend(q, kc, vc, self.bias, S, fwd.scale).reshape(B, H * D)
             h = self._lora(e, "o", o, _residual_linear(h, o, _base(e["o"])), B)
             x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
             gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)

@@ -328,7 +328,9 @@ def child_team(steps: int, tasks: int, samples: int) -> dict:
         f"device={DEV}", f"model={SHAPES['0.5b']}", f"train.steps={steps}", "train.eval_before=false",
         "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",
         f"rollout.samples_per_task={samples}", "rollout.max_batch_size=256", "rollout.max_in_flight=512",
-        "algorithm.micro_batch_tokens=16384", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}"])
+        "algorithm.micro_batch_tokens=16384", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}",
+        # random weights never write the tag format: a hash of each completion gives groups reward variance
+        "rewards=[{type: outcome}, {type: format, weight: 0.5}, {type: 'helpers:agent_hash_reward'}]"])
     tr = Trainer(cfg)
     tr.prepare(resume=False)
     recs = []

@@ -324,6 +324,7 @@ def child_team(steps: int, tasks: int, samples: int) -> dict:
     from masrl.config import load_config
     from masrl.runtime.loop import Trainer
 
+    sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
     cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [
         f"device={DEV}", f"model={SHAPES['0.5b']}", f"train.steps={steps}", "train.eval_before=false",
         "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",

@@ -116,22 +116,24 @@ if triton is not None:
 
     @triton.jit
     def _decode_attn_kernel(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S, scale, stride_kb, stride_kh, stride_ks, stride_bb,
-                            HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+                            HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                            PREC: tl.constexpr):
         _decode_attn(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S, scale, stride_kb, stride_kh, stride_ks, stride_bb,
-                     HKV, G, GP, D, BLOCK)
+                     HKV, G, GP, D, BLOCK, PREC)
 
     @triton.jit
     def _decode_attn_kernel_s(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S: tl.constexpr, scale, stride_kb, stride_kh,
                               stride_ks, stride_bb, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-                              D: tl.constexpr, BLOCK: tl.constexpr):
+                              D: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr):
         # the same with S known at compile time: Triton's CPU interpreter cannot loop to a run-time bound
         _decode_attn(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S, scale, stride_kb, stride_kh, stride_ks, stride_bb,
-                     HKV, G, GP, D, BLOCK)
+                     HKV, G, GP, D, BLOCK, PREC)
 
     @triton.jit
     def _decode_attn(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S, scale, stride_kb, stride_kh, stride_ks, stride_bb,
-                     HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
-        # one program per (row, kv head): its G query heads against the row's keys, online softmax
+                     HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                     PREC: tl.constexpr):
+        # one program per (row, kv head); PREC: "tf32" (exact for bf16 inputs) or "ieee" (fp32 caches): its G query heads against the row's keys, online softmax
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GP)
@@ -148,7 +150,7 @@ if triton is not None:
             sl = start + tl.arange(0, BLOCK)
             sm = sl < S
             k = tl.load(kbase + sl[:, None] * stride_ks + d[None, :], mask=sm[:, None], other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k)) * scale
+            scores = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
             bias = tl.load(bias_ptr + b * stride_bb + sl, mask=sm, other=float("-inf")).to(tl.float32)
             scores = scores + bias[None, :]
             m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -156,7 +158,7 @@ if triton is not None:
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(vbase + sl[:, None] * stride_ks + d[None, :], mask=sm[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
@@ -194,7 +196,8 @@ def decode_attention(q, kc, vc, bias, S: int, scale: float):
     assert q.is_contiguous() and kc.stride(3) == 1 and kc.stride() == vc.stride() and bias.stride(1) == 1
     kernel = _decode_attn_kernel_s if _INTERPRET else _decode_attn_kernel
     kernel[(B, Hkv)](q, kc, vc, bias, o, S, scale, kc.stride(0), kc.stride(1), kc.stride(2), bias.stride(0),
-                                  HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BLOCK=64)
+                     HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BLOCK=64,
+                     PREC="ieee" if q.dtype == torch.float32 else "tf32")
     return o
 
 

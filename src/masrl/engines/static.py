@@ -53,10 +53,10 @@ def slot_bucket(n: int, step: int = 64) -> int:
 
 
 def _residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
-    """``h + lin(x)`` as one matmul with the residual as its addend."""
+    """``h + lin(x)``, in place in ``h`` (a step's own intermediate), as one matmul with ``h`` as its addend."""
     if lin.bias is not None:
-        return h + F.linear(x, lin.weight, lin.bias)
-    return torch.addmm(h, x, lin.weight.t())
+        return h.add_(F.linear(x, lin.weight, lin.bias))
+    return h.addmm_(x, lin.weight.t())
 
 
 def _base(mod):

@@ -15,7 +15,8 @@ output head as a skinny matmul. Here:
 
 It calls the model's own modules (projections, rotary frequencies, norm weights), so PEFT LoRA
 layers work unchanged; a batch that mixes adapters passes ``adapter_names`` to each LoRA layer.
-RMSNorm runs as ``F.rms_norm`` (one fused kernel on CUDA) with the module's weight and epsilon.
+RMSNorm runs as ``F.rms_norm`` (one fused kernel on CUDA) with the module's weight and epsilon;
+rotary embedding and SwiGLU run as the fused ops of ``modeling.fused`` on CUDA.
 Every tensor it creates lives on the device of the model's weights. Outputs match the HF forward
 to float rounding (tested).
 """
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from masrl.modeling import fused
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -44,11 +47,6 @@ def supports(model) -> bool:
     if cfg.model_type != "llama" and getattr(cfg, "use_sliding_window", False):
         return False
     return hasattr(core, "model") and hasattr(core.model, "layers") and hasattr(core.model, "rotary_emb")
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +94,7 @@ class LlamaForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
         self.layers = list(core.model.layers)
+        self.silu = getattr(cfg, "hidden_act", "silu") == "silu"
         if self.peft:
             from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -180,8 +179,8 @@ class LlamaForward:
         q = self._proj(attn.q_proj, x, adapters).view(B, S, self.n_heads, self.head_dim)
         k = self._proj(attn.k_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
         v = self._proj(attn.v_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
-        q = q * cos + rotate_half(q) * sin  # [B, S, heads, D]
-        k = k * cos + rotate_half(k) * sin
+        q = fused.rope(q, cos, sin)  # [B, S, heads, D]
+        k = fused.rope(k, cos, sin)
         gqa = self.n_kv != self.n_heads
         if packed is not None:
             o = packed_attention(q[0], k[0], v[0], packed, self.scale).unsqueeze(0)  # [1, T, H, D]
@@ -205,7 +204,8 @@ class LlamaForward:
         h = h + self._proj(attn.o_proj, o.reshape(B, S, -1), adapters)
         x = rms_norm(layer.post_attention_layernorm, h)
         mlp = layer.mlp
-        gated = mlp.act_fn(self._proj(mlp.gate_proj, x, adapters)) * self._proj(mlp.up_proj, x, adapters)
+        gate, up = self._proj(mlp.gate_proj, x, adapters), self._proj(mlp.up_proj, x, adapters)
+        gated = fused.swiglu(gate, up) if self.silu else mlp.act_fn(gate) * up
         h = h + self._proj(mlp.down_proj, gated, adapters)
         return h, (k, v)
 

@@ -21,6 +21,7 @@ from masrl.algorithms import SEQUENCE_ESTIMATORS
 from masrl.algorithms.gae import gae_advantages, place_sequence_rewards, whiten
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
+from masrl.modeling import fused
 from masrl.modeling.lean import causal_mask
 from masrl.runtime.batching import Batch, Sample, make_batch, micro_batches, pad_rows
 from masrl.runtime.hosting import ModelHost
@@ -77,10 +78,13 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
     logits = F.linear(h * inv_temps[:, None].to(h.dtype), weight)
     if bias is not None:
         logits = logits + bias[None, :] * inv_temps[:, None].to(bias.dtype)  # (h W + b) / T
-    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-    logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
-    la = logp_all if entropy_rows is None else logp_all.index_select(0, entropy_rows)
-    entropy = -(la.exp() * la).sum(-1)
+    if entropy_rows is None:  # the loss needs every token's entropy: the full log-softmax
+        logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+        return logp_all.gather(-1, tokens[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
+    logp = fused.token_logprobs(logits, tokens)
+    with torch.no_grad():
+        la = torch.log_softmax(logits.detach().index_select(0, entropy_rows), dim=-1, dtype=torch.float32)
+        entropy = -(la.exp() * la).sum(-1)
     return logp, entropy
 
 
@@ -104,8 +108,8 @@ def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, w
     for i in range(0, N, chunk):
         n = min(chunk, N - i)
         rows = None
-        if not want_entropy and n > ENTROPY_ROWS:
-            rows = torch.linspace(0, n - 1, ENTROPY_ROWS, device=dev).long()
+        if not want_entropy:
+            rows = torch.linspace(0, n - 1, min(n, ENTROPY_ROWS), device=dev).long()
         lp, ent = _head_logprobs(h[i : i + n], head.weight, head.bias, batch.tokens[i : i + n], inv_t[i : i + n], rows)
         logps.append(lp)
         ents.append(ent if want_entropy else ent.detach())

@@ -168,7 +168,7 @@ def child_update(side: str, repeats: int) -> dict:
         host = ModelHost(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                          device=DEV, dtype=torch.bfloat16)
         opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384)
+        algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=32768)  # the whole workload in one pass
         cfg = host.core.config
 
         def step():

@@ -187,7 +187,8 @@ RANDOM_SHAPES = {TINY_RANDOM: tiny_random_config, RANDOM_SMOLLM2: smollm2_shape_
 
 def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
     """Load ``(model, tokenizer)``: the model in eval mode on ``device``, in ``dtype`` (a torch
-    dtype or its name; default float32). Random-weight aliases are built on the device itself."""
+    dtype or its name; default float32). Random-weight aliases draw their weights on the CPU from
+    ``seed``, so a seed gives the same model on every device."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -199,12 +200,12 @@ def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
     tok = load_tokenizer(name)
     if src.name in RANDOM_SHAPES:
         cfg = RANDOM_SHAPES[src.name](len(tok))
-        with torch.random.fork_rng(devices=[]), torch.device(device):
+        with torch.random.fork_rng(devices=[]):  # drawn on the CPU: the same weights whatever the device
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
         model.generation_config.pad_token_id = tok.pad_token_id
         model.eval()
-        return model, tok
+        return model.to(device), tok
     if src.kind == "alias":
         model = AutoModelForCausalLM.from_pretrained(str(smollm2_model_dir()), dtype=torch_dtype)
     elif src.kind == "gguf":

@@ -196,6 +196,8 @@ def test_two_training_steps_on_cuda_move_reward_and_loss_like_the_cpu_run(tmp_pa
     assert cpu[0]["rollout"]["reward"] == pytest.approx(gpu[0]["rollout"]["reward"], abs=1e-6)
     assert cpu[0]["policies"]["shared"]["loss"] == pytest.approx(gpu[0]["policies"]["shared"]["loss"], rel=1e-3, abs=1e-5)
     assert cpu[1]["policies"]["shared"]["loss"] == pytest.approx(gpu[1]["policies"]["shared"]["loss"], rel=5e-2, abs=1e-4)
+    # the same weights (drawn on the CPU), the same tokens: the same gradient, whatever the layout
+    assert cpu[0]["policies"]["shared"]["grad_norm"] == pytest.approx(gpu[0]["policies"]["shared"]["grad_norm"], rel=1e-2)
 
 
 def test_checkpoint_saved_on_gpu_loads_on_cpu_and_generates_the_same_greedy_text(tmp_path):

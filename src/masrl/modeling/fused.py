@@ -227,9 +227,18 @@ def _use(name: str, x: torch.Tensor) -> bool:
 
 
 def enabled(device: torch.device) -> dict[str, bool]:
+    """Which fused ops to use on ``device``, decided once. The check runs with autograd on, also
+    when the first use is inside an engine's ``inference_mode``."""
     key = str(device)
     if key not in _VERDICT:
-        _VERDICT[key] = {name: why is None for name, why in check(device).items()}
+        with torch.inference_mode(False), torch.enable_grad():
+            verdict = check(device)
+        _VERDICT[key] = {name: why is None for name, why in verdict.items()}
+        bad = {name: why for name, why in verdict.items() if why is not None and triton is not None}
+        if bad:
+            import warnings
+
+            warnings.warn(f"masrl: torch ops instead of fused ones on {key} for {bad}", stacklevel=2)
     return _VERDICT[key]
 
 

@@ -76,7 +76,8 @@ def step_line(step: int, total: int, rec: dict) -> str:
         parts.append(f"{name}: r={a['reward']:.2f} acc={a['accuracy']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
     for name, p in rec.get("policies", {}).items():
         parts.append(f"[{name}] loss={p['loss']:.4f} kl={p['kl']:.4f} gn={p['grad_norm']:.2f} "
-                     f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f}")
+                     f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f} "
+                     f"dlogp={p.get('lp_mismatch', 0.0):.1e}/{p.get('lp_mismatch_max', 0.0):.1e}")
     return " | ".join(parts)
 
 

@@ -220,6 +220,11 @@ def token_logprobs(logits, tokens):
     return _TokenLogprobs.apply(logits, tokens) if _use("token_logprobs", logits) else token_logprobs_ref(logits, tokens)
 
 
+def uses(name: str, x: torch.Tensor) -> bool:
+    """Whether op ``name`` runs fused for tensors like ``x``."""
+    return _use(name, x)
+
+
 def _use(name: str, x: torch.Tensor) -> bool:
     if triton is None or not x.is_cuda:
         return False

@@ -78,14 +78,19 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
     logits = F.linear(h * inv_temps[:, None].to(h.dtype), weight)
     if bias is not None:
         logits = logits + bias[None, :] * inv_temps[:, None].to(bias.dtype)  # (h W + b) / T
-    if entropy_rows is None:  # the loss needs every token's entropy: the full log-softmax
-        logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        return logp_all.gather(-1, tokens[:, None]).squeeze(-1), -(logp_all.exp() * logp_all).sum(-1)
-    logp = fused.token_logprobs(logits, tokens)
+    if entropy_rows is not None and fused.uses("token_logprobs", logits):
+        # fused: the [N, V] fp32 log-softmax is never written; entropy from a sample of rows
+        logp = fused.token_logprobs(logits, tokens)
+        with torch.no_grad():
+            la = torch.log_softmax(logits.detach().index_select(0, entropy_rows), dim=-1, dtype=torch.float32)
+            return logp, -(la.exp() * la).sum(-1)
+    logp_all = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    if entropy_rows is None:  # the loss needs every token's entropy
+        return logp, -(logp_all.exp() * logp_all).sum(-1)
     with torch.no_grad():
-        la = torch.log_softmax(logits.detach().index_select(0, entropy_rows), dim=-1, dtype=torch.float32)
-        entropy = -(la.exp() * la).sum(-1)
-    return logp, entropy
+        la = logp_all.detach().index_select(0, entropy_rows) if len(entropy_rows) < len(tokens) else logp_all.detach()
+        return logp, -(la.exp() * la).sum(-1)
 
 
 def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,

@@ -47,3 +47,24 @@ class TaskTextHashReward:
 
 def task_hash_reward(weight: float = 1.0):
     return TaskTextHashReward(weight=weight)
+
+
+def full_logprobs(model, prompt, completion, temperature=1.0):
+    """Reference: logprobs of ``completion`` after ``prompt`` from one plain forward of ``model``."""
+    import torch
+
+    ids = torch.tensor([list(prompt) + list(completion)], device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    t = temperature if temperature > 0 else 1.0
+    comp = torch.tensor(list(completion), device=model.device)
+    return torch.log_softmax(logits / t, -1).gather(-1, comp[:, None]).squeeze(-1).cpu()
+
+
+def adapter_logprobs(peft_model, adapter, prompt, completion, temperature=0.0):
+    """``full_logprobs`` under one LoRA adapter of a PEFT model (None: the base, adapters off)."""
+    if adapter is None:
+        with peft_model.disable_adapter():
+            return full_logprobs(peft_model, prompt, completion, temperature)
+    peft_model.set_adapter(adapter)
+    return full_logprobs(peft_model, prompt, completion, temperature)

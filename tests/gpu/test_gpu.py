@@ -14,6 +14,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))  # tinycfg
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # helpers
+
+from helpers import adapter_logprobs, full_logprobs  # noqa: E402
 
 
 def req(prompt, temperature=1.0, max_new_tokens=8, adapter=None, **kw):
@@ -28,15 +31,6 @@ def prompts(tok, n, shared=True):
     sys_ = "You are a careful assistant. Answer with one number inside answer tags, please, always."
     return [tok(f"{sys_ if shared else ''} Question {i}: what is {i} plus {i * 3}?", add_special_tokens=False)["input_ids"]
             for i in range(n)]
-
-
-def full_logprobs(model, prompt, completion, temperature):
-    ids = torch.tensor([prompt + completion], device=model.device)
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    t = temperature if temperature > 0 else 1.0
-    comp = torch.tensor(completion, device=model.device)
-    return torch.log_softmax(logits / t, -1).gather(-1, comp[:, None]).squeeze(-1).cpu()
 
 
 def report(name, gaps):
@@ -116,12 +110,7 @@ def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
     for r, m in zip(reqs, mixed):
         alone = StaticEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate([r])[0]
         assert alone.completion_ids == m.completion_ids
-        if r.adapter is None:
-            with pm.disable_adapter():
-                ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
-        else:
-            pm.set_adapter(r.adapter)
-            ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
+        ref = adapter_logprobs(pm, r.adapter, r.prompt_ids, m.completion_ids)
         gaps += (ref - torch.tensor(m.logprobs)).abs().tolist()
     assert report("LoRA mixed batch vs per-adapter HF forward, fp32", gaps).max() < 2e-3
 

@@ -12,6 +12,7 @@ from masrl.engines.hf import HFEngine
 from masrl.engines.static import StaticEngine
 from masrl.messages import GenRequest
 from masrl.models import stop_token_ids
+from helpers import adapter_logprobs, full_logprobs
 
 
 def req(prompt, temperature=1.0, max_new_tokens=8, stop=(), adapter=None, ignore_eos=False, top_p=1.0):
@@ -27,14 +28,6 @@ def make(kind, model, tok, stops, **kw):
 
 
 ENGINES = ["hf-lean", "hf-forward", "static"]
-
-
-def full_logprobs(model, prompt, completion, temperature):
-    ids = torch.tensor([prompt + completion])
-    with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
-    t = temperature if temperature > 0 else 1.0
-    return torch.log_softmax(logits / t, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
 def prompts_with_shared_prefix(tok, n=4):
@@ -135,12 +128,7 @@ def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
     reqs = [req(p, temperature=0.0, max_new_tokens=5, adapter=a) for p, a in zip(prompts, adapters)]
     mixed = make(kind, pm, tok, [2]).generate(reqs)
     for r, m in zip(reqs, mixed):
-        if r.adapter is None:
-            with pm.disable_adapter():
-                ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
-        else:
-            pm.set_adapter(r.adapter)
-            ref = full_logprobs(pm, r.prompt_ids, m.completion_ids, 0.0)
+        ref = adapter_logprobs(pm, r.adapter, r.prompt_ids, m.completion_ids)
         assert torch.allclose(ref, torch.tensor(m.logprobs), atol=1e-4)
         alone = make(kind, pm, tok, [2]).generate([r])[0]
         assert alone.completion_ids == m.completion_ids

@@ -18,7 +18,7 @@ import torch
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling import lean as llama_forward
-from masrl.modeling.prefix import group_by_prefix
+from masrl.modeling.prefix import slot_layout
 
 
 class _HFForward:
@@ -88,13 +88,7 @@ class HFEngine:
         max_new = max(r.max_new_tokens for r in requests)
         # Slot layout per row: [shared prefix | gap | left-padded rest of prompt | generated].
         # Invalid slots are masked out; positions follow each row's own tokens, not slots.
-        groups = group_by_prefix(prompts, keys=adapters, min_prefix=self.min_prefix) if self.share_prefix else []
-        pre = [0] * B
-        for rows, plen in groups:
-            for r in rows:
-                pre[r] = plen
-        pmax = max(pre)
-        smax = max(len(p) - k for p, k in zip(prompts, pre))
+        groups, pre, pmax, smax = slot_layout(prompts, keys=adapters, min_prefix=self.min_prefix, share=self.share_prefix)
         total = pmax + smax + max_new
         cache = self.stepper.new_cache(B, total, self.dtype)
         key_valid = torch.zeros((B, total), dtype=torch.bool, device=dev)

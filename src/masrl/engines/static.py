@@ -37,7 +37,7 @@ from masrl.engines import kernels
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
-from masrl.modeling.prefix import group_by_prefix
+from masrl.modeling.prefix import slot_layout
 
 
 def batch_bucket(n: int) -> int:
@@ -320,10 +320,9 @@ class StaticEngine:
         return graph, logits
 
     # -- prefill (eager, the lean forward over the static cache) ----------------------------------
-    def _prefill(self, prompts, pre, pmax, smax, adapters, n) -> torch.Tensor:
+    def _prefill(self, prompts, groups, pre, pmax, smax, adapters, n) -> torch.Tensor:
         dev = self.dev
         views = [(k[:n], v[:n]) for k, v in self.cache]
-        groups = group_by_prefix(prompts, keys=adapters, min_prefix=self.min_prefix)
         for rows, plen in groups:
             if plen > 0:
                 self._fill_prefix(rows, prompts[rows[0]][:plen], adapters[rows[0]] if adapters else None)
@@ -369,13 +368,7 @@ class StaticEngine:
         sp = [r.sampling for r in requests]
         limits = [r.max_new_tokens for r in requests]
         max_new = max(limits)
-        groups = group_by_prefix(prompts, keys=adapters, min_prefix=self.min_prefix)
-        pre = [0] * n
-        for rows, plen in groups:
-            for r in rows:
-                pre[r] = plen
-        pmax = max(pre)
-        smax = max(len(p) - k for p, k in zip(prompts, pre))
+        groups, pre, pmax, smax = slot_layout(prompts, keys=adapters, min_prefix=self.min_prefix)
         total = pmax + smax + max_new
         Bb = batch_bucket(n)
         self._ensure(Bb, total)
@@ -389,7 +382,7 @@ class StaticEngine:
         top_ps = torch.tensor([s.top_p for s in sp], dtype=torch.float32, device=dev)
         flags = BatchFlags.of([s.temperature for s in sp], [s.top_p for s in sp])
 
-        logits = self._prefill(prompts, pre, pmax, smax, adapters, n)
+        logits = self._prefill(prompts, groups, pre, pmax, smax, adapters, n)
         self.pos_buf[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         cur = pmax + smax
         self.slot_t.fill_(cur)

@@ -45,3 +45,18 @@ def group_by_prefix(
             rows, lcp = [i], len(seqs[i]) - 1
     groups.append((rows, lcp if len(rows) > 1 else 0))
     return groups
+
+
+def slot_layout(prompts: list[list[int]], *, keys: Sequence[Hashable] | None = None, min_prefix: int = 16,
+                share: bool = True) -> tuple[list[tuple[list[int], int]], list[int], int, int]:
+    """An engine's KV-slot layout for a batch: ``[shared prefix | gap | left-padded rest of prompt]``.
+
+    Returns ``(groups, pre, pmax, smax)``: the prefix groups (``group_by_prefix``; none when
+    ``share`` is off), each row's prefix length, the longest prefix, the longest rest of a prompt.
+    """
+    groups = group_by_prefix(prompts, keys=keys, min_prefix=min_prefix) if share else []
+    pre = [0] * len(prompts)
+    for rows, plen in groups:
+        for r in rows:
+            pre[r] = plen
+    return groups, pre, max(pre), max(len(p) - k for p, k in zip(prompts, pre))

@@ -45,9 +45,11 @@ def _numeric_equal(a: str, b: str) -> bool | None:
 
 
 def answers_equivalent(pred, gold) -> bool:
-    """True when ``pred`` states the same answer as ``gold``."""
+    """True when ``pred`` states the same answer as ``gold`` (or, for a list of golds, as any of them)."""
     if pred is None:
         return False
+    if isinstance(gold, (list, tuple)):
+        return any(answers_equivalent(pred, g) for g in gold)
     pred_s, gold_s = str(pred).strip(), extract_gold(str(gold))
     if not pred_s:
         return False

@@ -12,13 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from masrl.data.loader import ID_KEYS, pick, read_rows
+from masrl.data import fields
+from masrl.data.loader import read_rows, source_meta, task_id, where_of
 from masrl.data.tasks import Task
 from masrl.errors import DataError
 from masrl.tools.code_tests import TestSpec, parse_spec
 
-PROBLEM_KEYS = ("problem", "question", "query", "prompt")
-TEST_KEYS = ("tests", "test_cases", "test")
 
 
 def humaneval_path() -> Path:
@@ -50,36 +49,35 @@ def humaneval_program(task: Task, completion: str) -> str:
 
 
 def load_code_tasks(path: str | Path, n: int | None = None) -> list[Task]:
-    """Code tasks from JSONL/Parquet.
+    """Code tasks from JSONL/Parquet, flat or verl's layout.
 
-    Fields: problem/question/query/prompt; tests/test_cases/test (a spec object, a list of cases,
-    or either as a JSON string); optional starter_code, fn_name (copied into a call spec that
-    lacks it), id/task_id/idx.
+    Fields: the problem as ``fields.QUESTION``; tests as ``fields.TESTS`` (a spec object, a list of
+    cases, APPS' ``{"inputs", "outputs"[, "fn_name"]}``, or any of these as a JSON string); optional
+    starter_code | extra_info.starter_code, fn_name (copied into a call spec that lacks it), an id.
     """
     rows = read_rows(path)
     tasks = []
     for i, row in enumerate(rows):
-        where = f"{path}:{row['__line__']}" if "__line__" in row else f"{path} row {i}"
-        problem = pick(row, PROBLEM_KEYS)
+        where = where_of(path, row, i)
+        _, problem = fields.question_of(row)
         if problem is None:
-            raise DataError(f"{where}: no problem statement; give one of the fields {', '.join(PROBLEM_KEYS)}")
-        raw: Any = pick(row, TEST_KEYS)
+            raise DataError(f"{where}: no problem statement; give one of the fields {', '.join(fields.QUESTION)}")
+        field, raw = fields.first(row, fields.TESTS)
         if raw is None:
-            raise DataError(f"{where}: no tests; give one of the fields {', '.join(TEST_KEYS)}")
-        field = next(k for k in TEST_KEYS if k in row and row[k] is not None)
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: field '{field}' is not valid JSON ({exc.msg})") from None
-        if isinstance(raw, dict) and raw.get("kind") == "call" and not raw.get("fn_name") and row.get("fn_name"):
-            raw = {**raw, "fn_name": row["fn_name"]}
-        if isinstance(raw, list) and row.get("fn_name") and raw and isinstance(raw[0], dict) and "expected" in raw[0]:
-            raw = {"kind": "call", "fn_name": row["fn_name"], "cases": raw}
+            raise DataError(f"{where}: no tests; give one of the fields {', '.join(fields.TESTS)}")
+        try:
+            raw = fields.tests_value(raw)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: field '{field}' is not valid JSON ({exc.msg})") from None
+        _, fn_name = fields.first(row, fields.FN_NAME)
+        if isinstance(raw, dict) and raw.get("kind") == "call" and not raw.get("fn_name") and fn_name:
+            raw = {**raw, "fn_name": fn_name}
+        if isinstance(raw, list) and fn_name and raw and isinstance(raw[0], dict) and "expected" in raw[0]:
+            raw = {"kind": "call", "fn_name": fn_name, "cases": raw}
         spec = parse_spec(raw, where=f"{where}: field '{field}'")
-        tid = pick(row, ID_KEYS)
-        meta = {"starter_code": row.get("starter_code") or "", "fn_name": row.get("fn_name") or spec.fn_name}
-        tasks.append(Task(str(tid) if tid is not None else f"{Path(path).stem}-{i}", str(problem), spec, meta))
+        _, starter = fields.first(row, fields.STARTER)
+        meta = {"starter_code": starter or "", "fn_name": fn_name or spec.fn_name, **source_meta(row)}
+        tasks.append(Task(task_id(row, path, i), str(problem), spec, meta))
         if n is not None and len(tasks) >= n:
             break
     if not tasks:

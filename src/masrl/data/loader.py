@@ -1,8 +1,10 @@
-"""Load tasks from JSONL or Parquet with field aliases.
+"""Load tasks from JSONL or Parquet, flat rows or verl's layout (``data.fields`` has the aliases).
 
-question: question | problem | query | prompt
-answer:   answer | ground_truth | target | solution   (GSM8K "####" and \\boxed{} are unwrapped)
-id:       id | task_id | idx   (default: file name and row number)
+question: question | query | problem | prompt (text, or a chat list's last user message) | extra_info.question
+answer:   answer | ground_truth | target | solution | reward_model.ground_truth | extra_info.answer
+          (GSM8K "####" and \\boxed{} are unwrapped)
+id:       uid | id | task_id | idx | extra_info.index   (default: file name and row number)
+``data_source`` and ``ability`` are kept in the task's meta (held-out metrics are reported per source).
 """
 
 from __future__ import annotations
@@ -11,14 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from masrl.data import fields
 from masrl.data.answers import extract_gold
 from masrl.data.tasks import Task
 from masrl.errors import DataError
-
-QUESTION_KEYS = ("question", "problem", "query", "prompt")
-ANSWER_KEYS = ("answer", "ground_truth", "target", "solution")
-ID_KEYS = ("id", "task_id", "idx")
-
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a .jsonl/.json-lines or .parquet file, as dicts."""
@@ -45,28 +43,46 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def pick(row: dict, keys: tuple[str, ...]) -> Any:
-    for k in keys:
-        if k in row and row[k] is not None and str(row[k]).strip() != "":
-            return row[k]
-    return None
+def where_of(path, row: dict, i: int) -> str:
+    return f"{path}:{row['__line__']}" if "__line__" in row else f"{path} row {i}"
+
+
+def task_id(row: dict, path, i: int) -> str:
+    _, tid = fields.first(row, fields.ID)
+    return str(tid) if tid is not None else f"{Path(path).stem}-{i}"
+
+
+def source_meta(row: dict) -> dict:
+    return {k: row[k] for k in ("data_source", "ability") if row.get(k) is not None}
+
+
+def gold_of(value: Any):
+    """The gold answer: a string (GSM8K's "####" and \\boxed{} unwrapped), or a list of acceptable
+    answers (Search-R1 writes ``{"target": [...]}``)."""
+    if isinstance(value, dict) and "target" in value:
+        value = value["target"]
+    if hasattr(value, "tolist"):  # numpy arrays from parquet
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        golds = [extract_gold(str(v)) for v in value]
+        return golds[0] if len(golds) == 1 else golds
+    return extract_gold(str(value))
 
 
 def load_math_tasks(path: str | Path, n: int | None = None) -> list[Task]:
     rows = read_rows(path)
     tasks = []
-    name = Path(path).stem
     for i, row in enumerate(rows):
-        where = f"{path}:{row.get('__line__', i + 1)}" if "__line__" in row else f"{path} row {i}"
-        q = pick(row, QUESTION_KEYS)
-        a = pick(row, ANSWER_KEYS)
+        where = where_of(path, row, i)
+        qkey, q = fields.question_of(row)
+        akey, a = fields.first(row, fields.ANSWER)
         if q is None:
-            raise DataError(f"{where}: no question; give one of the fields {', '.join(QUESTION_KEYS)}")
+            raise DataError(f"{where}: no question; give one of the fields {', '.join(fields.QUESTION)}")
         if a is None:
-            raise DataError(f"{where}: no answer; give one of the fields {', '.join(ANSWER_KEYS)}")
-        tid = pick(row, ID_KEYS)
-        meta = {k: v for k, v in row.items() if k not in QUESTION_KEYS + ANSWER_KEYS + ID_KEYS and k != "__line__"}
-        tasks.append(Task(id=str(tid) if tid is not None else f"{name}-{i}", question=str(q), answer=extract_gold(str(a)), meta=meta))
+            raise DataError(f"{where}: no answer; give one of the fields {', '.join(fields.ANSWER)}")
+        meta = {k: v for k, v in row.items() if k not in (qkey, akey, "__line__") and "." not in str(k)}
+        meta.update(source_meta(row))
+        tasks.append(Task(id=task_id(row, path, i), question=str(q), answer=gold_of(a), meta=meta))
         if n is not None and len(tasks) >= n:
             break
     if not tasks:

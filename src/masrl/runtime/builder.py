@@ -118,6 +118,10 @@ def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
     """Train and held-out tasks; generated train tasks never repeat an eval question."""
     eval_tasks = load_tasks(cfg.data.eval)
     train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks})
+    if not train_tasks and cfg.train.steps > 0:
+        raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "
+                          "train question is also a held-out one); point data.train and data.eval at different files "
+                          "or splits")
     return train_tasks, eval_tasks
 
 

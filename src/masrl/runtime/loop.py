@@ -97,7 +97,14 @@ class Trainer:
         for tr in traces:
             if not tr.failed:
                 combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
-        return summarize_traces(traces)
+        summary = summarize_traces(traces)
+        sources = {t.id: t.meta.get("data_source") for t in self.eval_tasks}
+        if any(sources.values()):  # a mixed dataset: every source's figures as well as the overall ones
+            groups: dict[str, list] = {}
+            for tr in traces:
+                groups.setdefault(str(sources.get(tr.task_id) or "unknown"), []).append(tr)
+            summary["by_source"] = {src: summarize_traces(trs) for src, trs in sorted(groups.items())}
+        return summary
 
     async def train_step(self) -> dict:
         assert self.rt is not None
@@ -156,7 +163,10 @@ class Trainer:
 
     @staticmethod
     def _eval_line(s: dict) -> str:
-        return f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+        line = f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+        for src, b in s.get("by_source", {}).items():
+            line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
+        return line
 
     def print_comparison(self, before: dict, after: dict) -> None:
         rows = comparison_table(before, after)

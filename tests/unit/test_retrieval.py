@@ -63,11 +63,11 @@ def test_server_binds_loopback_and_answers(server, world):
                                                 "return_scores": True}).encode())
     assert status == 200
     assert len(body["result"]) == 2 and all(len(r) == 4 for r in body["result"])
-    first = body["result"][0]
-    assert {"id", "contents", "score"} <= set(first[0])
+    first = body["result"][0]  # Search-R1's scored shape
+    assert set(first[0]) == {"document", "score"} and {"id", "contents"} <= set(first[0]["document"])
     assert [d["score"] for d in first] == sorted([d["score"] for d in first], reverse=True)
     status, body = post(server.url, json.dumps({"queries": ["x"], "topk": 2}).encode())
-    assert status == 200 and "score" not in body["result"][0][0]
+    assert status == 200 and set(body["result"][0][0]) == {"id", "contents"}  # plain: the documents themselves
 
 
 @pytest.mark.parametrize("body,status,needle", [

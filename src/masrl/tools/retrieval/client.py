@@ -3,7 +3,8 @@
 ``RetrieverClient`` talks to one or more HTTP endpoints: a per-request timeout, retries with
 exponential backoff, failover to the next endpoint, and an endpoint that failed is skipped
 for ``dead_for_s`` (then tried again). A response that is not the expected shape counts as a
-failure. When every endpoint fails, ``RetrievalError`` lists what each one did; a workflow
+failure. Servers answer in Search-R1's shape (``wire``); documents come back flat:
+``{"id", "contents"[, "score"]}``. When every endpoint fails, ``RetrievalError`` lists what each one did; a workflow
 calling it through ``ctx.tool`` records that as a tool failure.
 
 ``LocalRetriever`` searches an index in-process (no server): the embedded default.
@@ -20,6 +21,7 @@ import urllib.parse
 from pathlib import Path
 
 from masrl.tools.retrieval.index import BM25Index
+from masrl.tools.retrieval.wire import from_wire
 
 
 class RetrievalError(RuntimeError):
@@ -28,16 +30,6 @@ class RetrievalError(RuntimeError):
 
 class RequestRejected(RetrievalError):
     """The server answered 4xx: the request itself is bad; retrying elsewhere will not help."""
-
-
-def _check_shape(payload, n_queries: int) -> list[list[dict]]:
-    result = payload.get("result") if isinstance(payload, dict) else None
-    if not isinstance(result, list) or len(result) != n_queries:
-        raise ValueError("response has no 'result' list with one entry per query")
-    for docs in result:
-        if not isinstance(docs, list) or not all(isinstance(d, dict) and "id" in d and "contents" in d for d in docs):
-            raise ValueError("response documents lack 'id'/'contents'")
-    return result
 
 
 class RetrieverClient:
@@ -112,7 +104,7 @@ class RetrieverClient:
                         raise RequestRejected(f"{endpoint} rejected the request ({status}): {msg}")
                     if status != 200:
                         raise ValueError(f"HTTP {status}")
-                    result = _check_shape(json.loads(data), len(queries))
+                    result = from_wire(json.loads(data), len(queries))
                     self._mark(endpoint, True)
                     return result
                 except RequestRejected:

@@ -102,20 +102,22 @@ class BM25Index:
                 return cls(retriever, ids, contents)
         return cls.build(corpus)
 
-    def search(self, queries: list[str], topk: int = 3) -> list[list[tuple[int, float]]]:
-        """Per query, the top ``topk`` (document index, score), best first."""
+    def search(self, queries: list[str], topk: int = 3, threads: int = 1) -> list[list[tuple[int, float]]]:
+        """Per query, the top ``topk`` (document index, score), best first. ``threads``: score up to
+        that many queries of the batch in parallel (bm25s' numba backend)."""
         k = min(topk, len(self.ids))
         tokens = _tokenize(queries, ids=False)
+        n_threads = max(1, min(threads, len(queries)))
         with self._lock:  # bm25s keeps per-call state on the retriever
-            docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+            docs, scores = self.retriever.retrieve(tokens, k=k, show_progress=False, n_threads=n_threads)
         out = []
         for row_d, row_s in zip(np.asarray(docs), np.asarray(scores)):
             out.append([(int(d), float(s)) for d, s in zip(row_d, row_s)])
         return out
 
-    def retrieve(self, queries: list[str], topk: int = 3, return_scores: bool = True) -> list[list[dict]]:
+    def retrieve(self, queries: list[str], topk: int = 3, return_scores: bool = True, threads: int = 1) -> list[list[dict]]:
         result = []
-        for hits in self.search(queries, topk):
+        for hits in self.search(queries, topk, threads):
             docs = []
             for d, s in hits:
                 doc = {"id": self.ids[d], "contents": self.contents[d]}

@@ -1,9 +1,13 @@
 """HTTP retrieval server: ``POST /retrieve`` and ``GET /health``, on 127.0.0.1 by default.
 
 Request:  {"queries": ["..."], "topk": 3, "return_scores": true}
-Response: {"result": [[{"id": "...", "contents": "...", "score": 1.2}, ...], ...]}
+Response: Search-R1's shape (``wire``): {"result": [[{"document": {"id", "contents"}, "score": 1.2}, ...], ...]},
+          or without scores {"result": [[{"id", "contents"}, ...], ...]}
 
-Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix.
+Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix. A connection that sends
+nothing (or half a request) for ``idle_timeout_s`` is closed; past ``max_connections`` open ones a
+new connection gets a 503 at once. Queries of requests that arrive together are looked up in one
+index call (``QueryBatcher``), which is where the throughput under many clients comes from.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from masrl.tools.retrieval.index import BM25Index
+from masrl.tools.retrieval.wire import to_wire
 
 MAX_BODY = 1 << 20
 MAX_QUERIES = 256
@@ -56,11 +61,70 @@ def validate(body: bytes) -> tuple[list[str], int, bool]:
     return queries, topk, scores
 
 
-def make_handler(index: BM25Index):
+class QueryBatcher:
+    """One thread that serves every handler's lookups: it takes all requests waiting (up to
+    ``max_queries`` queries), runs them as one index call at the largest ``topk`` with its queries
+    scored on all cores, and hands each request its own rows."""
+
+    def __init__(self, index: BM25Index, *, max_queries: int = 512, threads: int | None = None):
+        import os
+        import queue
+
+        self.index = index
+        self.threads = threads or os.cpu_count() or 1  # a batch's queries are scored in parallel
+        self.max_queries = max_queries
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.batches = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True, name="retriever-batcher")
+        self.thread.start()
+
+    def retrieve(self, queries: list[str], topk: int, return_scores: bool) -> list[list[dict]]:
+        done = threading.Event()
+        slot: dict = {}
+        self.queue.put((queries, topk, return_scores, slot, done))
+        done.wait()
+        if "error" in slot:
+            raise slot["error"]
+        return slot["result"]
+
+    def _serve(self) -> None:
+        import queue
+
+        while True:
+            batch = [self.queue.get()]
+            n = len(batch[0][0])
+            while n < self.max_queries:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                batch.append(item)
+                n += len(item[0])
+            queries = [q for item in batch for q in item[0]]
+            try:
+                found = self.index.retrieve(queries, max(item[1] for item in batch), True, threads=self.threads)
+                self.batches += 1
+                at = 0
+                for qs, topk, scores, slot, _ in batch:
+                    rows = found[at : at + len(qs)]
+                    at += len(qs)
+                    slot["result"] = [[d if scores else {k: v for k, v in d.items() if k != "score"} for d in r[:topk]]
+                                      for r in rows]
+            except Exception as exc:  # every waiting handler answers 500 with it
+                for item in batch:
+                    item[3]["error"] = exc
+            for item in batch:
+                item[4].set()
+
+
+def make_handler(index: BM25Index, batcher: QueryBatcher | None = None, idle_timeout_s: float | None = 30.0):
+    lookup = batcher.retrieve if batcher is not None else index.retrieve
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "masrl-retriever"
         disable_nagle_algorithm = True  # answer in one segment; no 40 ms delayed-ACK stalls on keep-alive
+        timeout = idle_timeout_s  # socket timeout: idle keep-alive and half-sent requests are closed
 
         def log_message(self, fmt, *args):  # quiet by default
             pass
@@ -101,11 +165,11 @@ def make_handler(index: BM25Index):
                 self._send(exc.status, {"error": str(exc)})
                 return
             try:
-                result = index.retrieve(queries, topk, scores)
+                result = lookup(queries, topk, scores)
             except Exception as exc:  # never leave a client hanging
                 self._send(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
                 return
-            self._send(200, {"result": result})
+            self._send(200, {"result": to_wire(result, scores)})
 
         def _drain(self):
             n = self.headers.get("Content-Length")
@@ -118,11 +182,28 @@ def make_handler(index: BM25Index):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256  # the default backlog of 5 resets connections under concurrent clients
+    max_connections = 256
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.open_sockets: set = set()
         self._sock_lock = threading.Lock()
+        self.refused = 0
+
+    def process_request(self, request, client_address):
+        with self._sock_lock:
+            full = len(self.open_sockets) >= self.max_connections
+        if full:  # answer at once instead of starting one more thread
+            body = json.dumps({"error": f"the server holds {self.max_connections} connections; retry later"}).encode()
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+            except OSError:
+                pass
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address):
         with self._sock_lock:
@@ -148,9 +229,12 @@ class _Server(ThreadingHTTPServer):
 class RetrieverServer:
     """Serve an index in a background thread (tests, benchmarks) or the foreground (CLI)."""
 
-    def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0):
-        self.httpd = _Server((host, port), make_handler(index))
+    def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0, *, idle_timeout_s: float = 30.0,
+                 max_connections: int = 256, batch: bool = True):
+        self.batcher = QueryBatcher(index) if batch else None
+        self.httpd = _Server((host, port), make_handler(index, self.batcher, idle_timeout_s))
         self.httpd.daemon_threads = True
+        self.httpd.max_connections = max_connections
         self.thread: threading.Thread | None = None
 
     @property

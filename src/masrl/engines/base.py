@@ -35,15 +35,17 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
     """``kind``: hf | static | auto (static on CUDA when the model supports it, else hf)."""
     from masrl.modeling import lean
 
+    static_ok = lean.supports(model) and not _dynamic_rope(model)
     if kind == "auto":
-        kind = "static" if device.startswith("cuda") and lean.supports(model) else "hf"
+        kind = "static" if device.startswith("cuda") and static_ok else "hf"
+        if device.startswith("cuda") and not static_ok:
+            lean.notice_fallback(model, "rollout")
     if kind == "static":
-        if not lean.supports(model):
+        if not static_ok:
             from masrl.errors import ConfigError
 
-            arch = getattr(lean.core_model(model).config, "model_type", "?")
-            raise ConfigError(f"rollout.engine: static supports {', '.join(lean.SUPPORTED_MODEL_TYPES)} models, not "
-                              f"'{arch}'; use rollout.engine=hf")
+            why = lean.unsupported(model) or "a RoPE that changes with the sequence length"
+            raise ConfigError(f"rollout.engine: static cannot run this model ({why}); use rollout.engine=hf or auto")
         from masrl.engines.static import StaticEngine
 
         return StaticEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
@@ -52,3 +54,11 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
 
         return HFEngine(model, tokenizer, stop_ids, seed=seed)
     raise ValueError(f"unknown engine kind {kind!r}: use auto, hf or static")
+
+
+def _dynamic_rope(model) -> bool:
+    """RoPE whose frequencies depend on the sequence length: the static engine caches them once."""
+    from masrl.modeling.lean import core_model
+
+    rot = getattr(core_model(model).model, "rotary_emb", None)
+    return getattr(rot, "rope_type", "default") in ("dynamic", "longrope")

@@ -63,6 +63,8 @@ class HFEngine:
         self.compact_ratio = compact_ratio
         self.is_peft = hasattr(model, "peft_config")
         use_fast = fast_path and llama_forward.supports(model)
+        if fast_path and not use_fast:
+            llama_forward.notice_fallback(model, "rollout")
         self.stepper = llama_forward.LlamaForward(model) if use_fast else _HFForward(model)
         self.share_prefix = use_fast
         self.min_prefix = min_prefix

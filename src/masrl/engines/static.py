@@ -93,7 +93,8 @@ class _Weights:
                           if _base(at.q_proj).bias is not None else None),
                 "w_gu": torch.cat([_base(m).weight.detach() for m in gu_mods]),
                 "o": at.o_proj, "down": mlp.down_proj, "act": mlp.act_fn,
-                "silu": getattr(self.core.config, "hidden_act", "silu") == "silu",
+                "silu": getattr(self.core.config, "hidden_act", "silu") in ("silu", "swish"),
+                "q_norm": getattr(at, "q_norm", None), "k_norm": getattr(at, "k_norm", None),
                 "lora": {},
             }
             for name, mods in (("qkv", qkv_mods), ("o", [at.o_proj]), ("gu", gu_mods), ("down", [mlp.down_proj])):
@@ -274,6 +275,10 @@ class StaticEngine:
         for li, e in enumerate(self.w.layers):
             x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
             qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
+            if e["q_norm"] is not None:  # Qwen3: RMSNorm over each query and key head, in place
+                for mod, lo, n in ((e["q_norm"], 0, H), (e["k_norm"], H, Hkv)):
+                    part = qkv[:, lo * D : (lo + n) * D].view(B, n, D)
+                    part.copy_(F.rms_norm(part, (D,), mod.weight, mod.variance_epsilon))
             kc, vc = self.cache[li]
             q = rope(qkv, cos, sin, kc, vc, slot, H, Hkv, D)  # also writes k, v at the slot
             o = attend(q, kc, vc, self.bias, S, fwd.scale).reshape(B, H * D)

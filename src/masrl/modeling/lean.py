@@ -30,23 +30,48 @@ import torch.nn.functional as F
 
 from masrl.modeling import fused
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
+_NOTICED: set[str] = set()
 
 
 def core_model(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
-def supports(model) -> bool:
+def unsupported(model) -> str | None:
+    """Why the lean forward cannot run ``model`` exactly (None: it can). Llama (Llama 3's scaled
+    RoPE included), Mistral without a sliding window, Qwen2 (q/k/v biases) and Qwen3 (per-head
+    q/k norms) without sliding-window layers."""
     core = core_model(model)
     cfg = core.config
-    if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
-        return False
-    if cfg.model_type != "llama" and getattr(cfg, "use_sliding_window", False):
-        return False
-    return hasattr(core, "model") and hasattr(core.model, "layers") and hasattr(core.model, "rotary_emb")
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model type '{kind}' is not one of {', '.join(SUPPORTED_MODEL_TYPES)}"
+    if not (hasattr(core, "model") and hasattr(core.model, "layers") and hasattr(core.model, "rotary_emb")):
+        return "the model has no .model.layers / .model.rotary_emb"
+    if kind == "mistral" and getattr(cfg, "sliding_window", None):
+        return f"sliding-window attention (window {cfg.sliding_window})"
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return "sliding-window attention layers"
+    if getattr(cfg, "hidden_act", "silu") not in ("silu", "swish"):
+        return f"activation '{cfg.hidden_act}'"
+    return None
+
+
+def supports(model) -> bool:
+    return unsupported(model) is None
+
+
+def notice_fallback(model, what: str) -> None:
+    """One line, once per reason: the plain HF forward runs instead of the lean one (slower, exact)."""
+    import sys
+
+    why = unsupported(model)
+    if why and why not in _NOTICED:
+        _NOTICED.add(why)
+        print(f"[masrl] notice: {what} uses the plain HF forward: {why} is not covered by the fast path", file=sys.stderr)
 
 
 def rms_norm(module, x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +119,8 @@ class LlamaForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
         self.layers = list(core.model.layers)
-        self.silu = getattr(cfg, "hidden_act", "silu") == "silu"
+        self.silu = getattr(cfg, "hidden_act", "silu") in ("silu", "swish")
+        self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         if self.peft:
             from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -178,6 +204,8 @@ class LlamaForward:
         x = rms_norm(layer.input_layernorm, h)
         q = self._proj(attn.q_proj, x, adapters).view(B, S, self.n_heads, self.head_dim)
         k = self._proj(attn.k_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
+        if self.qk_norm:  # Qwen3: RMSNorm over each head before the rotation
+            q, k = rms_norm(attn.q_norm, q), rms_norm(attn.k_norm, k)
         v = self._proj(attn.v_proj, x, adapters).view(B, S, self.n_kv, self.head_dim)
         q = fused.rope(q, cos, sin)  # [B, S, heads, D]
         k = fused.rope(k, cos, sin)

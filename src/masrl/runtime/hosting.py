@@ -147,6 +147,8 @@ class ModelHost:
         if key not in cache:
             target = self.model if module is self.core else module
             cache[key] = llama_forward.LlamaForward(target) if llama_forward.supports(target) else None
+            if cache[key] is None:
+                llama_forward.notice_fallback(target, "training")
         return cache[key]
 
     def train_mode(self, on: bool) -> None:

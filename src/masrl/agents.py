@@ -32,3 +32,4 @@ class AgentSpec:
     parser: Parser
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams().resolved(64))
     trainable: bool = True
+    template_kwargs: dict = field(default_factory=dict)  # for the tokenizer's chat template

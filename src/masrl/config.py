@@ -45,6 +45,8 @@ class PolicyConfig(Strict):
     device: str | None = Field(None, pattern=DEVICE, description="auto | cpu | cuda | cuda:N; default: the run's `device`")
     lora: LoraConfig | None = Field(None, description="set: a LoRA adapter on the frozen base `model`")
     optim: OptimConfig = Field(default_factory=OptimConfig)
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="chat template keyword arguments for every agent of this policy")
 
 
 class SamplingParams(Strict):
@@ -70,6 +72,9 @@ class SamplingParams(Strict):
 class AgentConfig(SamplingParams):
     policy: str = Field(description="name of the policy (under `policies`) that plays this agent")
     trainable: bool = Field(True, description="false: the agent runs but its calls never train")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments for the tokenizer's chat template (e.g. "
+                                          "enable_thinking: false for Qwen3), over the policy's")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**{k: getattr(self, k) for k in SamplingParams.model_fields})

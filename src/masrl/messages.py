@@ -28,6 +28,7 @@ class GenCall:
     sampling: SamplingParams  # resolved: max_new_tokens and stop are set
     record: bool = True  # keep the tokens for training
     key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
+    template_kwargs: dict = field(default_factory=dict)  # for the tokenizer's chat template (enable_thinking, ...)
 
 
 @dataclass

@@ -72,3 +72,37 @@ def test_bad_rows_name_file_row_and_field(tmp_path):
     path = write(tmp_path / "badcode.parquet", [{"prompt": "p", "reward_model": {"style": "rule", "ground_truth": "{oops"}}])
     with pytest.raises(DataError, match=r"badcode\.parquet row 0: field 'reward_model\.ground_truth' is not valid JSON"):
         load_code_tasks(path)
+
+
+def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
+    """Qwen3's template reads enable_thinking; here a template that prints what it is given."""
+    import asyncio
+
+    from masrl.config import dump_config, load_config
+    from masrl.runtime.builder import build_runtime
+
+    data = {"model": "tiny-random", "policies": {"p": {"chat_template_kwargs": {"enable_thinking": True, "style": "x"}}},
+            "agents": {"solver": {"policy": "p", "chat_template_kwargs": {"enable_thinking": False}, "max_new_tokens": 2}},
+            "workflow": {"name": "math_solver"}, "device": "cpu"}
+    cfg = load_config(data=data)
+    assert "enable_thinking: false" in dump_config(cfg)  # recorded in the resolved config
+    rt = build_runtime(cfg, log=lambda *_: None)
+    assert rt.agents["solver"].template_kwargs == {"enable_thinking": False, "style": "x"}
+    worker = rt.workers[0]
+    worker.host.tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "[thinking={{ enable_thinking if enable_thinking is defined else 'unset' }} style={{ style | default('-') }}]")
+    seen = []
+    real = worker.render
+
+    def spy(messages, template_kwargs=None):
+        ids = real(messages, template_kwargs)
+        seen.append(worker.host.tokenizer.decode(ids))
+        return ids
+
+    worker.render = spy
+    from masrl.data.tasks import Task
+
+    traces = asyncio.run(rt.controller.rollout([Task("t", "1+1?", "2")], 1, train=False))
+    asyncio.run(rt.controller.aclose())
+    assert not traces[0].failed and seen and "[thinking=False style=x]" in seen[0]

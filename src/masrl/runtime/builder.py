@@ -39,7 +39,8 @@ def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
     for name, role in roles.items():
         a = cfg.agents[name]
         sampling = a.sampling().resolved(role.default_max_new_tokens, role.default_stop)
-        agents[name] = AgentSpec(name, a.policy, role.parser, sampling, a.trainable)
+        template_kwargs = {**cfg.policies[a.policy].chat_template_kwargs, **a.chat_template_kwargs}
+        agents[name] = AgentSpec(name, a.policy, role.parser, sampling, a.trainable, template_kwargs)
     return agents
 
 

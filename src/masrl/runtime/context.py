@@ -61,6 +61,7 @@ class WorkflowContext:
             sampling = sampling.model_copy(update={"temperature": self.temperature, "top_p": 1.0})
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
+            template_kwargs=spec.template_kwargs,
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:

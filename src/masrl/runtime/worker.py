@@ -53,13 +53,13 @@ class PolicyWorker:
         return list(self.host.policies)
 
     # -- rollout -------------------------------------------------------------------------------
-    def render(self, messages: list[dict]) -> list[int]:
+    def render(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
         tok = self.host.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def generate(self, calls: list[GenCall]) -> list[GenResult]:
-        prompts = [self.render(c.messages) for c in calls]
+        prompts = [self.render(c.messages, c.template_kwargs) for c in calls]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy)) for c, p in zip(calls, prompts)]
         outputs = self.engine.generate(requests)
         results = []

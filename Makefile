@@ -28,7 +28,7 @@ train: $(STAMP)
 	$(VENV)/bin/masrl train $(CONFIG) $(ARGS)
 
 test: $(STAMP)
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m pytest tests -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PIP) install -q "trl>=0.20"

@@ -178,6 +178,8 @@ class AlgorithmConfig(Strict):
 class TrainConfig(Strict):
     steps: int = Field(10, ge=0)
     save_every: int = Field(5, ge=0, description="checkpoint every N steps (0: only at the end)")
+    keep_last: int = Field(2, ge=0, description="checkpoints kept (older ones are deleted once a new one is "
+                                                "complete); 0 keeps all")
     eval_before: bool = True
     eval_after: bool = True
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")

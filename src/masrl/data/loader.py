@@ -28,8 +28,15 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
         return pq.read_table(p).to_pylist()
     rows = []
-    with p.open() as f:
-        for lineno, line in enumerate(f, 1):
+    raw = p.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        lineno = raw[: exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                        f"re-save the file as UTF-8") from None
+    if True:
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:

@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from masrl.errors import MasrlError
 
 STEP_DIR = re.compile(r"^step_(\d{6})$")
+_LEFTOVER = re.compile(r"^step_(\d{6})\.old$")
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -34,8 +35,14 @@ def latest_checkpoint(root: Path) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
-    found = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file())
-    return found[-1][1] if found else None
+    found = sorted((int(m.group(1)), p.name.endswith(".old"), p) for p in root.iterdir()
+                   if (m := STEP_DIR.match(p.name) or _LEFTOVER.match(p.name)) and (p / "state.json").is_file())
+    # a step_N.old is complete: it was moved aside just before a crash; step_N wins when both exist
+    best: dict[int, Path] = {}
+    for step, is_old, p in found:
+        if step not in best or not is_old:
+            best[step] = p
+    return best[max(best)] if best else None
 
 
 def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
@@ -107,13 +114,41 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
 
 
 def write_atomically(target: Path, fill) -> Path:
-    """Call ``fill(tmp_dir)`` then rename ``tmp_dir`` to ``target``."""
+    """Call ``fill(tmp_dir)``, then put ``tmp_dir`` in ``target``'s place.
+
+    A checkpoint that already sits at ``target`` is moved aside (``.old``) and deleted only once
+    the new one is in place; if the process dies between the two renames, ``latest_checkpoint``
+    finds the ``.old`` one, so there is always a complete checkpoint.
+    """
     tmp = target.with_name(target.name + ".tmp")
+    old = target.with_name(target.name + ".old")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     fill(tmp)
     if target.exists():
-        shutil.rmtree(target)
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
     os.replace(tmp, target)
+    if old.exists():
+        shutil.rmtree(old)
     return target
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (and leftovers of interrupted saves)."""
+    root = Path(root)
+    if keep <= 0 or not root.is_dir():
+        return []
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file())
+    removed = [p for _, p in done[:-keep]]
+    newest = done[-1][0] if done else None
+    for p in root.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if m and newest is not None and int(m.group(1)) <= newest and not p.name.endswith(".tmp"):
+            removed.append(p)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed

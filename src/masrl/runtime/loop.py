@@ -50,9 +50,17 @@ class Trainer:
         if existing is not None and not resume:
             raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); pass --resume to "
                              f"continue it, or choose another run: output_dir=... or name=...")
+        created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
-        self.rt = build_runtime(self.cfg, log=self.log)
+        try:
+            (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+            self.rt = build_runtime(self.cfg, log=self.log)
+        except BaseException:
+            if created:  # a run that never started leaves nothing behind
+                import shutil
+
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         if resume and existing is not None:
             self.load_checkpoint(existing)
             self.log(f"[masrl] resumed from {existing} at step {self.step}")
@@ -75,7 +83,9 @@ class Trainer:
             (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
                                                         "policies": list(self.cfg.policies)}))
 
-        return ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), fill)
+        path = ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), fill)
+        ckpt.prune(self.ckpt_root, self.cfg.train.keep_last)
+        return path
 
     # -- rollouts --------------------------------------------------------------------------------
     async def _rollout(self, tasks: list[Task], samples: int, *, train: bool, temperature: float | None, label: str):

@@ -124,6 +124,8 @@ class RolloutConfig(Strict):
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)
     trace_timeout_s: float = Field(1800.0, gt=0)
+    max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
+                                                                    "than this fail for infrastructure reasons")
 
 
 class RewardConfig(Strict):
@@ -137,6 +139,11 @@ class RewardConfig(Strict):
     def _check(self) -> "RewardConfig":
         if self.type not in ("outcome", "format", "turn_delta") and ":" not in self.type:
             raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta or 'module:factory'")
+        if self.type != "format":
+            unused = [k for k, v in (("per_agent", self.per_agent), ("penalty", self.penalty)) if v]
+            if unused:
+                raise ValueError(f"{' and '.join(unused)} only apply to the format reward, not '{self.type}'; "
+                                 f"remove {'them' if len(unused) > 1 else 'it'}")
         return self
 
 

@@ -1,14 +1,20 @@
-"""Infrastructure failures are recorded on the trace and excluded from training."""
+"""Infrastructure failures are recorded and excluded from training (and too many stop the run);
+a bug in a workflow, parser, scorer or reward stops the run at once with its traceback and task."""
 
 import asyncio
 
+import pytest
+
 from masrl.config import load_config
+from masrl.errors import ConfigError, MasrlError
+from masrl.runtime.context import InfraError
+from masrl.runtime.controller import WorkflowBug
 from masrl.runtime.loop import Trainer
 from tinycfg import tiny_config
 
 
 class Flaky:
-    """A math_solver that raises on some tasks and stalls on others."""
+    """A math_solver whose infrastructure fails on some samples and stalls on others."""
 
     name = "flaky"
 
@@ -23,11 +29,31 @@ class Flaky:
     async def run(self, task, ctx):
         await self.inner.run(task, ctx)
         if ctx.trace.sample_idx == 1:
-            raise RuntimeError("bug in user code")
+            raise InfraError("the retrieval backend went away")
         if ctx.trace.sample_idx == 2:
             await asyncio.sleep(30)
 
     def score(self, trace, task):
+        return self.inner.score(trace, task)
+
+
+class Buggy(Flaky):
+    name = "buggy"
+
+    def __init__(self, bug: str = "run"):
+        super().__init__()
+        self.bug = bug
+
+    async def run(self, task, ctx):
+        if self.bug == "agent":
+            await ctx.call("solvr", [{"role": "user", "content": task.question}])  # a misspelled agent
+        await self.inner.run(task, ctx)
+
+    def score(self, trace, task):
+        if self.bug == "score":
+            return {"outcome": 1.0 / 0}
+        if self.bug == "no_outcome":
+            return {"accuracy": 1.0}
         return self.inner.score(trace, task)
 
 
@@ -45,13 +71,43 @@ def test_failed_traces_are_recorded_and_their_calls_dropped(tmp_path, monkeypatc
     traces = tr._last_traces
     by_sample = {k: [t for t in traces if t.sample_idx == k] for k in range(3)}
     assert all(t.error is None for t in by_sample[0])
-    assert all("RuntimeError: bug in user code" in t.error for t in by_sample[1])
+    assert all("retrieval backend went away" in t.error for t in by_sample[1])
     assert all("timed out" in t.error for t in by_sample[2])
     assert rec["rollout"]["failed"] == 4 and rec["rollout"]["traces"] == 6
     # only the two good traces' calls reached the update
     assert rec["policies"]["solver"]["n_seqs"] == 2
     assert "first_error" in rec["rollout"]
+    # 4 of 6 is over the default limit of half: the run stops and lists the first errors
+    with pytest.raises(MasrlError, match=r"4 of 6 traces failed .*\n  - .*(backend went away|timed out)"):
+        tr._check_failures(rec["rollout"], traces)
     asyncio.run(tr.rt.controller.aclose())
+
+
+@pytest.mark.parametrize("bug,needle", [("agent", "KeyError: .*the workflow called agent 'solvr'"),
+                                        ("score", "ZeroDivisionError"),
+                                        ("no_outcome", "returned \\['accuracy'\\]")])
+def test_a_bug_stops_the_run_with_its_traceback_and_task(tmp_path, monkeypatch, bug, needle):
+    import masrl.workflows as wf
+
+    monkeypatch.setitem(wf.REGISTRY, "buggy", Buggy)
+    data = tiny_config("math_solver", tmp_path, steps=1)
+    data["workflow"] = {"name": "buggy", "options": {"bug": bug}}
+    tr = Trainer(load_config(data=data), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    with pytest.raises((WorkflowBug, KeyError), match=needle) as info:
+        asyncio.run(tr.train_step())
+    if info.type is WorkflowBug:
+        assert "task arith-" in str(info.value) and "Traceback" in str(info.value)
+    asyncio.run(tr.rt.controller.aclose())
+
+
+def test_reward_options_a_type_does_not_use_are_config_errors():
+    base = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
+    with pytest.raises(ConfigError, match="per_agent only apply to the format reward, not 'outcome'"):
+        load_config(data=dict(base, rewards=[{"type": "outcome", "per_agent": {"solver": 2.0}}]))
+    with pytest.raises(ConfigError, match="penalty only apply to the format reward"):
+        load_config(data=dict(base, rewards=[{"type": "turn_delta", "penalty": 0.1}]))
+    load_config(data=dict(base, rewards=[{"type": "format", "per_agent": {"solver": 2.0}, "penalty": 0.1}]))
 
 
 def test_call_timeout_is_an_infrastructure_failure(tmp_path):

@@ -114,3 +114,18 @@ def test_truncated_importance_sampling_weights_are_one_on_policy(host):
         s.old_logprobs = None
     m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
     assert m["lp_mismatch"] == pytest.approx(5.0, abs=1e-3) and m["tis_weight"] == pytest.approx(2.0)
+
+
+def test_a_nonfinite_loss_skips_the_update_and_is_counted(host, capsys):
+    samples = samples_for(host, 4)
+    for s in samples:
+        s.logprobs = [float("nan")] * len(s.completion_ids)  # a broken rollout: the ratio is NaN
+    algo = AlgorithmConfig(group_key=["task_id"])
+    before = [p.detach().clone() for p in host.policy_parameters("p")]
+    from masrl.runtime.precision import MasterWeightsAdamW
+
+    opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+    assert m["nonfinite_skipped"] == 1 and m["optimizer_steps"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, host.policy_parameters("p")))
+    assert "this optimizer step was skipped" in capsys.readouterr().err

@@ -15,5 +15,9 @@ class OutcomeReward:
     name: str = "outcome"
 
     def allocate(self, trace: Trace, task: Task) -> list[RewardAssignment]:
-        value = float(trace.metrics.get(self.metric, 0.0))
+        if self.metric not in trace.metrics:
+            raise KeyError(f"the outcome reward reads trace.metrics['{self.metric}'], but the workflow's score() "
+                           f"returned {sorted(trace.metrics) or 'nothing'} for task {trace.task_id}; return "
+                           f"{{'{self.metric}': ...}} from score() (or set the reward's options.metric)")
+        value = float(trace.metrics[self.metric])
         return [RewardAssignment(c.call_id, self.weight * value, self.name) for c in trace.calls]

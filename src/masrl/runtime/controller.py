@@ -16,10 +16,16 @@ from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
 from masrl.engines.batcher import Batcher
 from masrl.rewards import combine
-from masrl.runtime.context import InfraError, WorkflowContext
+from masrl.errors import MasrlError
+from masrl.runtime.context import InfraError, ToolError, WorkflowContext
 from masrl.messages import GenCall
 from masrl.runtime.worker import PolicyWorker
 from masrl.trace import Trace, new_id
+
+
+class WorkflowBug(MasrlError):
+    """A workflow, parser, scorer or reward raised something that is not an infrastructure failure:
+    training on it would hide a bug, so the run stops with the traceback and the task."""
 
 
 class Controller:
@@ -51,24 +57,32 @@ class Controller:
                 trace.metrics.update(self.workflow.score(trace, task))
             except asyncio.TimeoutError:
                 trace.error = f"trace timed out after {self.settings.trace_timeout_s:g}s"
-            except InfraError as exc:
+            except (InfraError, ToolError) as exc:  # infrastructure: dropped from training and counted
                 trace.error = str(exc)
-            except Exception as exc:  # a bug in the workflow: record it, do not train on it
-                tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-                trace.error = f"workflow raised {tb}"
+            except Exception as exc:  # a bug in a workflow, parser or scorer: stop the run, say where
+                tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                raise WorkflowBug(f"task {task.id} (sample {sample_idx}) of workflow "
+                                  f"'{getattr(self.workflow, 'name', type(self.workflow).__name__)}' raised:\n{tb}") from exc
             trace.duration_s = time.perf_counter() - t0
         return trace
 
     async def rollout(self, tasks: list[Task], samples_per_task: int, *, train: bool,
                       temperature: float | None = None, on_done: Callable[[Trace], None] | None = None) -> list[Trace]:
         sem = asyncio.Semaphore(self.settings.max_in_flight)
-        jobs = [self._run_one(t, k, train, temperature, sem) for t in tasks for k in range(samples_per_task)]
+        jobs = [asyncio.ensure_future(self._run_one(t, k, train, temperature, sem))
+                for t in tasks for k in range(samples_per_task)]
         traces = []
-        for fut in asyncio.as_completed(jobs):
-            tr = await fut
-            traces.append(tr)
-            if on_done is not None:
-                on_done(tr)
+        try:
+            for fut in asyncio.as_completed(jobs):
+                tr = await fut
+                traces.append(tr)
+                if on_done is not None:
+                    on_done(tr)
+        except BaseException:  # a bug (or Ctrl-C): stop every other workflow of the rollout too
+            for j in jobs:
+                j.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+            raise
         order = {(t.id, k): i for i, t in enumerate(tasks) for k in range(samples_per_task)}
         traces.sort(key=lambda tr: order[(tr.task_id, tr.sample_idx)])
         return traces

@@ -147,10 +147,7 @@ class Trainer:
             while self.step < cfg.train.steps:
                 rec = await self.train_step()
                 writer.write(rec)
-                roll = rec["rollout"]
-                if roll["traces"] and roll["failed"] == roll["traces"]:
-                    raise MasrlError(f"step {self.step}: every trace failed ({roll['failed']}/{roll['traces']}), so "
-                                     f"nothing was trained; the first error: {roll.get('first_error')}")
+                self._check_failures(rec["rollout"], self._last_traces)
                 writer.write_traces(self.step, self._last_traces, cfg.train.log_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
@@ -167,6 +164,15 @@ class Trainer:
         if "before" in results and "after" in results:
             self.print_comparison(results["before"], results["after"])
         return results
+
+    def _check_failures(self, roll: dict, traces) -> None:
+        """Stop when more of a step's traces than ``rollout.max_failed_fraction`` failed."""
+        limit = self.cfg.rollout.max_failed_fraction
+        if roll["traces"] and roll["failed"] > limit * roll["traces"]:
+            errors = [t.error for t in traces if t.failed][:3]
+            raise MasrlError(f"step {self.step}: {roll['failed']} of {roll['traces']} traces failed (more than "
+                             f"rollout.max_failed_fraction={limit:g}); the step's update ran on the rest. First errors:"
+                             + "".join(f"\n  - {e}" for e in errors))
 
     def _write_json(self, name: str, data: dict) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2))

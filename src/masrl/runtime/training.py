@@ -192,6 +192,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
     grad_norms: list[float] = []
     losses: list[float] = []
     skipped = 0
+    nonfinite = 0
     host.train_mode(True)
     try:
         with host.active(policy):
@@ -221,10 +222,16 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                             mismatch_max = max(mismatch_max, mx)
                     losses.append(loss)
                     if todo:
-                        norm = torch.nn.utils.clip_grad_norm_(optimizer.grads(), grad_clip)
-                        grad_norms.append(float(norm))
-                        if math.isfinite(float(norm)):
+                        norm = float(torch.nn.utils.clip_grad_norm_(optimizer.grads(), grad_clip))
+                        if math.isfinite(norm) and math.isfinite(loss):
+                            grad_norms.append(norm)
                             optimizer.step()
+                        else:  # a NaN/inf loss or gradient: skip this update, count it, say so
+                            nonfinite += 1
+                            import sys
+
+                            print(f"[masrl] warning: policy '{policy}': non-finite loss ({loss}) or gradient norm "
+                                  f"({norm}); this optimizer step was skipped", file=sys.stderr)
                     optimizer.zero_grad(set_to_none=True)
     finally:
         host.train_mode(False)
@@ -239,6 +246,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         "ratio": sums.get("ratio_sum", 0.0) / ntok if sums.get("tokens") else 1.0,
         "grad_norm": (sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
         "optimizer_steps": float(len(grad_norms)),
+        "nonfinite_skipped": float(nonfinite),
         "n_seqs": float(len(samples)),
         "n_tokens": float(sum(len(s.completion_ids) for s in samples)),
         "trained_tokens": sums.get("tokens", 0.0),

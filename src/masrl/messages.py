@@ -29,6 +29,7 @@ class GenCall:
     record: bool = True  # keep the tokens for training
     key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
     template_kwargs: dict = field(default_factory=dict)  # for the tokenizer's chat template (enable_thinking, ...)
+    seed: int | None = None  # the call's own sampling seed: its tokens do not depend on its batch
 
 
 @dataclass
@@ -47,6 +48,7 @@ class GenRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     adapter: str | None = None  # LoRA adapter name on a shared base; None: the plain model
+    seed: int | None = None  # set on every row of a batch: token t of this row uses counter_uniforms(seed)[t]
 
     @property
     def max_new_tokens(self) -> int:

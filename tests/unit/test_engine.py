@@ -169,3 +169,19 @@ def test_sampling_is_seeded(tiny):
     a = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
     b = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
+
+
+@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+def test_seeded_calls_sample_the_same_tokens_whatever_their_batch(tiny, kind):
+    model, tok = tiny
+    prompts = prompts_with_shared_prefix(tok, 5)
+    reqs = [GenRequest(p, SamplingParams(temperature=1.0, top_p=0.95 if i % 2 else 1.0, max_new_tokens=4 + i),
+                       seed=1000 + i) for i, p in enumerate(prompts)]
+    together = make(kind, model, tok, [2], seed=1).generate(reqs)
+    alone = [make(kind, model, tok, [2], seed=99).generate([r])[0] for r in reqs]
+    reordered = make(kind, model, tok, [2], seed=7).generate(reqs[::-1])[::-1]
+    assert [o.completion_ids for o in together] == [o.completion_ids for o in alone] == [o.completion_ids for o in reordered]
+    other = make("static" if kind == "hf-lean" else "hf-lean", model, tok, [2]).generate(reqs)
+    assert [o.completion_ids for o in other] == [o.completion_ids for o in together]  # both engines agree
+    reseeded = make(kind, model, tok, [2]).generate([GenRequest(r.prompt_ids, r.sampling, seed=r.seed + 1) for r in reqs])
+    assert [o.completion_ids for o in reseeded] != [o.completion_ids for o in together]

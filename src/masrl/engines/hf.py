@@ -15,7 +15,7 @@ import inspect
 
 import torch
 
-from masrl.engines.sampling import BatchFlags, sample_tokens
+from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling import lean as llama_forward
 from masrl.modeling.prefix import slot_layout
@@ -110,6 +110,8 @@ class HFEngine:
         temps = torch.tensor([r.sampling.temperature for r in requests], dtype=torch.float32, device=dev)
         top_ps = torch.tensor([r.sampling.top_p for r in requests], dtype=torch.float32, device=dev)
         flags = BatchFlags.of([r.sampling.temperature for r in requests], [r.sampling.top_p for r in requests])
+        U = _uniforms(requests, max_new, dev)  # [B, max_new] per-call random numbers, or None
+        n_sampled = 0
 
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
@@ -121,7 +123,9 @@ class HFEngine:
         next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long, device=dev)
         cur = pmax + smax
         while True:
-            tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags)
+            tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags,
+                                        None if U is None else U[:, n_sampled])
+            n_sampled += 1
             for b, (t, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
                 i = rows[b]
                 if i is None:
@@ -141,6 +145,8 @@ class HFEngine:
                 cache = self.stepper.select(cache, idx)
                 key_valid, tokens, next_pos = key_valid[idx], tokens[idx], next_pos[idx]
                 temps, top_ps = temps[idx], top_ps[idx]
+                if U is not None:
+                    U = U[idx]
                 rows = [rows[b] for b in active]
                 if adapters is not None:
                     adapters = [adapters[b] for b in active]
@@ -177,3 +183,10 @@ class HFEngine:
     def _hit_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
         tail = self.tok.decode(ids[-16:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+def _uniforms(requests: list[GenRequest], n: int, device) -> torch.Tensor | None:
+    """Each row's random numbers for its first ``n`` tokens, when every request carries a seed."""
+    if not requests or any(r.seed is None for r in requests):
+        return None
+    return torch.from_numpy(counter_uniforms([r.seed for r in requests], n)).to(device=device, dtype=torch.float32)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from masrl.seeding import counter_uniforms, stable_seed  # noqa: F401 - re-exported for the engines
+
 import torch
 
 
@@ -44,9 +46,10 @@ class BatchFlags:
 
 def sample_tokens(
     logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, generator: torch.Generator | None = None,
-    flags: BatchFlags | None = None,
+    flags: BatchFlags | None = None, uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row. Returns ``(tokens [B], logprobs [B])``."""
+    """Sample one token per row. Returns ``(tokens [B], logprobs [B])``. ``uniforms [B]``: each
+    row's random number for this token (``counter_uniforms``); without, drawn from ``generator``."""
     logits = logits.float()
     greedy = temperature <= 0
     if flags is None:
@@ -60,19 +63,24 @@ def sample_tokens(
             probs = torch.softmax(top_p_filter(scaled, top_p), dim=-1)
         else:
             probs = logp.exp()
-        tokens = inverse_cdf_sample(probs, generator)
+        tokens = inverse_cdf_sample(probs, generator, uniforms)
         if flags.any_greedy:
             tokens = torch.where(greedy, torch.argmax(logits, dim=-1), tokens)
     return tokens, logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+                       uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row from ``probs [B, V]`` with one uniform number per row.
 
     ``torch.multinomial`` draws an exponential variate per vocabulary entry, which costs tens of
     milliseconds per step for a 49k vocabulary on a CPU; a cumulative sum and a binary search do not.
     """
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    if uniforms is None:
+        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device)
+    else:
+        u = uniforms.to(cdf.dtype).reshape(-1, 1)
+    u = u * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return idx.clamp(max=probs.shape[-1] - 1)

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from masrl.engines import kernels
+from masrl.engines.hf import _uniforms
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
@@ -391,7 +392,8 @@ class StaticEngine:
         self.pos_buf[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         cur = pmax + smax
         self.slot_t.fill_(cur)
-        tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags)
+        U = _uniforms(requests, max_new, dev)  # [n, max_new], rows follow the buffer rows
+        tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags, None if U is None else U[:, 0])
         out_ids: list[list[int]] = [[] for _ in range(n)]
         out_lp: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
@@ -405,7 +407,8 @@ class StaticEngine:
             active_rows = len(rows)
             while len(chunk_t) < self.sync_every and steps < max_new - 1:
                 logits = self._decode(Bb, slot_bucket(cur + 1))
-                tokens, lps = sample_tokens(logits[:active_rows], temps, top_ps, self.generator, flags)
+                tokens, lps = sample_tokens(logits[:active_rows], temps, top_ps, self.generator, flags,
+                                            None if U is None else U[:, steps + 1])
                 self.tok_buf[:active_rows].copy_(tokens)
                 chunk_t.append(tokens)
                 chunk_l.append(lps)
@@ -425,6 +428,8 @@ class StaticEngine:
             live = [b for b, i in enumerate(rows) if not done[i]]
             if batch_bucket(len(live)) < Bb and len(live) <= self.compact_ratio * len(rows):
                 temps, top_ps = self._compact(live, temps, top_ps)
+                if U is not None:
+                    U = U.index_select(0, torch.tensor(live, dtype=torch.long, device=dev))
                 rows = [rows[b] for b in live]
                 Bb = batch_bucket(len(rows))
         return [GenOutput(out_ids[i], out_lp[i], self.tok.decode(out_ids[i], skip_special_tokens=True), finish[i])

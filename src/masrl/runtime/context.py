@@ -8,6 +8,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
+from masrl.seeding import stable_seed
 from masrl.messages import GenCall
 from masrl.trace import Call, ToolCall, Trace, new_id
 
@@ -34,6 +35,7 @@ class WorkflowContext:
         call_timeout_s: float,
         tools: dict[str, Callable] | None = None,
         temperature: float | None = None,
+        seed: int | None = None,
     ):
         self.trace = trace
         self.agents = agents
@@ -42,6 +44,7 @@ class WorkflowContext:
         self.call_timeout_s = call_timeout_s
         self.tools = tools or {}
         self.temperature = temperature  # eval override
+        self.seed = seed  # the trace's sampling seed; each call's derives from it, its agent and turn
         self.state = trace.state
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None) -> Call:
@@ -62,6 +65,7 @@ class WorkflowContext:
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             template_kwargs=spec.template_kwargs,
+            seed=None if self.seed is None else stable_seed(self.seed, agent, call.turn),
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:

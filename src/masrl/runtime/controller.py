@@ -14,6 +14,7 @@ from typing import Callable
 from masrl.agents import AgentSpec
 from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
+from masrl.seeding import stable_seed
 from masrl.engines.batcher import Batcher
 from masrl.rewards import combine
 from masrl.errors import MasrlError
@@ -46,10 +47,12 @@ class Controller:
     async def _submit(self, agent: str, gen: GenCall):
         return await self.batchers[self.worker_of[gen.policy]].submit(gen)
 
-    async def _run_one(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem) -> Trace:
+    async def _run_one(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem,
+                       seed: int | None = None) -> Trace:
         trace = Trace(trace_id=new_id("trace"), task_id=task.id, sample_idx=sample_idx)
         ctx = WorkflowContext(trace, self.agents, self._submit, train=train, call_timeout_s=self.settings.call_timeout_s,
-                              tools=self.tools, temperature=temperature)
+                              tools=self.tools, temperature=temperature,
+                              seed=None if seed is None else stable_seed(seed, task.id, sample_idx))
         async with sem:
             t0 = time.perf_counter()
             try:
@@ -67,9 +70,13 @@ class Controller:
         return trace
 
     async def rollout(self, tasks: list[Task], samples_per_task: int, *, train: bool,
-                      temperature: float | None = None, on_done: Callable[[Trace], None] | None = None) -> list[Trace]:
+                      temperature: float | None = None, on_done: Callable[[Trace], None] | None = None,
+                      seed: int | None = None) -> list[Trace]:
+        """Run every task ``samples_per_task`` times. ``seed``: sampling derives from it, the task,
+        the sample, the agent and the turn, so the same seed gives the same tokens however the
+        calls are batched (None: the engines' own generators)."""
         sem = asyncio.Semaphore(self.settings.max_in_flight)
-        jobs = [asyncio.ensure_future(self._run_one(t, k, train, temperature, sem))
+        jobs = [asyncio.ensure_future(self._run_one(t, k, train, temperature, sem, seed))
                 for t in tasks for k in range(samples_per_task)]
         traces = []
         try:

@@ -17,7 +17,9 @@ from masrl.data.tasks import Task
 from masrl.errors import MasrlError
 from masrl.rewards import combine
 from masrl.runtime import checkpoint as ckpt
+from masrl.runtime import faults
 from masrl.runtime.builder import Runtime, build_runtime, build_tasks
+from masrl.seeding import stable_seed
 from masrl.runtime.metrics import MetricsWriter, comparison_table, step_line, summarize_traces
 
 
@@ -63,9 +65,18 @@ class Trainer:
             raise
         if resume and existing is not None:
             self.load_checkpoint(existing)
+            self._forget_after(self.step)
             self.log(f"[masrl] resumed from {existing} at step {self.step}")
         elif resume:
             self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
+
+    def _forget_after(self, step: int) -> None:
+        """Drop metric and trace lines of steps after ``step`` (they ran past the checkpoint and are redone)."""
+        for name in ("metrics.jsonl", "traces.jsonl"):
+            path = self.run_dir / name
+            if path.is_file():
+                keep = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x).get("step", 0) <= step]
+                path.write_text("".join(x + "\n" for x in keep))
 
     def load_checkpoint(self, path: Path, *, with_optimizer: bool = True) -> None:
         assert self.rt is not None
@@ -80,6 +91,7 @@ class Trainer:
         def fill(tmp: Path) -> None:
             for w in self.rt.workers:
                 w.save(str(tmp))
+                faults.point(f"checkpoint:{self.step}")  # half-written
             (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
                                                         "policies": list(self.cfg.policies)}))
 
@@ -88,21 +100,29 @@ class Trainer:
         return path
 
     # -- rollouts --------------------------------------------------------------------------------
-    async def _rollout(self, tasks: list[Task], samples: int, *, train: bool, temperature: float | None, label: str):
+    async def _rollout(self, tasks: list[Task], samples: int, *, train: bool, temperature: float | None, label: str,
+                       seed: int | None = None):
         assert self.rt is not None
         total = len(tasks) * samples
         with Progress(TextColumn(f"  {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=self.console, transient=True) as prog:
             bar = prog.add_task(label, total=total)
-            traces = await self.rt.controller.rollout(tasks, samples, train=train, temperature=temperature,
-                                                      on_done=lambda _t: prog.advance(bar))
+            def done(_t):
+                prog.advance(bar)
+                if train:
+                    faults.point(f"rollout:{self.step + 1}")
+
+            traces = await self.rt.controller.rollout(tasks, samples, train=train, temperature=temperature, seed=seed,
+                                                      on_done=done)
         return traces
 
     async def evaluate(self, label: str = "eval") -> dict:
         assert self.rt is not None
         e = self.cfg.eval
         temp = e.temperature
-        traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp, label=label)
+        # every evaluation samples with the same seed: before/after differ by the weights alone
+        traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp, label=label,
+                                     seed=stable_seed(self.cfg.seed, "eval"))
         by_id = {t.id: t for t in self.eval_tasks}
         for tr in traces:
             if not tr.failed:
@@ -122,9 +142,11 @@ class Trainer:
         tasks = step_tasks(self.train_tasks, self.step, r.tasks_per_step, self.cfg.seed)
         t0 = time.perf_counter()
         traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
+                                     seed=stable_seed(self.cfg.seed, "train", self.step),
                                      label=f"step {self.step + 1} rollout")
         t1 = time.perf_counter()
         self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
+        faults.point(f"update:{self.step + 1}")
         with self.console.status(f"  step {self.step + 1} update"):
             policies = self.rt.controller.update()
         t2 = time.perf_counter()

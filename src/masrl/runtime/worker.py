@@ -60,7 +60,8 @@ class PolicyWorker:
 
     def generate(self, calls: list[GenCall]) -> list[GenResult]:
         prompts = [self.render(c.messages, c.template_kwargs) for c in calls]
-        requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy)) for c, p in zip(calls, prompts)]
+        requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
+                    for c, p in zip(calls, prompts)]
         outputs = self.engine.generate(requests)
         results = []
         for c, p, o in zip(calls, prompts, outputs):

@@ -189,12 +189,24 @@ class TrainConfig(Strict):
                                                 "complete); 0 keeps all")
     eval_before: bool = True
     eval_after: bool = True
+    eval_every: int = Field(0, ge=0, description="evaluate on the held-out set every N steps (0: never during training)")
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
+    loggers: list[str] = Field(default_factory=lambda: ["jsonl"],
+                               description="jsonl (always on) | tensorboard | wandb | 'module:factory'")
+    wandb_project: str = "masrl"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
 
 
 class EvalConfig(Strict):
     temperature: float = Field(0.0, ge=0, description="sampling temperature at eval (0 = greedy)")
-    samples_per_task: int = Field(1, ge=1)
+    samples_per_task: int = Field(1, ge=1, description="k: pass@1, pass@k (unbiased estimator) and maj@k over k samples")
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalConfig":
+        if self.samples_per_task > 1 and self.temperature == 0:
+            raise ValueError("eval.samples_per_task > 1 with eval.temperature 0 draws the same greedy sample k times; "
+                             "set eval.temperature (e.g. 0.7) for pass@k / maj@k")
+        return self
 
 
 class RunConfig(Strict):

@@ -20,7 +20,8 @@ from masrl.runtime import checkpoint as ckpt
 from masrl.runtime import faults
 from masrl.runtime.builder import Runtime, build_runtime, build_tasks
 from masrl.seeding import stable_seed
-from masrl.runtime.metrics import MetricsWriter, comparison_table, step_line, summarize_traces
+from masrl.runtime.loggers import build_loggers
+from masrl.runtime.metrics import comparison_table, sample_metrics, step_line, summarize_traces
 
 
 def step_tasks(tasks: list[Task], step: int, n: int, seed: int) -> list[Task]:
@@ -128,6 +129,8 @@ class Trainer:
             if not tr.failed:
                 combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
         summary = summarize_traces(traces)
+        if e.samples_per_task > 1:
+            summary.update(sample_metrics(traces))
         sources = {t.id: t.meta.get("data_source") for t in self.eval_tasks}
         if any(sources.values()):  # a mixed dataset: every source's figures as well as the overall ones
             groups: dict[str, list] = {}
@@ -159,33 +162,40 @@ class Trainer:
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> dict:
         cfg = self.cfg
-        writer = MetricsWriter(self.run_dir)
+        loggers = build_loggers(cfg, self.run_dir)
         results: dict = {}
         try:
             if cfg.train.eval_before and self.step == 0:
-                results["before"] = await self.evaluate("eval before training")
-                self._write_json("eval_before.json", results["before"])
-                self.log(f"[masrl] held-out before training: {self._eval_line(results['before'])}")
+                results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
             while self.step < cfg.train.steps:
                 rec = await self.train_step()
-                writer.write(rec)
+                loggers.log_step(self.step, rec)
+                loggers.log_traces(self.step, self._last_traces[: cfg.train.log_traces])
                 self._check_failures(rec["rollout"], self._last_traces)
-                writer.write_traces(self.step, self._last_traces, cfg.train.log_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
                     self.save_checkpoint()
+                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+                    await self._eval_and_log(loggers, "held_out", f"eval at step {self.step}")
             if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
                                     or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
                 self.save_checkpoint()
             if cfg.train.eval_after:
-                results["after"] = await self.evaluate("eval after training")
-                self._write_json("eval_after.json", results["after"])
-                self.log(f"[masrl] held-out after training: {self._eval_line(results['after'])}")
+                results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
         finally:
+            loggers.close()
             await self.rt.controller.aclose()
         if "before" in results and "after" in results:
             self.print_comparison(results["before"], results["after"])
         return results
+
+    async def _eval_and_log(self, loggers, label: str, title: str) -> dict:
+        summary = await self.evaluate(title)
+        loggers.log_eval(self.step, label, summary)
+        if label in ("before", "after"):
+            self._write_json(f"eval_{label}.json", summary)
+        self.log(f"[masrl] held-out ({title}): {self._eval_line(summary)}")
+        return summary
 
     def _check_failures(self, roll: dict, traces) -> None:
         """Stop when more of a step's traces than ``rollout.max_failed_fraction`` failed."""
@@ -202,6 +212,9 @@ class Trainer:
     @staticmethod
     def _eval_line(s: dict) -> str:
         line = f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+        if "k" in s:
+            k = s["k"]
+            line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"
         for src, b in s.get("by_source", {}).items():
             line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
         return line

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 from statistics import mean
 
 from masrl.trace import Trace
@@ -47,23 +45,39 @@ def summarize_traces(traces: list[Trace]) -> dict:
     return out
 
 
-class MetricsWriter:
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / "metrics.jsonl"
-        self.traces_path = run_dir / "traces.jsonl"
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples of which ``c`` are correct (Chen et al., 2021)."""
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
 
-    def write(self, record: dict) -> None:
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
 
-    def write_traces(self, step: int, traces: list[Trace], n: int) -> None:
-        if n <= 0:
-            return
-        with self.traces_path.open("a") as f:
-            for t in traces[:n]:
-                d = t.to_dict()
-                d["step"] = step
-                f.write(json.dumps(d, default=str) + "\n")
+def sample_metrics(traces: list[Trace]) -> dict:
+    """pass@1, pass@k and maj@k over the samples of each task (k = samples per task), averaged.
+
+    maj@k: the most common final answer among a task's samples (ties: the first seen), scored by
+    the outcome of a sample that gave it."""
+    by_task: dict[str, list[Trace]] = defaultdict(list)
+    for t in traces:
+        if not t.failed:
+            by_task[t.task_id].append(t)
+    if not by_task:
+        return {}
+    k = max(len(v) for v in by_task.values())
+    p1, pk, maj = [], [], []
+    for ts in by_task.values():
+        n, c = len(ts), sum(1 for t in ts if float(t.metrics.get("outcome", 0.0)) >= 1.0)
+        p1.append(c / n)
+        pk.append(pass_at_k(n, c, min(k, n)))
+        counts: dict[str, list[Trace]] = {}
+        for t in ts:
+            counts.setdefault(str(t.final_answer).strip(), []).append(t)
+        best = max(counts.values(), key=len)
+        maj.append(float(best[0].metrics.get("outcome", 0.0)))
+    return {"k": k, "pass@1": mean(p1), f"pass@{k}": mean(pk), f"maj@{k}": mean(maj)}
 
 
 def step_line(step: int, total: int, rec: dict) -> str:

@@ -55,6 +55,14 @@ def _eval(args) -> int:
     return 0
 
 
+def _report(args) -> int:
+    from masrl.report import build_report
+
+    path = build_report(args.run_dir, args.out, max_steps=args.max_steps, max_chars=args.max_chars)
+    print(f"[masrl] wrote {path} (open it in a browser)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -68,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("overrides", nargs="*")
     e.add_argument("--checkpoint", help="a step_NNNNNN checkpoint folder or a run directory")
     e.set_defaults(fn=_eval)
+    r = sub.add_parser("report", help="write RUN_DIR/report.html: curves and a trace browser, one static file")
+    r.add_argument("run_dir")
+    r.add_argument("--out", help="where to write it (default RUN_DIR/report.html)")
+    r.add_argument("--max-steps", type=int, default=50, help="steps whose logged traces are kept (evenly spread)")
+    r.add_argument("--max-chars", type=int, default=4000, help="texts are cut to this many characters")
+    r.set_defaults(fn=_report)
     from masrl import cli_tools
 
     cli_tools.add_commands(sub)

@@ -37,6 +37,7 @@ class Call:
     turn_score: float | None = None  # optional per-turn quality set by the workflow (for turn deltas)
     reward: float | None = None
     reward_parts: dict[str, float] = field(default_factory=dict)
+    advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained
     trainable: bool = True
 
 

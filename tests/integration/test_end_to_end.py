@@ -31,7 +31,7 @@ def test_shipped_config_trains_end_to_end(name, tmp_path):
     cfg = load_config(data=data)
     results = train(cfg)
     all_lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    lines = [r for r in all_lines if "eval" not in r]
+    lines = [r for r in all_lines if "rollout" in r]
     assert [r["step"] for r in lines] == [1, 2]
     assert [(r["step"], r["eval"]) for r in all_lines if "eval" in r] == [(2, "after")]
     for rec in lines:
@@ -77,7 +77,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     import asyncio
 
     asyncio.run(tr.run())
-    steps = [r["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if "eval" not in (r := json.loads(x))]
+    steps = [r["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if "rollout" in (r := json.loads(x))]
     assert steps == [1, 2, 3]
     assert ckpt.latest_checkpoint(tmp_path / "checkpoints").name == "step_000003"
 

@@ -40,7 +40,7 @@ def run(cfg: Path, *extra: str, env_extra: dict | None = None, wait: bool = True
 
 
 def metrics(run_dir: Path) -> dict[int, dict]:
-    lines = [r for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "eval" not in (r := json.loads(x))]
+    lines = [r for x in (run_dir / "metrics.jsonl").read_text().splitlines() if "rollout" in (r := json.loads(x))]
     return {r["step"]: {"reward": r["rollout"]["reward"], "outcome": r["rollout"].get("outcome"),
                         "loss": {p: round(m["loss"], 6) for p, m in r["policies"].items()}} for r in lines}
 

@@ -112,10 +112,16 @@ class Controller:
         for i, rewards in per_worker.items():
             self.workers[i].commit_rewards(rewards)
 
-    def update(self) -> dict[str, dict[str, float]]:
+    def update(self, traces: list[Trace] | None = None) -> dict[str, dict[str, float]]:
+        """Train every worker; with ``traces``, write the advantage each call was trained with onto it."""
         metrics: dict[str, dict[str, float]] = {}
+        adv: dict[str, float] = {}
         for w in self.workers:
             metrics.update(w.train_step())
+            adv.update(w.advantages())
+        for tr in traces or []:
+            for c in tr.calls:
+                c.advantage = adv.get(c.call_id)
         return metrics
 
     async def aclose(self) -> None:

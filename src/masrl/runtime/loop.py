@@ -151,7 +151,7 @@ class Trainer:
         self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
         faults.point(f"update:{self.step + 1}")
         with self.console.status(f"  step {self.step + 1} update"):
-            policies = self.rt.controller.update()
+            policies = self.rt.controller.update(traces)
         t2 = time.perf_counter()
         self.step += 1
         rec = {"step": self.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
@@ -173,10 +173,17 @@ class Trainer:
                 loggers.log_traces(self.step, self._last_traces[: cfg.train.log_traces])
                 self._check_failures(rec["rollout"], self._last_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
+                timing = {}
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+                    t0 = time.perf_counter()
                     self.save_checkpoint()
+                    timing["checkpoint_s"] = time.perf_counter() - t0
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+                    t0 = time.perf_counter()
                     await self._eval_and_log(loggers, "held_out", f"eval at step {self.step}")
+                    timing["eval_s"] = time.perf_counter() - t0
+                if timing:
+                    loggers.log_step(self.step, {"step": self.step, "timing": timing})
             if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
                                     or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
                 self.save_checkpoint()

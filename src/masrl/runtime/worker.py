@@ -46,6 +46,7 @@ class PolicyWorker:
                     self.host.policy_parameters(spec.name), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
                 )
         self.buffer: dict[str, Sample] = {}
+        self.last_advantages: dict[str, float] = {}
         self.step = 0
 
     @property
@@ -82,6 +83,10 @@ class PolicyWorker:
                 n += 1
         return n
 
+    def advantages(self) -> dict[str, float]:
+        """``{call_id: advantage}`` the last update used (plain data, for traces and the report)."""
+        return dict(self.last_advantages)
+
     def drop(self, call_ids: list[str]) -> int:
         return sum(self.buffer.pop(c, None) is not None for c in call_ids)
 
@@ -99,6 +104,9 @@ class PolicyWorker:
             metrics[name] = m
         if metrics:
             self.engine.weights_updated(list(metrics))
+        self.last_advantages = {
+            s.call_id: (sum(s.token_adv) / len(s.token_adv) if s.token_adv else s.advantage)
+            for s in self.buffer.values() if s.reward is not None and s.policy in metrics}
         unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)
         for m in metrics.values():
             m["unrewarded_calls"] = float(unrewarded)

@@ -1,0 +1,169 @@
+"""``masrl report RUN_DIR``: one static HTML file (no server, no network) to look at a run.
+
+Curves per agent (reward, accuracy, format rate) and per policy (loss, KL, clip fraction,
+entropy, grad norm, logprob gap), the step-time breakdown, held-out curves, and a trace browser:
+pick a step and a task and read every call of every logged sample in order — agent, policy, turn,
+prompt, completion, parsed fields, tool calls, the reward and its parts, the advantage it was
+trained with. The data (from ``metrics.jsonl`` and ``traces.jsonl``) is embedded as JSON and drawn
+by a small script: inline SVG, no libraries. To stay small for long runs it keeps the traces of at
+most ``max_steps`` steps (evenly spread, the last included) and cuts texts to ``max_chars``; the
+page says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from masrl.errors import MasrlError
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise MasrlError(f"{path}:{i}: not a JSON line (a run killed mid-write?); delete that line") from None
+    return out
+
+
+def _cut(value, n: int):
+    if isinstance(value, str):
+        return value if len(value) <= n else value[:n] + f"... [{len(value) - n} more characters]"
+    if isinstance(value, list):
+        return [_cut(v, n) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut(v, n) for k, v in value.items()}
+    return value
+
+
+def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dict:
+    records = _read_jsonl(run_dir / "metrics.jsonl")
+    if not records:
+        raise MasrlError(f"{run_dir} has no metrics.jsonl: is it a masrl run directory (runs/<name>)?")
+    steps = [r for r in records if "rollout" in r]
+    evals = [r for r in records if "eval" in r]
+    timing = {r["step"]: r["timing"] for r in records if "timing" in r}
+    traces = _read_jsonl(run_dir / "traces.jsonl")
+    trace_steps = sorted({t["step"] for t in traces})
+    keep = set(trace_steps)
+    if len(trace_steps) > max_steps:
+        idx = {round(i * (len(trace_steps) - 1) / (max_steps - 1)) for i in range(max_steps)}
+        keep = {trace_steps[i] for i in idx}
+    kept = [_cut(t, max_chars) for t in traces if t["step"] in keep]
+    config = (run_dir / "config.yaml").read_text(encoding="utf-8") if (run_dir / "config.yaml").is_file() else ""
+    return {
+        "name": run_dir.name,
+        "config": config,
+        "steps": [{"step": r["step"], "rollout_s": r.get("rollout_s", 0.0), "update_s": r.get("update_s", 0.0),
+                   **{f"{k}": v for k, v in timing.get(r["step"], {}).items()},
+                   "agents": r["rollout"].get("agents", {}), "outcome": r["rollout"].get("outcome"),
+                   "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
+                   "policies": r.get("policies", {})} for r in steps],
+        "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
+                   **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
+        "traces": kept,
+        "note": (f"Traces: those logged per step (train.log_traces), of {len(keep)} of {len(trace_steps)} steps"
+                 f"{' (evenly spread)' if len(keep) < len(trace_steps) else ''}; texts cut at {max_chars} characters."),
+    }
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Path:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise MasrlError(f"run directory '{run_dir}' does not exist")
+    data = json.dumps(collect(run_dir, **kw), default=str).replace("</", "<\\/")
+    path = Path(out) if out else run_dir / "report.html"
+    path.write_text(_PAGE.replace("__DATA__", data), encoding="utf-8")
+    return path
+
+
+_PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>masrl report</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1300px}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+.charts{display:flex;flex-wrap:wrap;gap:14px}.chart{border:1px solid #ddd;padding:6px;background:#fff}
+.chart .title{font-weight:600;font-size:13px}.legend span{margin-right:10px;font-size:12px}
+select{margin:0 12px 0 4px}.sample{border:1px solid #ccc;margin:10px 0;padding:8px;border-radius:4px}
+.call{border-left:4px solid #89b;margin:8px 0;padding:4px 10px;background:#f7f9fb}
+.call h4{margin:2px 0;font-size:13px;cursor:pointer}pre{white-space:pre-wrap;background:#fff;border:1px solid #eee;
+padding:6px;margin:4px 0;max-height:320px;overflow:auto}.err{color:#b00}.muted{color:#777;font-size:12px}
+table.kv td{padding:1px 8px 1px 0;vertical-align:top}
+</style></head><body>
+<h1>masrl run: <span id="name"></span></h1>
+<div class="muted" id="note"></div>
+<details><summary>resolved config</summary><pre id="config"></pre></details>
+<h2>Agents</h2><div class="charts" id="agent-charts"></div>
+<h2>Policies</h2><div class="charts" id="policy-charts"></div>
+<h2>Step time</h2><div class="charts" id="time-charts"></div>
+<h2>Held-out</h2><div class="charts" id="eval-charts"></div>
+<h2>Trace browser</h2>
+<div>step<select id="step-select"></select>task<select id="task-select"></select></div>
+<div id="traces"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+const D = JSON.parse(document.getElementById('data').textContent);
+const COLORS = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf'];
+function el(tag, attrs, text){const e=document.createElement(tag);for(const k in (attrs||{}))e.setAttribute(k,attrs[k]);if(text!==undefined)e.textContent=text;return e;}
+function chart(parent, title, series){
+  const W=380,H=180,P=34, box=el('div',{class:'chart'}); box.appendChild(el('div',{class:'title'},title));
+  const pts=[].concat(...series.map(s=>s.points)).filter(p=>p[1]!==null&&p[1]!==undefined&&isFinite(p[1]));
+  const svgNS='http://www.w3.org/2000/svg', svg=document.createElementNS(svgNS,'svg');
+  svg.setAttribute('width',W);svg.setAttribute('height',H);svg.setAttribute('data-title',title);
+  if(pts.length){
+    let x0=Math.min(...pts.map(p=>p[0])),x1=Math.max(...pts.map(p=>p[0])),y0=Math.min(...pts.map(p=>p[1])),y1=Math.max(...pts.map(p=>p[1]));
+    if(x1===x0)x1=x0+1; if(y1===y0){y1=y0+1;y0=y0-1;}
+    const X=x=>P+(x-x0)/(x1-x0)*(W-P-8), Y=y=>H-20-(y-y0)/(y1-y0)*(H-34);
+    const axis=document.createElementNS(svgNS,'path');axis.setAttribute('d',`M${P},8V${H-20}H${W-8}`);axis.setAttribute('stroke','#999');axis.setAttribute('fill','none');svg.appendChild(axis);
+    for(const [v,y] of [[y1,Y(y1)],[y0,Y(y0)]]){const t=document.createElementNS(svgNS,'text');t.setAttribute('x',2);t.setAttribute('y',y+4);t.setAttribute('font-size','10');t.textContent=(+v).toPrecision(3);svg.appendChild(t);}
+    const tx=document.createElementNS(svgNS,'text');tx.setAttribute('x',W-60);tx.setAttribute('y',H-4);tx.setAttribute('font-size','10');tx.textContent='step '+x0+'–'+x1;svg.appendChild(tx);
+    series.forEach((s,i)=>{const ps=s.points.filter(p=>p[1]!==null&&p[1]!==undefined&&isFinite(p[1])); if(!ps.length)return;
+      const line=document.createElementNS(svgNS,'polyline');line.setAttribute('fill','none');line.setAttribute('stroke',COLORS[i%COLORS.length]);line.setAttribute('stroke-width','1.8');
+      line.setAttribute('points',ps.map(p=>X(p[0])+','+Y(p[1])).join(' '));line.setAttribute('data-series',s.name);svg.appendChild(line);
+      for(const p of ps){const c=document.createElementNS(svgNS,'circle');c.setAttribute('cx',X(p[0]));c.setAttribute('cy',Y(p[1]));c.setAttribute('r',2.2);c.setAttribute('fill',COLORS[i%COLORS.length]);
+        const tt=document.createElementNS(svgNS,'title');tt.textContent=s.name+' @ step '+p[0]+': '+(+p[1]).toPrecision(4);c.appendChild(tt);svg.appendChild(c);}});
+  } else { const t=document.createElementNS(svgNS,'text');t.setAttribute('x',20);t.setAttribute('y',40);t.textContent='no data';svg.appendChild(t); }
+  box.appendChild(svg); const lg=el('div',{class:'legend'});
+  series.forEach((s,i)=>{const sp=el('span',{},'— '+s.name);sp.style.color=COLORS[i%COLORS.length];lg.appendChild(sp);}); box.appendChild(lg); parent.appendChild(box);
+}
+const steps=D.steps, names=a=>[...new Set([].concat(...steps.map(s=>Object.keys(s[a]||{}))))];
+document.getElementById('name').textContent=D.name; document.getElementById('note').textContent=D.note;
+document.getElementById('config').textContent=D.config;
+const agents=names('agents'), policies=names('policies');
+for(const [key,title] of [['reward','reward'],['accuracy','accuracy'],['format_rate','format rate']])
+  chart(document.getElementById('agent-charts'),title+' per agent',agents.map(a=>({name:a,points:steps.map(s=>[s.step,(s.agents[a]||{})[key]])})));
+for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fraction'],['entropy','entropy'],['grad_norm','grad norm'],['lp_mismatch','rollout/trainer logprob gap']])
+  chart(document.getElementById('policy-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));
+chart(document.getElementById('time-charts'),'seconds per step',['rollout_s','update_s','eval_s','checkpoint_s'].map(k=>({name:k.replace('_s',''),points:steps.map(s=>[s.step,s[k]])})));
+const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];
+chart(document.getElementById('eval-charts'),'held-out accuracy',evalKeys.map(k=>({name:k==='outcome'?'accuracy':k,points:D.evals.map(e=>[e.step,e[k]])})));
+const stepSel=document.getElementById('step-select'), taskSel=document.getElementById('task-select');
+const traceSteps=[...new Set(D.traces.map(t=>t.step))].sort((a,b)=>a-b);
+for(const s of traceSteps) stepSel.appendChild(el('option',{value:s},'step '+s));
+function fillTasks(){taskSel.innerHTML='';const st=+stepSel.value;
+  for(const t of [...new Set(D.traces.filter(x=>x.step===st).map(x=>x.task_id))]) taskSel.appendChild(el('option',{value:t},t)); show();}
+function kv(obj){const t=el('table',{class:'kv'});for(const k in obj){const r=el('tr');r.appendChild(el('td',{},k));r.appendChild(el('td',{},typeof obj[k]==='object'?JSON.stringify(obj[k]):String(obj[k])));t.appendChild(r);}return t;}
+function show(){const box=document.getElementById('traces');box.innerHTML='';const st=+stepSel.value, task=taskSel.value;
+  for(const tr of D.traces.filter(x=>x.step===st&&x.task_id===task)){
+    const s=el('div',{class:'sample','data-trace':tr.trace_id});
+    s.appendChild(el('div',{},'sample '+tr.sample_idx+' · final answer: '+JSON.stringify(tr.final_answer)+' · metrics: '+JSON.stringify(tr.metrics)));
+    if(tr.error)s.appendChild(el('div',{class:'err'},'error: '+tr.error));
+    for(const c of tr.calls){const d=el('div',{class:'call','data-call':c.call_id});
+      const h=el('h4',{},`turn ${c.turn} · ${c.agent} (policy ${c.policy}) · reward ${c.reward===null?'-':(+c.reward).toFixed(3)} · advantage ${c.advantage===null||c.advantage===undefined?'-':(+c.advantage).toFixed(3)}`);
+      const body=el('div',{class:'body'});body.style.display='none';h.onclick=()=>{body.style.display=body.style.display==='none'?'block':'none';};
+      body.appendChild(el('div',{class:'muted'},'prompt'));body.appendChild(el('pre',{class:'prompt'},(c.messages||[]).map(m=>m.role+': '+m.content).join('\n\n')));
+      body.appendChild(el('div',{class:'muted'},'completion ('+c.n_completion_tokens+' tokens, '+c.finish_reason+')'));body.appendChild(el('pre',{class:'completion'},c.completion));
+      body.appendChild(el('div',{class:'muted'},'parsed (format ok: '+c.format_ok+', score '+c.format_score+')'));body.appendChild(kv(c.parsed||{}));
+      body.appendChild(el('div',{class:'muted'},'reward parts'));const parts=kv(c.reward_parts||{});parts.setAttribute('class','kv reward-parts');body.appendChild(parts);
+      const tools=(tr.tool_calls||[]).filter(t=>t.turn===c.turn+1||t.turn===c.turn);
+      for(const t of tools){body.appendChild(el('div',{class:'muted'},'tool '+t.name+(t.error?' (error)':'')));body.appendChild(el('pre',{class:'tool'},'args: '+JSON.stringify(t.args)+'\n'+(t.error?'error: '+t.error:'result: '+JSON.stringify(t.result))));}
+      d.appendChild(h);d.appendChild(body);s.appendChild(d);}
+    box.appendChild(s);}}
+stepSel.onchange=fillTasks; taskSel.onchange=show; if(traceSteps.length)fillTasks();
+</script></body></html>
+"""

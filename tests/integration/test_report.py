@@ -1,0 +1,87 @@
+"""The HTML report of a real run, opened in a real headless Chromium (Debian's chromium and
+chromedriver, driven by selenium): curves drawn, a trace picked and a call opened show that call's
+completion, reward parts and advantage; a screenshot is taken."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from masrl.config import load_config
+from masrl.runtime.loop import train
+from tinycfg import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report") / "run"
+    data = tiny_config("math_team_shared", d, steps=3)
+    data["train"].update(eval_before=True, eval_after=True, eval_every=1, log_traces=3)
+    train(load_config(data=data))
+    return d
+
+
+def test_report_command_writes_one_self_contained_file(run_dir):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    out = subprocess.run([sys.executable, "-m", "masrl.cli", "report", str(run_dir)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    html = (run_dir / "report.html").read_text()
+    assert "http://" not in html.split("<script id=\"data\"")[0] and "<script src" not in html  # nothing fetched
+    data = json.loads(html.split('type="application/json">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3] and len(data["evals"]) == 4
+    assert {t["step"] for t in data["traces"]} == {1, 2, 3}
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver")
+def test_the_report_opens_in_chromium_and_shows_a_call(run_dir, tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from masrl.report import build_report
+
+    page = build_report(run_dir)
+    traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
+    target = next(t for t in traces if t["step"] == 2)
+    call = target["calls"][1]
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2400"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        driver.get(page.resolve().as_uri())
+        lines = driver.find_elements(By.CSS_SELECTOR, "svg polyline")
+        assert len(lines) >= 10  # agents x 3 curves, the policy's 6, step times, held-out
+        titles = {e.get_attribute("data-title") for e in driver.find_elements(By.CSS_SELECTOR, "svg[data-title]")}
+        assert {"reward per agent", "loss per policy", "seconds per step", "held-out accuracy"} <= titles
+        Select(driver.find_element(By.ID, "step-select")).select_by_value("2")
+        Select(driver.find_element(By.ID, "task-select")).select_by_value(target["task_id"])
+        box = driver.find_element(By.CSS_SELECTOR, f"[data-call='{call['call_id']}']")
+        body = box.find_element(By.CSS_SELECTOR, ".body")
+        assert not body.is_displayed()
+        box.find_element(By.TAG_NAME, "h4").click()
+        assert body.is_displayed()
+        assert box.find_element(By.CSS_SELECTOR, "pre.completion").text.strip() == call["completion"].strip()
+        header = box.find_element(By.TAG_NAME, "h4").text
+        assert call["agent"] in header and f"reward {call['reward']:.3f}" in header
+        assert ("advantage -" in header) if call["advantage"] is None else (f"advantage {call['advantage']:.3f}" in header)
+        parts = box.find_element(By.CSS_SELECTOR, "table.reward-parts").text
+        assert all(name in parts for name in call["reward_parts"])
+        shot = tmp_path / "report.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+    finally:
+        driver.quit()

@@ -68,3 +68,9 @@ def adapter_logprobs(peft_model, adapter, prompt, completion, temperature=0.0):
             return full_logprobs(peft_model, prompt, completion, temperature)
     peft_model.set_adapter(adapter)
     return full_logprobs(peft_model, prompt, completion, temperature)
+
+
+def centered_advantage(rewards, group_ids, scale: float = 1.0):
+    """A user's advantage estimator (used from a config as 'helpers:centered_advantage'):
+    the reward minus the batch mean, scaled."""
+    return (rewards - rewards.mean()) * scale

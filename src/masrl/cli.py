@@ -88,7 +88,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quiet_libraries() -> None:
+    """Library warnings and progress bars that are not the user's business stay off the console
+    (masrl's own warnings and its one progress display stay)."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    for lib in ("transformers", "peft", "torch", "accelerate", "huggingface_hub", "bm25s", "wandb"):
+        for cat in (FutureWarning, DeprecationWarning, UserWarning):
+            warnings.filterwarnings("ignore", category=cat, module=lib)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_libraries()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may also come after --options (e.g. eval CONFIG --checkpoint RUN key=value)

@@ -47,6 +47,8 @@ class PolicyConfig(Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="chat template keyword arguments for every agent of this policy")
+    frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
+                                             "same model as a LoRA base is served by that base, adapters off")
 
 
 class SamplingParams(Strict):
@@ -71,7 +73,8 @@ class SamplingParams(Strict):
 
 class AgentConfig(SamplingParams):
     policy: str = Field(description="name of the policy (under `policies`) that plays this agent")
-    trainable: bool = Field(True, description="false: the agent runs but its calls never train")
+    trainable: bool | None = Field(None, description="false: the agent runs but its calls never train; default: "
+                                                     "true unless its policy is frozen")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="keyword arguments for the tokenizer's chat template (e.g. "
                                           "enable_thinking: false for Qwen3), over the policy's")
@@ -148,7 +151,19 @@ class RewardConfig(Strict):
 
 
 class AlgorithmConfig(Strict):
-    advantage: Literal["grpo", "rloo", "reinforce_pp", "gae"] = "grpo"
+    @model_validator(mode="after")
+    def _check_estimator(self) -> "AlgorithmConfig":
+        if self.advantage not in ("grpo", "rloo", "reinforce_pp", "gae") and ":" not in self.advantage:
+            raise ValueError(f"unknown advantage estimator {self.advantage!r}: use grpo, rloo, reinforce_pp, gae or "
+                             f"'module:function'")
+        if self.advantage_options and ":" not in self.advantage:
+            raise ValueError("advantage_options apply to a 'module:function' estimator only")
+        return self
+
+    advantage: str = Field("grpo", description="grpo | rloo | reinforce_pp | gae | 'module:function' (your own: "
+                                               "f(rewards [N], group_ids [N], **advantage_options) -> advantages [N])")
+    advantage_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a "
+                                                                                "'module:function' estimator")
     group_key: list[Literal["task_id", "agent", "turn", "policy", "sample_idx"]] = Field(
         default_factory=lambda: ["task_id", "agent", "turn"]
     )
@@ -250,6 +265,10 @@ class RunConfig(Strict):
                     f"agents.{name}.policy: '{agent.policy}' is not a policy; define it under `policies` "
                     f"or use one of: {', '.join(self.policies)}"
                 )
+        for name, agent in self.agents.items():
+            if agent.trainable and self.policies[agent.policy].frozen:
+                raise ValueError(f"agents.{name}.trainable is true but its policy '{agent.policy}' is frozen; "
+                                 f"drop one of the two")
         used = {a.policy for a in self.agents.values()}
         for name in self.policies:
             if name not in used:
@@ -258,6 +277,10 @@ class RunConfig(Strict):
 
     def policy_model(self, policy: str) -> str:
         return self.policies[policy].model or self.model
+
+    def agent_trainable(self, agent: str) -> bool:
+        a = self.agents[agent]
+        return (not self.policies[a.policy].frozen) if a.trainable is None else a.trainable
 
     def policy_device(self, policy: str) -> str:
         return self.policies[policy].device or self.device

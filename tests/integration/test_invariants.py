@@ -58,3 +58,35 @@ def test_lora_base_weights_stay_frozen(tmp_path):
     for n, p in w.host.model.named_parameters():
         if "lora_" not in n:
             assert torch.equal(base[n], p), n
+
+
+def test_a_frozen_policy_on_a_lora_base_reuses_the_base(tmp_path):
+    """A frozen full-model policy on the LoRA base's model is served by that base (adapters off):
+    one model in memory, never trained, and its samples are the bare base's."""
+    from masrl.config import SamplingParams
+    from masrl.engines.hf import HFEngine
+    from masrl.errors import ConfigError
+    from masrl.messages import GenRequest
+    from masrl.models import load_model
+
+    data = {"policies": {"A": {"lora": {"r": 4}, "optim": {"lr": 1e-2}}, "B": {"lora": {"r": 4}},
+                         "judge": {"frozen": True}},
+            "agents": {"solver": {"policy": "A"}, "verifier": {"policy": "judge"}, "refiner": {"policy": "B"},
+                       "finalizer": {"policy": "B"}},
+            "workflow": {"name": "math_team"}}
+    tr, workers, before = prepared_trainer(tiny_config(data, tmp_path, steps=1, hash_agents=["solver", "verifier"]),
+                                           tmp_path)
+    assert len(tr.rt.workers) == 1 and set(tr.rt.workers[0].policy_names) == {"A", "B", "judge"}
+    assert "judge" not in tr.rt.workers[0].optimizers and not tr.rt.agents["verifier"].trainable
+    rec = asyncio.run(tr.train_step())
+    assert "judge" not in rec["policies"]
+    w = tr.rt.workers[0]
+    base, tok = load_model("tiny-random", seed=tr.cfg.seed)
+    prompt = w.render([{"role": "user", "content": "Is 2+2=4? Answer."}])
+    req = GenRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6), adapter=w.host.adapter_for("judge"))
+    assert w.host.adapter_for("judge") is None
+    assert w.engine.generate([req])[0].completion_ids == HFEngine(base, tok, [2]).generate([req])[0].completion_ids
+    with pytest.raises(ConfigError, match="agents.verifier.trainable is true but its policy 'judge' is frozen"):
+        bad = tiny_config(data, tmp_path, steps=1)
+        bad["agents"]["verifier"]["trainable"] = True
+        load_config(data=bad)

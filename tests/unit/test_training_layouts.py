@@ -129,3 +129,18 @@ def test_a_nonfinite_loss_skips_the_update_and_is_counted(host, capsys):
     assert m["nonfinite_skipped"] == 1 and m["optimizer_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, host.policy_parameters("p")))
     assert "this optimizer step was skipped" in capsys.readouterr().err
+
+
+def test_an_advantage_estimator_from_config(host, tmp_path):
+    from masrl.config import load_config
+    from masrl.errors import ConfigError
+
+    samples = samples_for(host, 4)
+    algo = AlgorithmConfig(advantage="helpers:centered_advantage", advantage_options={"scale": 2.0})
+    training.compute_advantages(samples, algo)
+    rewards = [s.reward for s in samples]
+    mean = sum(rewards) / len(rewards)
+    assert [s.advantage for s in samples] == pytest.approx([2.0 * (r - mean) for r in rewards])
+    with pytest.raises(ConfigError, match="unknown advantage estimator 'grpoo'"):
+        load_config(data={"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"},
+                          "algorithm": {"advantage": "grpoo"}})

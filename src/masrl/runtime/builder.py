@@ -40,7 +40,7 @@ def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
         a = cfg.agents[name]
         sampling = a.sampling().resolved(role.default_max_new_tokens, role.default_stop)
         template_kwargs = {**cfg.policies[a.policy].chat_template_kwargs, **a.chat_template_kwargs}
-        agents[name] = AgentSpec(name, a.policy, role.parser, sampling, a.trainable, template_kwargs)
+        agents[name] = AgentSpec(name, a.policy, role.parser, sampling, cfg.agent_trainable(name), template_kwargs)
     return agents
 
 
@@ -52,7 +52,7 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             resolve_model(cfg.policy_model(name), key=key)
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
-        trainable = any(a.trainable and a.policy == name for a in cfg.agents.values())
+        trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
         key = f"policies.{name}.device" if p.device else "device"
         try:
             device = resolve_device(cfg.policy_device(name))
@@ -71,15 +71,24 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
 
 
 def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]]:
-    """LoRA policies on the same base share a host (and its device); each full-model policy gets its own."""
+    """LoRA policies on the same base share a host (and its device); so does a frozen full-model
+    policy on that same model (served by the base with adapters off, not a second copy). Every
+    other full-model policy gets its own host."""
     groups: list[tuple[str, list[PolicySpec]]] = []
-    lora_groups: dict[str, list[PolicySpec]] = {}
+    lora_groups: dict[tuple[str, str], list[PolicySpec]] = {}
     for p in policies:
         if p.is_lora:
-            if p.model not in lora_groups:
-                lora_groups[p.model] = []
-                groups.append((p.model, lora_groups[p.model]))
-            lora_groups[p.model].append(p)
+            key = (p.model, p.device)
+            if key not in lora_groups:
+                lora_groups[key] = []
+                groups.append((p.model, lora_groups[key]))
+            lora_groups[key].append(p)
+    for p in policies:
+        if p.is_lora:
+            continue
+        shared = lora_groups.get((p.model, p.device))
+        if shared is not None and not p.trainable:
+            shared.append(p)
         else:
             groups.append((p.model, [p]))
     return groups
@@ -141,6 +150,8 @@ class Runtime:
 
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
+    if ":" in cfg.algorithm.advantage and not callable(load_object(cfg.algorithm.advantage, "algorithm.advantage")):
+        raise ConfigError(f"algorithm.advantage: '{cfg.algorithm.advantage}' is not a function")
     agents = build_agents(cfg, workflow)
     policies = build_policies(cfg)
     allocators = build_allocators(cfg)

@@ -48,13 +48,13 @@ class ModelHost:
         if not policies:
             raise ValueError("a ModelHost needs at least one policy")
         lora = [p.is_lora for p in policies]
-        if any(lora) and not all(lora):
-            raise ValueError("a ModelHost holds either LoRA policies on one base or one full-model policy")
+        if any(lora) and any(not p.is_lora and p.trainable for p in policies):
+            raise ValueError("a LoRA host serves its adapters and frozen policies of its base, not a trainable full model")
         if not any(lora) and len(policies) > 1:
             raise ValueError("full-model policies each need their own ModelHost")
         self.model_name = model_name
         self.policies = {p.name: p for p in policies}
-        self.is_lora = all(lora)
+        self.is_lora = any(lora)
         self.device = torch.device(device)
         self.dtype = dtype
         torch.manual_seed(seed)
@@ -64,7 +64,7 @@ class ModelHost:
             from peft import get_peft_model
 
             model.requires_grad_(False)
-            first, *rest = policies
+            first, *rest = [p for p in policies if p.is_lora]
             model = get_peft_model(model, _peft_config(first), adapter_name=first.name)
             for p in rest:
                 model.add_adapter(p.name, _peft_config(p))
@@ -94,6 +94,8 @@ class ModelHost:
     # -- parameters ----------------------------------------------------------------------------
     def policy_parameters(self, policy: str) -> list[nn.Parameter]:
         """The parameters that ``policy``'s optimizer updates, and no others."""
+        if self.is_lora and not self.policies[policy].is_lora:  # a frozen policy served by the bare base
+            return []
         if self.is_lora:
             params = [p for n, p in self.model.named_parameters() if "lora_" in n and f".{policy}." in n]
         else:
@@ -103,7 +105,7 @@ class ModelHost:
         return params
 
     def adapter_for(self, policy: str) -> str | None:
-        return policy if self.is_lora else None
+        return policy if self.is_lora and self.policies[policy].is_lora else None
 
     @contextlib.contextmanager
     def active(self, policy: str):

@@ -53,6 +53,7 @@ class Trainer:
         if existing is not None and not resume:
             raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); pass --resume to "
                              f"continue it, or choose another run: output_dir=... or name=...")
+        self.log(f"[masrl] run '{self.cfg.name}' with seed {self.cfg.seed} -> {self.run_dir}")
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:

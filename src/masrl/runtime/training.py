@@ -137,7 +137,17 @@ def compute_advantages(samples: list[Sample], algo) -> None:
         return
     keys = [tuple(s.key.get(k) if k != "policy" else s.policy for k in algo.group_key) for s in samples]
     rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
-    adv = SEQUENCE_ESTIMATORS[algo.advantage](rewards, group_ids(keys), algo)
+    gid = group_ids(keys)
+    if algo.advantage in SEQUENCE_ESTIMATORS:
+        adv = SEQUENCE_ESTIMATORS[algo.advantage](rewards, gid, algo)
+    else:  # a user's estimator, 'module:function'
+        from masrl.workflows import load_object
+
+        adv = torch.as_tensor(load_object(algo.advantage, "algorithm.advantage")(rewards, gid, **algo.advantage_options),
+                              dtype=torch.float64)
+        if adv.shape != rewards.shape:
+            raise ValueError(f"algorithm.advantage '{algo.advantage}' returned shape {tuple(adv.shape)} for "
+                             f"{len(samples)} samples; return one advantage per sample")
     for s, a in zip(samples, adv.tolist()):
         s.advantage = a
 

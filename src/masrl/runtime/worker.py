@@ -53,6 +53,10 @@ class PolicyWorker:
     def policy_names(self) -> list[str]:
         return list(self.host.policies)
 
+    @property
+    def trainable_names(self) -> list[str]:
+        return [n for n, p in self.host.policies.items() if p.trainable]
+
     # -- rollout -------------------------------------------------------------------------------
     def render(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
         tok = self.host.tokenizer
@@ -116,14 +120,15 @@ class PolicyWorker:
 
     # -- state ---------------------------------------------------------------------------------
     def save(self, directory: str) -> None:
+        """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
         d = Path(directory)
-        for name in self.policy_names:
+        for name in self.trainable_names:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
         (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps({"step": self.step}))
 
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         d = Path(directory)
-        for name in self.policy_names:
+        for name in self.trainable_names:
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
         self.engine.weights_updated()
         meta = d / f"worker_{'_'.join(self.policy_names)}.json"

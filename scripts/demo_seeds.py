@@ -1,0 +1,58 @@
+"""The README's demo table: `make demo`'s config over several seeds, mean and spread.
+
+    .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [ARGS...]
+
+Runs `masrl train CONFIG seed=S output_dir=runs/seeds/<config>-seed-S` for each seed (skipping runs that
+already finished), then prints, per agent, held-out accuracy / format rate / mean reward before -> after
+as the mean over seeds with the min-max range, and each seed's accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from statistics import mean
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--config", default="configs/math_team_shared.yaml")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    name = Path(a.config).stem
+    runs = {}
+    for seed in a.seeds:
+        out = ROOT / "runs" / "seeds" / f"{name}-seed-{seed}"
+        if not (out / "eval_after.json").is_file():
+            cmd = [sys.executable, "-m", "masrl.cli", "train", a.config, f"seed={seed}", f"output_dir={out}", *a.overrides]
+            print("$", " ".join(cmd), flush=True)
+            if out.exists():
+                cmd.append("--resume")
+            subprocess.run(cmd, cwd=ROOT, check=True)
+        runs[seed] = {k: json.loads((out / f"eval_{k}.json").read_text()) for k in ("before", "after")}
+    print(f"\nheld-out results of {a.config} over seeds {a.seeds}: before -> after, mean (min-max)")
+    print("| agent | accuracy | format rate | mean reward |\n| --- | --- | --- | --- |")
+
+    def cell(get):
+        b = [get(r["before"]) for r in runs.values()]
+        f = [get(r["after"]) for r in runs.values()]
+        return f"{mean(b):.3f} ({min(b):.3f}-{max(b):.3f}) -> {mean(f):.3f} ({min(f):.3f}-{max(f):.3f})"
+
+    fmt = lambda s: mean(x["format_rate"] for x in s["agents"].values())  # noqa: E731
+    print(f"| all agents | {cell(lambda s: s['outcome'])} | {cell(fmt)} | {cell(lambda s: s['reward'])} |")
+    first = next(iter(runs.values()))["after"]["agents"]
+    for agent in first:
+        print(f"| {agent} | {cell(lambda s: s['agents'][agent]['accuracy'])} | "
+              f"{cell(lambda s: s['agents'][agent]['format_rate'])} | {cell(lambda s: s['agents'][agent]['reward'])} |")
+    print("\nper seed, accuracy before -> after: " + ", ".join(
+        f"seed {s}: {r['before']['outcome']:.3f} -> {r['after']['outcome']:.3f}" for s, r in runs.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from masrl.tools.sandbox import UID_BASE, Limits, Sandbox, isolation, run_python
+from masrl.tools.sandbox import Limits, Sandbox, isolation, run_python, slot_uid
 
 FAST = Limits(cpu_s=2, wall_s=4, memory_mb=256, output_bytes=10_000, max_procs=16)
 NS = isolation() == "namespaces"
@@ -65,7 +65,7 @@ def test_fork_bomb_is_contained():
     assert time.time() - t0 < FAST.wall_s + 3
     time.sleep(0.2)
     if NS:  # nothing of the sandbox's uid survives
-        left = [p for p in os.listdir("/proc") if p.isdigit() and _uid(p) == UID_BASE]
+        left = [p for p in os.listdir("/proc") if p.isdigit() and _uid(p) == slot_uid(0)]
         assert left == []
 
 

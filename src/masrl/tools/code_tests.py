@@ -14,6 +14,7 @@ OK, WA (wrong answer), TLE, RE (runtime error), MLE, CE (compile error), OLE (ou
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,27 +127,56 @@ def _truncate(s: str, n: int = 300) -> str:
     return s if len(s) <= n else s[:n] + "..."
 
 
-def plan(code: str, spec: TestSpec, limits: Limits) -> tuple[str, str, dict[str, str]]:
-    """(program, harness mode, extra files) for one verification run."""
+INPUT_KEYS = ("input", "args", "kwargs")  # what of a case the program may see
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One verification run: what goes into the sandbox, and the nonce a passed assert run echoes."""
+
+    program: str
+    mode: str
+    files: dict[str, str]
+    nonce: str = ""
+
+
+def plan(code: str, spec: TestSpec, limits: Limits) -> Plan:
+    """The run for ``code`` against ``spec``. Expected outputs never enter the sandbox."""
     if spec.kind == "assert":
-        program = f"{code}\n\n{spec.test}\n\ncheck({spec.entry_point})\n"
-        return program, "script", {}
-    cases = {"cases": list(spec.cases), "output_cap": limits.output_bytes, "case_timeout_s": limits.case_timeout_s,
+        nonce = secrets.token_hex(16)
+        tests = {"test": spec.test, "entry_point": spec.entry_point, "nonce": nonce}
+        return Plan(code, "assert", {"_tests.json": json.dumps(tests)}, nonce)
+    inputs = [{k: c[k] for k in INPUT_KEYS if k in c} for c in spec.cases]
+    cases = {"cases": inputs, "output_cap": limits.output_bytes, "case_timeout_s": limits.case_timeout_s,
              "fn_name": spec.fn_name}
-    return code, spec.kind, {"cases.json": json.dumps(cases)}
+    return Plan(code, spec.kind, {"cases.json": json.dumps(cases)})
 
 
-def judge(spec: TestSpec, run: RunResult) -> TestReport:
+def _records(run: RunResult) -> dict[int, dict]:
+    done: dict[int, dict] = {}
+    for line in run.files.get("results.jsonl", "").splitlines():
+        try:
+            rec = json.loads(line)
+            done[rec["i"]] = rec
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return done
+
+
+def judge(spec: TestSpec, run: RunResult, nonce: str = "") -> TestReport:
     """Turn a sandbox run into per-case verdicts."""
     if spec.kind == "assert":
-        if run.status == "ok":
+        rec = _records(run).get(0, {})
+        if rec.get("status") == "passed" and nonce and rec.get("nonce") == nonce and run.status == "ok":
             cases = [CaseVerdict(OK, time_s=run.duration_s)]
+        elif rec.get("status") == "failed":
+            cases = [CaseVerdict(WA, _truncate(rec.get("message") or "assertion failed"), run.duration_s)]
+        elif rec.get("status") == "error":
+            cases = [CaseVerdict(RE, _truncate(rec.get("message", "")), run.duration_s)]
         else:
             v = _FROM_STATUS.get(run.status, RE)
-            if v == RE and "AssertionError" in run.stderr:
-                v = WA
-            cases = [CaseVerdict(v, _truncate(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.status),
-                                 run.duration_s)]
+            why = run.detail or (run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "")
+            cases = [CaseVerdict(v, _truncate(why or "the program ended before the tests finished"), run.duration_s)]
         return _report(cases, run.duration_s)
     n = len(spec.cases)
     if run.status == "compile_error":
@@ -154,13 +184,7 @@ def judge(spec: TestSpec, run: RunResult) -> TestReport:
     if run.returncode == 77:  # the program failed at import (call mode)
         v = TLE if "TLE" in run.stderr else RE
         return _report([CaseVerdict(v, _truncate(run.stderr))] * n, run.duration_s)
-    done: dict[int, dict] = {}
-    for line in run.files.get("results.jsonl", "").splitlines():
-        try:
-            rec = json.loads(line)
-            done[rec["i"]] = rec
-        except (json.JSONDecodeError, KeyError):
-            continue
+    done = _records(run)
     cases = []
     check = CHECKERS[spec.checker]
     for i, case in enumerate(spec.cases):
@@ -198,9 +222,9 @@ def _report(cases: list[CaseVerdict], duration: float) -> TestReport:
 
 def verify(code: str, spec: TestSpec, limits: Limits = Limits()) -> TestReport:
     """Run ``code`` against ``spec`` in the sandbox (blocking)."""
-    program, mode, files = plan(code, spec, limits)
+    p = plan(code, spec, limits)
     t0 = time.perf_counter()
-    report = judge(spec, run_python(program, mode=mode, limits=limits, files=files))
+    report = judge(spec, run_python(p.program, mode=p.mode, limits=limits, files=p.files), p.nonce)
     report.duration_s = time.perf_counter() - t0
     return report
 
@@ -214,9 +238,9 @@ class CodeVerifier:
 
     async def verify(self, code: str, spec: TestSpec, limits: Limits | None = None) -> TestReport:
         lim = limits or self.limits
-        program, mode, files = plan(code, spec, lim)
+        p = plan(code, spec, lim)
         t0 = time.perf_counter()
-        run = await self.sandbox.run(program, mode=mode, limits=lim, files=files)
-        report = judge(spec, run)
+        run = await self.sandbox.run(p.program, mode=p.mode, limits=lim, files=p.files)
+        report = judge(spec, run, p.nonce)
         report.duration_s = time.perf_counter() - t0
         return report

@@ -4,6 +4,11 @@ Usage: python -I _harness.py MODE   (or ``main(mode)`` in a process forked by th
   script  run program.py as __main__ with the real stdin/stdout
   stdio   run program.py once per case from cases.json, stdin/stdout redirected, in this process
   call    import program.py once, call the named function per case from cases.json
+  assert  run program.py, then the test code and ``check(entry_point)`` from _tests.json
+
+cases.json holds inputs only (never expected outputs: the program could read them); the parent
+judges the outputs. _tests.json is read and deleted before the program starts; a passed assert
+run is recorded with a nonce from it, so exiting early or writing a results file is no pass.
 
 Per-case results go to results.jsonl (one line per finished case), so the parent still knows
 which cases finished if this process is killed. Exit codes: 0 done, 75 memory error,
@@ -134,17 +139,60 @@ def _jsonable(v):
         return {"__repr__": repr(v)}
 
 
+def _run_asserts(code, tests):
+    nonce = tests.pop("nonce")
+    results = open("results.jsonl", "w")
+    glb = {"__name__": "__main__", "__file__": "program.py"}
+    sys.argv = ["program.py"]
+    try:
+        exec(code, glb)
+    except MemoryError:
+        return CODE_MEMORY
+    except SystemExit:
+        _record(results, {"i": 0, "status": "error", "message": "the program exited before the tests ran"})
+        return 1
+    except BaseException as exc:
+        sys.stderr.write(_error_text(exc))
+        _record(results, {"i": 0, "status": "error", "message": _error_text(exc)})
+        return 1
+    try:
+        exec(compile(tests["test"], "tests.py", "exec"), glb)
+        glb["check"](glb[tests["entry_point"]])
+    except MemoryError:
+        return CODE_MEMORY
+    except AssertionError as exc:
+        _record(results, {"i": 0, "status": "failed", "message": _error_text(exc)})
+        return 1
+    except SystemExit:
+        _record(results, {"i": 0, "status": "error", "message": "the program exited while the tests ran"})
+        return 1
+    except BaseException as exc:
+        _record(results, {"i": 0, "status": "error", "message": _error_text(exc)})
+        return 1
+    _record(results, {"i": 0, "status": "passed", "nonce": nonce})
+    return 0
+
+
 def main(mode=None):
     global ROOT
     ROOT = os.path.realpath(os.getcwd())
     mode = mode or sys.argv[1]
     source = open("program.py").read()
+    tests = None
+    if mode == "assert":
+        import json
+
+        with open("_tests.json") as f:
+            tests = json.load(f)
+        os.remove("_tests.json")
     try:
         code = compile(source, "program.py", "exec")
     except (SyntaxError, ValueError) as exc:
         sys.stderr.write(_error_text(exc))
         return CODE_COMPILE
     sys.addaudithook(_audit)
+    if mode == "assert":
+        return _run_asserts(code, tests)
     if mode == "script":
         sys.argv = ["program.py"]
         try:

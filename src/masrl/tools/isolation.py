@@ -13,15 +13,47 @@ Modes, probed once by ``isolation()``:
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
-UID_BASE = 61000  # slot k runs as uid UID_BASE + k
+UID_BASE = 61000  # slot uids are taken from UID_BASE upwards
+UID_RANGE = 4096
+_CLAIMED: dict[int, tuple[int, int]] = {}  # slot -> (uid, fd of its held lock)
+_CLAIM_LOCK = threading.Lock()
+
+
+def slot_uid(slot: int) -> int:
+    """The uid this process's pool slot ``slot`` runs programs as, unique among processes.
+
+    Each uid is claimed with an exclusive ``flock`` on ``/run/masrl-uids/<uid>.lock`` (or the
+    sandbox root's ``uids/``), held until this process exits, so two masrl processes on one
+    machine never share a uid (a clean-up kills every process of its uid) or a cgroup.
+    """
+    with _CLAIM_LOCK:
+        if slot in _CLAIMED:
+            return _CLAIMED[slot][0]
+        lock_dir = Path("/run/masrl-uids") if os.geteuid() == 0 and os.path.isdir("/run") else sandbox_root() / "uids"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        taken = {uid for uid, _ in _CLAIMED.values()}
+        for uid in range(UID_BASE, UID_BASE + UID_RANGE):
+            if uid in taken:
+                continue
+            fd = os.open(lock_dir / f"{uid}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue
+            _CLAIMED[slot] = (uid, fd)
+            return uid
+        raise RuntimeError(f"all {UID_RANGE} sandbox uids from {UID_BASE} are held by other processes")
 
 
 @functools.lru_cache(maxsize=1)

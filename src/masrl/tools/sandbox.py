@@ -12,8 +12,11 @@ In namespaces mode each slot of the pool keeps a pre-started zygote (``zygote.py
 one child per program, with the same walls per child, so a run costs a fork (~8 ms) instead of
 an interpreter start inside fresh namespaces (~50 ms).
 
-More walls where the machine allows them (private network, pid and mount namespaces, an
-unprivileged uid per slot): ``isolation.py`` lists the modes and ``isolation()`` says which applies.
+More walls where the machine allows them (private network, pid, IPC and mount namespaces, every
+mount read-only but the run's own folder and fresh tmpfs, an unprivileged uid per slot claimed
+across processes, one memory cgroup per run): ``isolation.py`` lists the modes and
+``isolation()`` says which applies; ``cgroups.describe()`` says how memory is bounded. Weaker
+modes warn; ``sandbox.require: namespaces`` refuses to run without the full walls.
 """
 
 from __future__ import annotations
@@ -27,54 +30,83 @@ import subprocess
 import tempfile
 import threading
 import time
+import warnings
 from pathlib import Path
 
+from masrl.tools import cgroups
 from masrl.tools.harness import apply_limits, kill_uid_processes
-from masrl.tools.isolation import UID_BASE, drop_to, isolation, sandbox_python, sandbox_root, user_process_count
-from masrl.tools.sandbox_result import CODE_COMPILE, CODE_IMPORT, CODE_MEMORY, Limits, RunResult, status_from_exit
-from masrl.tools.zygote_client import HARNESS, use_zygote, zygote_for
+from masrl.tools.isolation import UID_BASE, drop_to, isolation, sandbox_python, sandbox_root, slot_uid, user_process_count
+from masrl.tools.sandbox_result import (CODE_COMPILE, CODE_IMPORT, CODE_MEMORY, Limits, RunResult, signal_detail,
+                                        status_from_exit)
+from masrl.tools.zygote_client import HARNESS, ZYGOTE, use_zygote, zygote_for
 
 __all__ = ["Limits", "RunResult", "Sandbox", "run_python", "isolation", "UID_BASE", "CODE_COMPILE", "CODE_IMPORT",
-           "CODE_MEMORY"]
+           "CODE_MEMORY", "SandboxUnavailable", "check_isolation", "slot_uid"]
 
 
-def _limit_child(limits: Limits, nproc: int, uid: int | None = None) -> None:
-    """preexec_fn: runs in the child between fork and exec. ``uid``: drop root to it last."""
+class SandboxUnavailable(RuntimeError):
+    """The machine cannot give the walls the config requires (``sandbox.require``)."""
+
+
+def check_isolation(require: str = "any") -> str:
+    """The isolation mode, after warning when it is weaker than namespaces; with
+    ``require="namespaces"``, refuse anything less."""
+    kind = isolation()
+    if kind == "namespaces":
+        return kind
+    why = {"uid": "no `unshare`: programs run as a separate uid but share the network, /tmp and IPC with the host",
+           "user-namespace": "not root: private network and pid namespaces, but programs run as your own user and "
+                             "can write where you can",
+           "rlimits-only": "no namespaces and no separate uid: only resource limits and an audit hook (which ctypes "
+                           "gets around) stand between model-written code and this machine"}[kind]
+    if require == "namespaces":
+        raise SandboxUnavailable(f"sandbox.require is 'namespaces' but this machine allows only '{kind}' ({why}); run "
+                                 "as root on Linux with util-linux's unshare and setpriv, or set sandbox.require: any")
+    warnings.warn(f"the sandbox runs in '{kind}' mode: {why}. Run it in a container or VM, or set sandbox.require: "
+                  "namespaces to refuse", UserWarning, stacklevel=2)
+    return kind
+
+
+def _limit_child(limits: Limits, nproc: int, uid: int | None = None, cgroup_procs: str | None = None) -> None:
+    """preexec_fn: runs in the child between fork and exec. Joins the run's cgroup (so every
+    process of the run is inside it); ``uid``: drop root to it last."""
+    if cgroup_procs:
+        with open(cgroup_procs, "w") as f:
+            f.write(str(os.getpid()))
     apply_limits(limits.cpu_s, limits.memory_mb, limits.file_size_mb, limits.max_open_files, nproc)
     if uid is not None:
         drop_to(uid)
 
 
-def _command(workdir: Path, mode: str, slot: int, kind: str) -> list[str]:
+def _command(workdir: Path, mode: str, uid: int | None, kind: str) -> list[str]:
     py = [sandbox_python(), "-I", "-B", "_harness.py", mode]
     if kind == "namespaces":
-        uid = UID_BASE + slot
         script = (
-            "mount -t tmpfs -o size=16m,mode=1777 tmpfs /tmp && "
-            "mount -t tmpfs -o size=16m,mode=1777 tmpfs /var/tmp 2>/dev/null; "
-            "mount -t tmpfs -o size=16m,mode=1777 tmpfs /dev/shm 2>/dev/null; "
-            'mkdir /tmp/work && mount --bind "$1" /tmp/work && cd /tmp/work && shift && '
+            '"$0" -I -B "$1" --walls "$2" || exit 70; cd /tmp/work && shift 2 && '
             f"setpriv --reuid={uid} --regid={uid} --clear-groups --no-new-privs "
             '--inh-caps=-all --bounding-set=-all "$@"; exit $?'
         )
-        # sh stays as pid 1 of the namespace (no exec): pid 1 ignores signals it has no handler
-        # for, so the program must not be pid 1, and sh reports a killed child as 128 + signal.
-        return ["unshare", "-n", "-m", "-p", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
-                "sh", "-c", script, "sandbox", str(workdir), *py]
+        # The walls (read-only mounts, fresh tmpfs, the run folder at /tmp/work) are zygote.py's,
+        # built in this namespace by its --walls entry. sh stays as pid 1 of the namespace (no
+        # exec): pid 1 ignores signals it has no handler for, so the program must not be pid 1,
+        # and sh reports a killed child as 128 + signal.
+        return ["unshare", "-n", "-m", "-i", "-p", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
+                "sh", "-c", script, sandbox_python(), str(ZYGOTE), str(workdir), *py]
     if kind == "user-namespace":
         return ["unshare", "-rn", "-p", "--fork", "--kill-child", "sh", "-c", '"$@"; exit $?', "sandbox", *py]
     return py
 
 
-def _kill_group(proc: subprocess.Popen, slot: int, kind: str) -> None:
+def _kill_group(proc: subprocess.Popen, uid: int | None) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if kind in ("namespaces", "uid"):
+    if uid is not None:
         # The pid namespace dies with its first process, taking every descendant with it (also
-        # ones that left the process group with setsid). Sweep the slot's uid anyway, in case.
-        kill_uid_processes(UID_BASE + slot)
+        # ones that left the process group with setsid). Sweep the slot's uid anyway, in case:
+        # the uid is this process's alone (slot_uid), so no other masrl process is touched.
+        kill_uid_processes(uid)
 
 
 def _reader(stream, cap: int, sink: list, over: threading.Event) -> None:
@@ -93,19 +125,36 @@ def _reader(stream, cap: int, sink: list, over: threading.Event) -> None:
 def run_python(code: str, *, mode: str = "script", stdin: str | None = None, limits: Limits = Limits(),
                files: dict[str, str] | None = None, slot: int = 0) -> RunResult:
     """Run ``code`` in a fresh sandboxed process and wait for it (blocking)."""
-    if use_zygote():
-        return zygote_for(slot).run(mode, {"program.py": code, **(files or {})}, stdin, limits)
     kind = isolation()
+    uid = slot_uid(slot) if kind in ("namespaces", "uid") else None
+    leaf = cgroups.prepare(uid, limits) if uid is not None else None
+    kills = cgroups.oom_kills(leaf) if leaf is not None else 0
+    plimits = cgroups.process_limits(limits)
+    if use_zygote():
+        res = zygote_for(slot).run(mode, {"program.py": code, **(files or {})}, stdin, plimits,
+                                   cgroup_procs=str(leaf / "cgroup.procs") if leaf is not None else None)
+    else:
+        res = _run_fresh(code, mode, stdin, plimits, files, uid, kind, leaf)
+    if leaf is not None and cgroups.oom_kills(leaf) > kills:
+        res.detail = (res.detail + "; " if res.detail else "") + \
+            f"the kernel killed a process of the run at its {limits.memory_mb} MB memory limit"
+        if res.status in ("timeout", "runtime_error"):
+            res.status = "memory"
+    return res
+
+
+def _run_fresh(code: str, mode: str, stdin: str | None, limits: Limits, files: dict[str, str] | None,
+               uid: int | None, kind: str, leaf: Path | None) -> RunResult:
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=sandbox_root()))
     try:
         (workdir / "program.py").write_text(code)
         shutil.copyfile(HARNESS, workdir / "_harness.py")
         for name, text in (files or {}).items():
             (workdir / name).write_text(text)
-        if kind in ("namespaces", "uid"):
-            os.chown(workdir, UID_BASE + slot, UID_BASE + slot)
+        if uid is not None:
+            os.chown(workdir, uid, uid)
             for p in workdir.iterdir():
-                os.chown(p, UID_BASE + slot, UID_BASE + slot)
+                os.chown(p, uid, uid)
             nproc = limits.max_procs
         else:
             nproc = user_process_count() + limits.max_procs
@@ -114,9 +163,10 @@ def run_python(code: str, *, mode: str = "script", stdin: str | None = None, lim
                "PYTHONIOENCODING": "utf-8"}
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            _command(workdir, mode, slot, kind), cwd=workdir, env=env, stdin=subprocess.PIPE,
+            _command(workdir, mode, uid, kind), cwd=workdir, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=functools.partial(_limit_child, limits, nproc, UID_BASE + slot if kind == "uid" else None),
+            preexec_fn=functools.partial(_limit_child, limits, nproc, uid if kind == "uid" else None,
+                                         str(leaf / "cgroup.procs") if leaf is not None else None),
         )
         out, err, over = [], [], threading.Event()
         threads = [threading.Thread(target=_reader, args=(proc.stdout, limits.output_bytes, out, over), daemon=True),
@@ -139,7 +189,7 @@ def run_python(code: str, *, mode: str = "script", stdin: str | None = None, lim
                 status = "timeout"
                 break
             time.sleep(0.002)
-        _kill_group(proc, slot, kind)
+        _kill_group(proc, uid)
         proc.wait()
         for t in threads:
             t.join(timeout=2)
@@ -149,13 +199,16 @@ def run_python(code: str, *, mode: str = "script", stdin: str | None = None, lim
             status = status_from_exit(rc, over.is_set())
         stdout = b"".join(out).decode("utf-8", "replace")
         stderr = b"".join(err).decode("utf-8", "replace")
+        if rc == 70 and "sandbox set-up failed" in stderr:
+            raise RuntimeError(f"sandbox could not set up a run: {stderr.strip()[-500:]}")
         if status == "runtime_error" and "MemoryError" in stderr[-300:]:
             status = "memory"
         left = {}
         res = workdir / "results.jsonl"
         if res.is_file() and res.stat().st_size < 8 * 1024 * 1024:
             left["results.jsonl"] = res.read_text(errors="replace")
-        return RunResult(status, rc, stdout, stderr, duration, left)
+        return RunResult(status, rc, stdout, stderr, duration, left,
+                         signal_detail(rc, via_shell=kind in ("namespaces", "user-namespace")))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -28,6 +28,20 @@ class RunResult:
     stderr: str
     duration_s: float
     files: dict[str, str] = field(default_factory=dict)  # small files the harness left (results.jsonl)
+    detail: str = ""  # what the sandbox saw: the signal that killed the program, an OOM kill
+
+
+def signal_detail(rc: int | None, via_shell: bool = False) -> str:
+    """'killed by signal SIGSEGV' for a return code that means a signal (sh reports 128 + n)."""
+    if rc is None:
+        return ""
+    n = -rc if rc < 0 else (rc - 128 if via_shell and 128 < rc < 160 else 0)
+    if not n:
+        return ""
+    try:
+        return f"killed by signal {signal.Signals(n).name}"
+    except ValueError:
+        return f"killed by signal {n}"
 
 
 def status_from_exit(rc: int, over: bool) -> str:
@@ -43,8 +57,6 @@ def status_from_exit(rc: int, over: bool) -> str:
         return "timeout"  # the CPU limit sends SIGXCPU, then SIGKILL at the hard limit
     if rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
         return "output_limit"
-    if rc in (-signal.SIGSEGV, 128 + signal.SIGSEGV):
-        return "memory"
-    return "runtime_error"
+    return "runtime_error"  # a segfault included: the signal's name goes in RunResult.detail
 
 

@@ -5,8 +5,11 @@ process that already sits in them, with the harness imported, costs a few. The z
 root *inside* private network, pid and mount namespaces (started by ``sandbox.py`` with
 ``unshare``) and only ever runs this file's code. For each program it forks a child that:
 
-  1. enters a mount namespace of its own with fresh tmpfs on /tmp, /var/tmp and /dev/shm and its
-     run directory bind-mounted at /tmp/work (so nothing written by one run is seen by the next);
+  1. enters mount and IPC namespaces of its own (SysV shared memory, semaphores and message queues
+     die with the run), joins the run's memory cgroup when there is one, remounts every mount
+     read-only, then puts fresh tmpfs on /tmp, /var/tmp and /dev/shm and its run directory,
+     writable, at /tmp/work: the run can write nowhere else (no world-writable host directory,
+     /run/lock say, keeps a file), and nothing written by one run is seen by the next;
   2. moves to a new session, sets the resource limits, closes every inherited descriptor but the
      three pipes to the zygote, drops to the slot's unprivileged uid with no capabilities and
      ``no_new_privs``;
@@ -29,8 +32,9 @@ import signal
 import sys
 import time
 
-CLONE_NEWNS = 0x00020000
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1, 32, 4096, 16384, 1 << 18, 1 << 21
+KEEP_FLAGS = 2 | 4 | 8 | 1024 | 2048  # nosuid, nodev, noexec, noatime, nodiratime: same bits in statvfs
 PR_SET_NO_NEW_PRIVS = 38
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -46,18 +50,57 @@ def _mount(src, dst, fstype, flags, data) -> None:
     _check(_libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {dst}")
 
 
+def _mount_points() -> list[str]:
+    import re
+
+    points = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            points.append(mp)
+    return points
+
+
+def _remount(path: str, read_only: bool) -> None:
+    f = os.statvfs(path).f_flag
+    flags = MS_REMOUNT | MS_BIND | (f & KEEP_FLAGS) | (MS_RELATIME if f & 4096 else 0) | (MS_RDONLY if read_only else 0)
+    _mount(None, path, None, flags, None)
+
+
+def build_walls(run_dir: str, cgroup_procs: str | None = None) -> None:
+    """In a process that already has a mount namespace of its own (as root): join the run's
+    cgroup, make every mount read-only, then fresh tmpfs on /tmp, /var/tmp, /dev/shm and the run
+    directory, writable, at /tmp/work. Raises if any writable mount cannot be made read-only."""
+    if cgroup_procs:
+        with open(cgroup_procs, "w") as f:
+            f.write(str(os.getpid()))
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    stuck = []
+    for mp in _mount_points():
+        try:
+            if not os.statvfs(mp).f_flag & 1:
+                _remount(mp, True)
+        except OSError as exc:
+            if not os.path.exists(mp):  # covered by a later mount
+                continue
+            stuck.append(f"{mp} ({exc.strerror})")
+    if stuck:
+        raise OSError(f"could not make {', '.join(stuck)} read-only")
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(d):
+            _mount("tmpfs", d, "tmpfs", 0, "size=16m,mode=1777")
+    os.mkdir("/tmp/work")
+    _mount(run_dir, "/tmp/work", None, MS_BIND, None)
+    _remount("/tmp/work", False)  # a bind mount starts with its source's flags: read-only by now
+
+
 def _child(req: dict, run_dir: str, uid: int, fds: tuple[int, int, int]) -> None:
     """In the forked child: build the walls, then run the harness. Never returns."""
     code = 1
     try:
         os.setsid()
-        _check(_libc.unshare(CLONE_NEWNS), "unshare")
-        _mount(None, "/", None, MS_REC | MS_PRIVATE, None)
-        for d in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(d):
-                _mount("tmpfs", d, "tmpfs", 0, "size=16m,mode=1777")
-        os.mkdir("/tmp/work")
-        _mount(run_dir, "/tmp/work", None, MS_BIND, None)
+        _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWIPC), "unshare")
+        build_walls(run_dir, req.get("cgroup_procs"))
         os.chdir("/tmp/work")
         for i, fd in enumerate(fds):
             os.dup2(fd, i)
@@ -263,4 +306,11 @@ def serve(uid: int, harness_path: str, base: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "--walls":  # the fresh-process path: sh runs this, then the program, in one namespace
+        try:
+            build_walls(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] else None)
+        except OSError as exc:
+            sys.stderr.write(f"sandbox set-up failed: {exc}\n")
+            sys.exit(70)
+    else:
+        serve(int(sys.argv[1]), sys.argv[2], sys.argv[3])

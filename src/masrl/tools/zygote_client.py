@@ -10,8 +10,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from masrl.tools.isolation import UID_BASE, isolation, sandbox_python, sandbox_root
-from masrl.tools.sandbox_result import Limits, RunResult, status_from_exit
+from masrl.tools.isolation import isolation, sandbox_python, sandbox_root, slot_uid
+from masrl.tools.sandbox_result import Limits, RunResult, signal_detail, status_from_exit
 
 HARNESS = Path(__file__).with_name("harness.py")
 ZYGOTE = Path(__file__).with_name("zygote.py")
@@ -28,7 +28,7 @@ class Zygote:
 
     def __init__(self, slot: int):
         self.slot = slot
-        self.uid = UID_BASE + slot
+        self.uid = slot_uid(slot)
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
         self.n = 0
@@ -36,7 +36,7 @@ class Zygote:
     def _start(self) -> None:
         base = sandbox_root() / f"zygote-{self.slot}"
         base.mkdir(parents=True, exist_ok=True)
-        cmd = ["unshare", "-n", "-m", "-p", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
+        cmd = ["unshare", "-n", "-m", "-i", "-p", "--fork", "--kill-child", "--mount-proc", "--propagation", "private",
                sandbox_python(), "-I", "-B", str(ZYGOTE), str(self.uid), str(HARNESS), str(base)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}, start_new_session=True)
@@ -67,14 +67,15 @@ class Zygote:
                     f.close()
             self.proc = None
 
-    def run(self, mode: str, files: dict[str, str], stdin: str | None, limits: Limits) -> RunResult:
+    def run(self, mode: str, files: dict[str, str], stdin: str | None, limits: Limits,
+            cgroup_procs: str | None = None) -> RunResult:
         with self.lock:
             for attempt in (1, 2):
                 if self.proc is None or self.proc.poll() is not None:
                     self.close()
                     self._start()
                 self.n += 1
-                req = {"id": self.n, "mode": mode, "files": files, "stdin": stdin,
+                req = {"id": self.n, "mode": mode, "files": files, "stdin": stdin, "cgroup_procs": cgroup_procs,
                        "limits": {k: getattr(limits, k) for k in ("cpu_s", "wall_s", "memory_mb", "file_size_mb",
                                                                    "max_procs", "max_open_files", "output_bytes")}}
                 try:
@@ -101,7 +102,7 @@ def _result_from_reply(rep: dict) -> RunResult:
         raise RuntimeError(f"sandbox could not set up a run: {stderr.strip()}")
     if status == "runtime_error" and "MemoryError" in stderr[-300:]:
         status = "memory"
-    return RunResult(status, rc, rep["stdout"], stderr, rep["duration_s"], rep["files"])
+    return RunResult(status, rc, rep["stdout"], stderr, rep["duration_s"], rep["files"], signal_detail(rc))
 
 
 _ZYGOTES: dict[int, Zygote] = {}

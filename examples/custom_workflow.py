@@ -5,8 +5,10 @@
   solver   again, shown the calculator's result, when its answer disagrees with it (turn 1)
 
 It shows the three things a workflow does: ``ctx.call`` an agent (with an explicit ``turn`` so
-GRPO groups first tries with first tries), ``ctx.tool`` a tool (failures are recorded on the
-trace), and ``ctx.finish`` with the answer. ``score`` returns the outcome the reward pays.
+GRPO groups first tries with first tries), ``ctx.tool`` a tool (it returns a ``ToolResult``; an
+expression the model wrote that the calculator cannot read is a ``ToolUseError``, which comes back
+as ``ok=False`` and is recorded on the trace), and ``ctx.finish`` with the answer. ``score``
+returns the outcome the reward pays.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 
 from masrl.agents import AgentRole
 from masrl.data.answers import answers_equivalent, to_number
-from masrl.runtime.context import ToolError
+from masrl.tools.base import ToolUseError, tool
 from masrl.workflows import math_prompts as P
 from masrl.workflows.math_team import parse_solver
 
@@ -26,6 +28,13 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 def calculator(expression: str) -> float:
     """Evaluate + - * / over numbers, nothing else (no eval of model text)."""
+    try:
+        return _evaluate(expression)
+    except (ValueError, SyntaxError, ZeroDivisionError, RecursionError) as exc:
+        raise ToolUseError(f"cannot evaluate {expression!r}: {exc}") from None
+
+
+def _evaluate(expression: str) -> float:
 
     def ev(node):
         if isinstance(node, ast.Expression):
@@ -50,8 +59,8 @@ class SolveWithCalculator:
     def roles(self):
         return {"solver": AgentRole("solver", parse_solver, "solves, maybe twice", 48, ("</answer>",))}
 
-    def tools(self):
-        return {"calculator": calculator}
+    def tools(self, services):
+        return {"calculator": tool(calculator, description="Evaluate an arithmetic expression (+ - * /)")}
 
     async def run(self, task, ctx):
         msgs = P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, task.question)
@@ -61,10 +70,10 @@ class SolveWithCalculator:
             answer = call.parsed.get("answer")
             call.turn_score = 1.0 if answer is not None and answers_equivalent(answer, task.answer) else 0.0
             expr = re.split(r"=", call.parsed.get("solution") or "")[0].strip()
-            try:
-                value = await ctx.tool("calculator", expression=expr)
-            except ToolError:
+            res = await ctx.tool("calculator", expression=expr)
+            if not res.ok:
                 break  # recorded on the trace; keep the answer we have
+            value = res.value
             if to_number(answer) == value:
                 break
             msgs = msgs + [{"role": "assistant", "content": call.completion},

@@ -89,11 +89,15 @@ class WorkflowConfig(Strict):
 
 
 class DataSourceConfig(Strict):
-    source: Literal["arithmetic", "file"] = "arithmetic"
+    source: Literal["arithmetic", "code_gen", "humaneval", "file"] = Field(
+        "arithmetic", description="arithmetic: seeded math word problems; code_gen: seeded function-writing tasks "
+                                  "with visible and hidden tests; humaneval: the 164 HumanEval problems; file: "
+                                  "JSONL or Parquet")
+    kind: Literal["math", "code"] = Field("math", description="source: file: what the rows hold (code rows carry tests)")
     path: str | None = Field(None, description="JSONL or Parquet file (source: file)")
-    n: int | None = Field(None, ge=1, description="number of tasks (arithmetic) or first n rows (file)")
+    n: int | None = Field(None, ge=1, description="number of tasks (generators) or first n rows (file, humaneval)")
     seed: int = 0
-    levels: list[int] = Field(default_factory=lambda: [1], description="arithmetic difficulty levels (1-4)")
+    levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen 1-2")
 
     @model_validator(mode="after")
     def _check(self) -> "DataSourceConfig":
@@ -103,14 +107,30 @@ class DataSourceConfig(Strict):
             p = Path(self.path).expanduser()
             if not p.is_file():
                 raise ValueError(f"dataset file '{self.path}' does not exist; fix `path` or create the file")
-        if any(level not in (1, 2, 3, 4) for level in self.levels):
-            raise ValueError(f"levels must be among 1, 2, 3, 4; got {self.levels}")
+        allowed = (1, 2) if self.source == "code_gen" else (1, 2, 3, 4)
+        if any(level not in allowed for level in self.levels):
+            raise ValueError(f"levels of source '{self.source}' must be among {', '.join(map(str, allowed))}; "
+                             f"got {self.levels}")
         return self
 
 
 class DataConfig(Strict):
     train: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=2000, seed=1))
     eval: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=64, seed=2))
+
+
+class SandboxConfig(Strict):
+    """Where model-written code runs (the code workflows' ``run_tests`` tool)."""
+
+    require: Literal["any", "namespaces"] = Field(
+        "any", description="namespaces: refuse to run unless the full walls are available (root + unshare); "
+                           "any: run with what the machine allows, warning when it is weak")
+    max_workers: int | None = Field(None, ge=1, description="programs run at once (default: CPU count)")
+    cpu_s: float = Field(5.0, gt=0)
+    wall_s: float = Field(10.0, gt=0)
+    memory_mb: int = Field(512, ge=64, description="for the whole run of one program, its children included")
+    tool_timeout_s: float = Field(300.0, gt=0, description="a test run that takes longer (queueing included) is "
+                                                            "an infrastructure failure")
 
 
 class RolloutConfig(Strict):
@@ -132,7 +152,8 @@ class RolloutConfig(Strict):
 
 
 class RewardConfig(Strict):
-    type: str = Field(description="outcome | format | turn_delta | 'module:factory'")
+    type: str = Field(description="outcome | format | turn_delta | credit (what the workflow credits each call) | "
+                                  "'module:factory'")
     weight: float = 1.0
     per_agent: dict[str, float] = Field(default_factory=dict, description="format: weight per agent")
     penalty: float = Field(0.0, ge=0, description="format: subtracted when an output has no usable tag")
@@ -140,8 +161,9 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
-        if self.type not in ("outcome", "format", "turn_delta") and ":" not in self.type:
-            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta or 'module:factory'")
+        if self.type not in ("outcome", "format", "turn_delta", "credit") and ":" not in self.type:
+            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta, credit or "
+                             "'module:factory'")
         if self.type != "format":
             unused = [k for k, v in (("per_agent", self.per_agent), ("penalty", self.penalty)) if v]
             if unused:
@@ -239,6 +261,7 @@ class RunConfig(Strict):
     workflow: WorkflowConfig
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(type="outcome"), RewardConfig(type="format", weight=0.5)]
     )

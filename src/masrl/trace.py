@@ -35,6 +35,7 @@ class Call:
     format_ok: bool = False
     format_score: float = 0.0  # partial credit in [0, 1] from the agent's parser
     turn_score: float | None = None  # optional per-turn quality set by the workflow (for turn deltas)
+    credit: float | None = None  # the workflow's own reward for this call (paid by the `credit` reward)
     reward: float | None = None
     reward_parts: dict[str, float] = field(default_factory=dict)
     advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained
@@ -49,9 +50,10 @@ class ToolCall:
     name: str
     args: dict[str, Any]
     result: Any = None
-    error: str | None = None
+    error: str | None = None  # model-caused (shown to the model) unless ``infra``
     duration_s: float = 0.0
     turn: int = 0
+    infra: bool = False  # the failure was the infrastructure's: the trace is dropped
 
 
 @dataclass

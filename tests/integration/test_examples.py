@@ -37,5 +37,7 @@ def test_calculator_is_not_eval():
     assert calculator("3 + 4 * 2") == 11
     import pytest
 
-    with pytest.raises(ValueError):
+    from masrl.tools.base import ToolUseError
+
+    with pytest.raises(ToolUseError):
         calculator("__import__('os').system('true')")

@@ -23,10 +23,17 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
         p.pop("model", None)
     for a in data["agents"].values():
         a["max_new_tokens"] = 6
-    data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+    source = data.get("data", {}).get("train", {}).get("source", "arithmetic")
+    if source == "code_gen":  # code workflows keep code tasks and their own (credit) rewards
+        data["data"] = {"train": {"source": "code_gen", "n": 40, "seed": 1, "levels": [1, 2]},
+                        "eval": {"source": "code_gen", "n": 3, "seed": 2, "levels": [1, 2]}}
+        rewards = [r for r in data["rewards"] if r["type"] != "outcome"] + [{"type": "outcome"}]
+    else:
+        data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1},
+                        "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+        rewards = [{"type": "outcome"}, {"type": "format", "weight": 0.5}]
     data["rollout"] = {"tasks_per_step": 2, "samples_per_task": 3, "max_wait_ms": 5}
-    data["rewards"] = [{"type": "outcome"}, {"type": "format", "weight": 0.5},
-                       {"type": "helpers:agent_hash_reward", "options": {"agents": hash_agents}}]
+    data["rewards"] = rewards + [{"type": "helpers:agent_hash_reward", "options": {"agents": hash_agents}}]
     data["train"] = {"steps": steps, "save_every": 1, "eval_before": False, "eval_after": False, "log_traces": 2}
     data["algorithm"] = {"micro_batch_size": 4}
     if run_dir is not None:

@@ -39,7 +39,9 @@ def load_humaneval() -> list[Task]:
             spec = TestSpec("assert", test=row["test"], entry_point=row["entry_point"])
             tasks.append(Task(row["task_id"], row["prompt"], spec, meta={
                 "prompt": row["prompt"], "canonical_solution": row["canonical_solution"],
-                "fn_name": row["entry_point"], "starter_code": row["prompt"]}))
+                "fn_name": row["entry_point"], "starter_code": row["prompt"], "data_source": "humaneval",
+                "preamble": "".join(ln + "\n" for ln in row["prompt"].splitlines()
+                                    if ln.startswith(("import ", "from ")))}))
     return tasks
 
 

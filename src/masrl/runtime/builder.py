@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from masrl.agents import AgentSpec
 from masrl.config import DataSourceConfig, RunConfig
-from masrl.data import arithmetic
+from masrl.data import arithmetic, code_gen
 from masrl.data.loader import load_math_tasks
 from masrl.data.tasks import Task
 from masrl.engines.batcher import Batcher
@@ -21,6 +21,7 @@ from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
 from masrl.runtime.controller import Controller
 from masrl.runtime.precision import resolve_device
+from masrl.runtime.services import Services
 from masrl.runtime.worker import PolicyWorker
 from masrl.workflows import build_workflow, load_object
 
@@ -101,8 +102,11 @@ def build_allocators(cfg: RunConfig) -> list:
             out.append(REWARDS["outcome"](weight=r.weight, **r.options))
         elif r.type == "format":
             out.append(REWARDS["format"](weight=r.weight, per_agent=dict(r.per_agent), penalty=r.penalty))
-        elif r.type == "turn_delta":
-            out.append(REWARDS["turn_delta"](weight=r.weight, **r.options))
+        elif r.type in ("turn_delta", "credit"):
+            try:
+                out.append(REWARDS[r.type](weight=r.weight, **r.options))
+            except TypeError as exc:
+                raise ConfigError(f"rewards.{i}: {r.type} takes no option(s) {', '.join(r.options)} ({exc})") from None
         else:
             factory = load_object(r.type, f"rewards.{i}.type")
             try:
@@ -118,7 +122,18 @@ def build_allocators(cfg: RunConfig) -> list:
 def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None) -> list[Task]:
     if src.source == "arithmetic":
         return arithmetic.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
-    tasks = load_math_tasks(src.path, n=src.n)  # type: ignore[arg-type]
+    if src.source == "code_gen":
+        return code_gen.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
+    if src.source == "humaneval":
+        from masrl.data.code_tasks import load_humaneval
+
+        tasks = load_humaneval()[: src.n]
+    elif src.kind == "code":
+        from masrl.data.code_tasks import load_code_tasks
+
+        tasks = load_code_tasks(src.path, n=src.n)  # type: ignore[arg-type]
+    else:
+        tasks = load_math_tasks(src.path, n=src.n)  # type: ignore[arg-type]
     if exclude:
         tasks = [t for t in tasks if t.question not in exclude]
     return tasks
@@ -174,6 +189,6 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         workers.append(w)
         batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
                                 compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
-    tools = workflow.tools() if hasattr(workflow, "tools") else {}
+    tools = workflow.tools(Services(cfg.sandbox)) if hasattr(workflow, "tools") else {}
     controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
     return Runtime(workflow, agents, workers, controller)

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import time
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
 from masrl.seeding import stable_seed
 from masrl.messages import GenCall
+from masrl.tools.base import Tool, ToolInfraError, ToolResult, run_tool
 from masrl.trace import Call, ToolCall, Trace, new_id
 
 
@@ -17,8 +17,9 @@ class InfraError(RuntimeError):
     """An infrastructure failure (timeout, engine crash): the trace is excluded from training."""
 
 
-class ToolError(RuntimeError):
-    """A tool failed. Recorded on the trace; the workflow decides what to do (catch it or not)."""
+class ToolError(InfraError):
+    """A tool failed for a reason the model did not cause: the trace is dropped, as for InfraError.
+    (A failure the model caused comes back from ``ctx.tool`` as ``ToolResult(ok=False)``.)"""
 
 
 Submit = Callable[[str, GenCall], Awaitable[Any]]
@@ -42,7 +43,7 @@ class WorkflowContext:
         self._submit = submit
         self.train = train
         self.call_timeout_s = call_timeout_s
-        self.tools = tools or {}
+        self.tools = {k: v if isinstance(v, Tool) else Tool.from_function(v, name=k) for k, v in (tools or {}).items()}
         self.temperature = temperature  # eval override
         self.seed = seed  # the trace's sampling seed; each call's derives from it, its agent and turn
         self.state = trace.state
@@ -86,25 +87,39 @@ class WorkflowContext:
         call.format_score = parsed.score
         return call
 
-    async def tool(self, name: str, **args: Any) -> Any:
-        fn = self.tools.get(name)
+    async def tool(self, name: str, **args: Any) -> ToolResult:
+        """Run tool ``name``. A failure the model caused (bad arguments, a failing program) comes
+        back as ``ToolResult(ok=False, error=...)``; an infrastructure failure raises ToolError
+        (the trace is dropped). Every call is recorded on the trace in order."""
+        t = self.tools.get(name)
+        if t is None:
+            raise KeyError(f"the workflow used tool '{name}', which it does not provide "
+                           f"(tools: {', '.join(self.tools) or 'none'})")
+        return await self._run(t, name, args)
+
+    async def model_tool(self, name: str, args: dict) -> ToolResult:
+        """Run a tool call the model wrote: an unknown name is the model's mistake, returned as a result."""
+        t = self.tools.get(name)
+        if t is None:
+            rec = ToolCall(trace_id=self.trace.trace_id, name=name, args=args, turn=len(self.trace.calls))
+            rec.error = f"unknown tool '{name}' (available: {', '.join(self.tools) or 'none'})"
+            self.trace.tool_calls.append(rec)
+            return ToolResult(False, error=rec.error)
+        return await self._run(t, name, args)
+
+    async def _run(self, t: Tool, name: str, args: dict) -> ToolResult:
         rec = ToolCall(trace_id=self.trace.trace_id, name=name, args=args, turn=len(self.trace.calls))
         self.trace.tool_calls.append(rec)
-        if fn is None:
-            rec.error = f"unknown tool '{name}' (available: {', '.join(self.tools) or 'none'})"
-            raise ToolError(rec.error)
         t0 = time.perf_counter()
         try:
-            out = fn(**args)
-            if inspect.isawaitable(out):
-                out = await out
-            rec.result = out
-            return out
-        except Exception as exc:
-            rec.error = f"{type(exc).__name__}: {exc}"
-            raise ToolError(f"tool '{name}' failed: {rec.error}") from exc
+            res = await run_tool(t, args)
+        except ToolInfraError as exc:
+            rec.error, rec.infra = str(exc), True
+            raise ToolError(str(exc)) from exc
         finally:
             rec.duration_s = time.perf_counter() - t0
+        rec.result, rec.error = res.value, res.error
+        return res
 
     def finish(self, answer: Any = None, **state: Any) -> None:
         self.trace.final_answer = answer

@@ -19,8 +19,16 @@ def summarize_traces(traces: list[Trace]) -> dict:
         out["agents"] = {}
         return out
     keys = sorted({k for t in ok for k in t.metrics})
+    agent_names = {c.agent for t in ok for c in t.calls}
+    own: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # "<agent>/<metric>" keys
     for k in keys:
-        out[k] = mean(float(t.metrics.get(k, 0.0)) for t in ok)
+        agent, _, metric = k.partition("/")
+        if metric and agent in agent_names:
+            for t in ok:
+                if k in t.metrics:
+                    own[agent][metric].append(float(t.metrics[k]))
+        else:
+            out[k] = mean(float(t.metrics.get(k, 0.0)) for t in ok)
     by_agent: dict[str, list] = defaultdict(list)
     outcome_by_agent: dict[str, list[float]] = defaultdict(list)
     for t in ok:
@@ -40,6 +48,8 @@ def summarize_traces(traces: list[Trace]) -> dict:
             "tokens": mean(c.n_completion_tokens for c in calls),
             "calls": len(calls),
         }
+        for metric, values in own.get(name, {}).items():  # what the workflow judges this agent on
+            agents[name][metric] = mean(values)
     out["agents"] = agents
     out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
     return out

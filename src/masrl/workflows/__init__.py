@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib
 
 from masrl.errors import ConfigError
+from masrl.workflows.code_team import CodeSolver, CodeTeam
 from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
 
-REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver}
+REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver, "code_team": CodeTeam, "code_solver": CodeSolver}
 
 
 def load_object(ref: str, what: str):
@@ -30,5 +31,5 @@ def build_workflow(name: str, options: dict):
     cls = REGISTRY.get(name) or load_object(name, "workflow")
     try:
         return cls(**options)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ConfigError(f"workflow.options for '{name}': {exc}") from None

@@ -1,0 +1,87 @@
+"""Seeded function-writing tasks small enough that a 135M model sometimes solves them.
+
+Each task asks for one named Python function and carries call tests: a few *visible* cases
+(shown in test feedback) and more *hidden* ones (only scored), so a coder that copies the
+feedback's expected values into its code does not pass. Level 1: one arithmetic or comparison
+step; level 2: a loop over a list or a string.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Callable
+
+from masrl.data.tasks import Task
+from masrl.tools.code_tests import TestSpec
+
+Family = tuple[str, str, Callable[..., object], Callable[[random.Random], list]]  # fn, text, reference, args
+
+
+def _families(rng: random.Random, level: int) -> list[Family]:
+    k = rng.randint(2, 9)
+    c = rng.choice("aeiost")
+    ints = lambda r: [r.randint(-20, 40)]  # noqa: E731
+    pair = lambda r: [r.randint(-20, 40), r.randint(-20, 40)]  # noqa: E731
+    nums = lambda r: [[r.randint(-9, 30) for _ in range(r.randint(1, 6))]]  # noqa: E731
+    word = lambda r: ["".join(r.choice(string.ascii_lowercase[:8] + c * 2) for _ in range(r.randint(1, 8)))]  # noqa: E731
+    if level == 1:
+        return [
+            (f"add_{k}", f"returns x plus {k}", lambda x: x + k, ints),
+            (f"times_{k}", f"returns x multiplied by {k}", lambda x: x * k, ints),
+            ("square", "returns x squared", lambda x: x * x, ints),
+            ("bigger", "returns the larger of a and b", lambda a, b: max(a, b), pair),
+            ("smaller", "returns the smaller of a and b", lambda a, b: min(a, b), pair),
+            ("is_even", "returns True if x is even and False otherwise", lambda x: x % 2 == 0, ints),
+            ("difference", "returns a minus b", lambda a, b: a - b, pair),
+            (f"minus_{k}", f"returns x minus {k}", lambda x: x - k, ints),
+        ]
+    return [
+        ("total", "returns the sum of the numbers in the list xs", lambda xs: sum(xs), nums),
+        ("largest", "returns the largest number in the list xs", lambda xs: max(xs), nums),
+        ("first", "returns the first element of the list xs", lambda xs: xs[0], nums),
+        ("last", "returns the last element of the list xs", lambda xs: xs[-1], nums),
+        ("reverse", "returns the string s reversed", lambda s: s[::-1], word),
+        (f"count_{c}", f"returns how many times the letter '{c}' appears in the string s",
+         lambda s: s.count(c), word),
+        ("length", "returns the number of elements in the list xs", lambda xs: len(xs), nums),
+        ("count_positive", "returns how many numbers in the list xs are greater than 0",
+         lambda xs: sum(1 for x in xs if x > 0), nums),
+    ]
+
+
+def _params(fn_name: str, args: list) -> str:
+    names = {1: ["x"], 2: ["a", "b"]}[len(args)] if not isinstance(args[0], (list, str)) else \
+        (["xs"] if isinstance(args[0], list) else ["s"])
+    return ", ".join(names)
+
+
+def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,), visible: int = 2, hidden: int = 4,
+             exclude: set[str] | None = None) -> list[Task]:
+    """``n`` tasks; the same seed gives the same tasks. ``exclude``: questions to skip (held-out ones)."""
+    rng = random.Random(seed)
+    tasks: list[Task] = []
+    seen = set(exclude or ())
+    tries = 0
+    while len(tasks) < n and tries < n * 50:
+        tries += 1
+        level = rng.choice(list(levels))
+        fn_name, text, ref, draw = rng.choice(_families(rng, level))
+        sample = draw(rng)
+        question = f"Write a Python function `{fn_name}({_params(fn_name, sample)})` that {text}."
+        if question in seen:
+            continue
+        seen.add(question)
+        cases, keys = [], set()
+        while len(cases) < visible + hidden and len(keys) < 200:
+            args = draw(rng)
+            key = repr(args)
+            keys.add(key)
+            if any(repr(c["args"]) == key for c in cases):
+                continue
+            cases.append({"args": args, "expected": ref(*args)})
+        spec = TestSpec("call", tuple(cases), fn_name=fn_name)
+        shown = TestSpec("call", tuple(cases[:visible]), fn_name=fn_name)
+        tasks.append(Task(f"code-{seed}-{len(tasks)}", question, spec,
+                          meta={"fn_name": fn_name, "visible_tests": shown, "level": level, "data_source": "code_gen"}))
+    return tasks

@@ -1,0 +1,181 @@
+"""The plan-code-verify-reflect workflow: parsers, credit, feedback, tools, and the task generator."""
+
+import asyncio
+
+import pytest
+
+from masrl.agents import AgentSpec
+from masrl.config import SandboxConfig
+from masrl.data.code_gen import generate
+from masrl.rewards import CreditReward, combine
+from masrl.runtime.context import InfraError, WorkflowContext
+from masrl.runtime.services import Services
+from masrl.tools.base import Tool, ToolUseError, run_tool, tool
+from masrl.tools.code_tests import TestSpec as Spec
+from masrl.trace import Trace
+from masrl.workflows.code_team import CodeSolver, CodeTeam, feedback, parse_code, parse_plan, parse_reflection
+
+
+def test_code_parser_gives_credit_in_thirds():
+    good = parse_code("<code>def f(x):\n    return x + 1</code>")
+    assert good.ok and good.score == 1.0 and good.fields["code"].startswith("def f")
+    no_def = parse_code("<code>x = 1</code>")
+    assert not no_def.ok and no_def.score == pytest.approx(2 / 3)
+    broken = parse_code("<code>def f(:\n</code>")
+    assert broken.score == pytest.approx(1 / 3)
+    fenced = parse_code("```python\ndef f(x):\n    return x\n```")  # no tag: code still found, format not ok
+    assert fenced.fields["code"].startswith("def f") and not fenced.ok
+    assert parse_code("I do not know").score == 0.0
+
+
+def test_plan_and_reflection_parsers():
+    assert parse_plan("<plan>use max</plan>").ok
+    assert not parse_plan("use max").ok
+    assert parse_reflection("<reflection>off by one</reflection>").fields["reflection"] == "off by one"
+    assert parse_reflection("<reflection></reflection>").score < 1.0
+
+
+def test_generator_is_seeded_and_hides_tests():
+    a, b = generate(20, seed=3, levels=[1, 2]), generate(20, seed=3, levels=[1, 2])
+    assert [t.question for t in a] == [t.question for t in b]
+    assert generate(5, seed=4)[0].question != a[0].question or generate(5, seed=4)[1].question != a[1].question
+    for t in a:
+        assert len(t.answer.cases) == 6 and len(t.meta["visible_tests"].cases) == 2
+        assert t.meta["visible_tests"].cases == t.answer.cases[:2]
+    held = {t.question for t in a}
+    assert not held & {t.question for t in generate(50, seed=5, levels=[1, 2], exclude=held)}
+
+
+def test_feedback_shows_visible_cases_only():
+    result = {"pass_rate": 0.25, "all_passed": False, "first_failure": "x",
+              "cases": [["OK", ""], ["WA", "f(*[2]): expected 4, got 3"], ["WA", "f(*[9]): expected 81, got 8"],
+                        ["OK", ""]]}
+    text = feedback(result, visible=2)
+    assert "expected 4" in text and "expected 81" not in text and "1 of 2 hidden tests passed" in text
+    blind = feedback(result, visible=None)
+    assert "expected" not in blind and "2 of 4 tests failed (WA)" in blind
+
+
+# --- the workflow on hand-written model outputs: credit by hand ------------------------------------
+
+class Scripted:
+    """Stands in for the engines: returns prepared completions per agent, in order."""
+
+    def __init__(self, outputs: dict[str, list[str]]):
+        self.outputs = {k: list(v) for k, v in outputs.items()}
+
+    async def __call__(self, agent, gen):
+        from types import SimpleNamespace
+
+        text = self.outputs[agent].pop(0)
+        return SimpleNamespace(text=text, n_prompt_tokens=10, n_completion_tokens=5, finish_reason="stop")
+
+
+def _agents(names):
+    from masrl.workflows.code_team import CodeTeam
+
+    roles = CodeTeam().roles()
+    return {n: AgentSpec(n, "p", roles[n].parser) for n in names}
+
+
+def _run(workflow, task, outputs, tools):
+    trace = Trace("t", task.id, 0)
+    ctx = WorkflowContext(trace, _agents(workflow.roles()), Scripted(outputs), train=True, call_timeout_s=30,
+                          tools=tools)
+    asyncio.run(workflow.run(task, ctx))
+    trace.metrics.update(workflow.score(trace, task))
+    return trace
+
+
+def test_credit_follows_the_pass_rate_turn_by_turn():
+    task = generate(1, seed=1, levels=[1])[0]
+    fn = task.meta["fn_name"]
+    wrong = f"<code>def {fn}(x):\n    return 0</code>"
+    ref = {"add": "x + {k}", "times": "x * {k}", "minus": "x - {k}"}
+    kind, _, k = fn.partition("_")
+    assert kind in ref, f"seed 1 gives first task is {fn}; pick a seed whose first task is add/times/minus"
+    right = f"<code>def {fn}(x):\n    return {ref[kind].format(k=k)}</code>"
+    services = Services(SandboxConfig())
+    wf = CodeTeam(max_turns=2)
+    tr = _run(wf, task, {"planner": ["<plan>do it</plan>"], "coder": [wrong, right],
+                         "reflector": ["<reflection>return the real value</reflection>"]}, wf.tools(services))
+    calls = {(c.agent, c.turn): c for c in tr.calls}
+    planner, coder0, refl, coder1 = tr.calls
+    assert [c.agent for c in tr.calls] == ["planner", "coder", "reflector", "coder"]
+    p0 = coder0.turn_score  # "return 0" passes only the cases whose answer is 0
+    assert coder0.credit == pytest.approx(p0)
+    assert coder1.turn_score == 1.0 and coder1.credit == pytest.approx(1.0 - p0)
+    assert refl.credit == pytest.approx(1.0 - p0)  # the change its reflection produced
+    assert planner.credit == 1.0
+    assert tr.metrics["outcome"] == 1.0 and tr.metrics["turns_to_success"] == 2.0
+    assert [t.name for t in tr.tool_calls] == ["run_tests", "run_tests"]
+    assert tr.tool_calls[0].turn == 2 and tr.tool_calls[1].turn == 4  # after the call that wrote the code
+    totals = combine(tr, task, [CreditReward()])
+    assert totals[coder1.call_id] == pytest.approx(1.0 - p0) and totals[planner.call_id] == 1.0
+    assert calls[("reflector", 2)].reward_parts == {"credit": pytest.approx(1.0 - p0)}
+
+
+def test_the_loop_stops_once_every_test_passes():
+    task = generate(1, seed=1, levels=[1])[0]
+    fn = task.meta["fn_name"]
+    kind, _, k = fn.partition("_")
+    expr = {"add": "x + {k}", "times": "x * {k}", "minus": "x - {k}"}[kind].format(k=k)
+    wf = CodeTeam(max_turns=3)
+    tr = _run(wf, task, {"planner": ["<plan>p</plan>"], "coder": [f"<code>def {fn}(x):\n    return {expr}</code>"],
+                         "reflector": []}, wf.tools(Services(SandboxConfig())))
+    assert [c.agent for c in tr.calls] == ["planner", "coder"]
+    assert tr.metrics["turns_to_success"] == 1.0 and "reflector/gain" not in tr.metrics
+
+
+def test_a_program_that_fails_is_a_result_but_a_dead_sandbox_drops_the_trace():
+    task = generate(1, seed=1, levels=[1])[0]
+    wf = CodeSolver()
+    tr = _run(wf, task, {"coder": ["<code>raise SystemExit(3)</code>"]}, wf.tools(Services(SandboxConfig())))
+    assert tr.metrics["outcome"] == 0.0 and tr.tool_calls[0].error is None and not tr.tool_calls[0].infra
+
+    async def dead(code: str, tests: Spec) -> dict:
+        raise ConnectionError("sandbox host unreachable")
+
+    with pytest.raises(InfraError, match="sandbox host unreachable"):
+        _run(wf, task, {"coder": ["<code>def f(): pass</code>"]}, {"run_tests": Tool.from_function(dead)})
+
+
+def test_tools_get_a_schema_checked_arguments_and_a_timeout():
+    @tool(description="Look something up", timeout_s=0.2)
+    def lookup(query: str, k: int = 3) -> list:
+        if not query:
+            raise ToolUseError("empty query")
+        return [query] * k
+
+    assert lookup.spec()["function"]["parameters"] == {
+        "type": "object", "properties": {"query": {"type": "string"}, "k": {"type": "integer"}}, "required": ["query"]}
+    assert asyncio.run(run_tool(lookup, {"query": "a", "k": 2})).value == ["a", "a"]
+    assert "must be a integer" in asyncio.run(run_tool(lookup, {"query": "a", "k": "2"})).error
+    assert "takes no argument(s) q" in asyncio.run(run_tool(lookup, {"q": "a", "query": "b"})).error
+    assert asyncio.run(run_tool(lookup, {"query": ""})).error == "empty query"
+
+    import time
+
+    @tool(timeout_s=0.2)
+    def slow(x: int) -> int:
+        time.sleep(1.0)
+        return x
+
+    async def both():  # a slow sync tool runs in a thread: the loop keeps serving others meanwhile
+        t0 = time.perf_counter()
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while time.perf_counter() - t0 < 0.15:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        from masrl.tools.base import ToolInfraError
+
+        results = await asyncio.gather(run_tool(slow, {"x": 1}), ticker(), return_exceptions=True)
+        return results, ticks, time.perf_counter() - t0
+
+    (res, _), ticks, elapsed = asyncio.run(both())
+    assert type(res).__name__ == "ToolInfraError" and "within 0.2s" in str(res)
+    assert ticks >= 5 and elapsed < 0.9

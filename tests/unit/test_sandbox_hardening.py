@@ -203,3 +203,13 @@ def test_weak_isolation_warns_and_can_be_refused(monkeypatch, caplog):
         check_isolation("namespaces")
     monkeypatch.setattr(sb, "isolation", lambda: "namespaces")
     check_isolation("namespaces")  # fine, silent
+
+
+def test_without_a_cgroup_memory_is_shared_out_among_few_processes(monkeypatch):
+    monkeypatch.setattr(cgroups, "mode", lambda: "share")
+    lim = cgroups.process_limits(Limits(memory_mb=512, max_procs=32))
+    assert (lim.max_procs, lim.memory_mb) == (4, 128)  # 4 processes x 128 MB <= 512 MB
+    lim = cgroups.process_limits(Limits(memory_mb=100, max_procs=32))
+    assert (lim.max_procs, lim.memory_mb) == (1, 100)
+    monkeypatch.setattr(cgroups, "mode", lambda: "cgroup1")
+    assert cgroups.process_limits(Limits(memory_mb=512, max_procs=32)).max_procs == 32

@@ -6,13 +6,13 @@ Builders turn these into plain arguments; configs never leak into class construc
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from masrl.config_errors import format_validation_error
 from masrl.errors import ConfigError
 
 
@@ -350,60 +350,6 @@ def apply_override(data: dict, path: list[str], value: Any) -> None:
             raise ConfigError(f"override {dotted}: '{'.'.join(path[:i])}' is a value, not a section")
 
 
-def _suggest(loc: tuple, data: Any) -> str:
-    """For an unknown key, suggest the closest allowed key."""
-    import typing
-
-    node: Any = RunConfig
-    for part in loc[:-1]:
-        if isinstance(node, type) and issubclass(node, BaseModel):
-            field = node.model_fields.get(str(part))
-            if field is None:
-                return ""
-            node = field.annotation
-        else:  # a dict, list or optional around a model: this part is a key or an index
-            args = [a for a in typing.get_args(node) if a is not type(None)]
-            node = _model_in(args[-1]) if args else None
-            if node is None:
-                return ""
-        if not (isinstance(node, type) and issubclass(node, BaseModel)) and typing.get_origin(node) not in (dict, list):
-            node = _model_in(node)
-    model = node if isinstance(node, type) and issubclass(node, BaseModel) else None
-    if model is None:
-        return ""
-    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
-    return f" (did you mean `{close[0]}`?)" if close else f" (allowed: {', '.join(model.model_fields)})"
-
-
-def _model_in(ann: Any):
-    import typing
-
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return ann
-    for arg in typing.get_args(ann):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
-
-
-def format_validation_error(exc: ValidationError, source: str, data: Any = None) -> str:
-    lines = [f"invalid config {source}:"]
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc)
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  unknown key `{key}`{_suggest(loc, data)}; remove or rename it")
-        elif err["type"] == "missing":
-            lines.append(f"  missing key `{key}`: add it")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            got = err.get("input")
-            got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
-            lines.append(f"  `{key}`: {msg}{got_s}" if key else f"  {msg}")
-    return "\n".join(lines)
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None, data: dict | None = None) -> RunConfig:
     """Read a YAML file (or ``data``), apply overrides, validate. Raises ConfigError with the fix."""
     source = str(path) if path is not None else "(inline)"
@@ -423,7 +369,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, data)) from None
+        raise ConfigError(format_validation_error(exc, source, RunConfig)) from None
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -72,8 +72,6 @@ class Scripted:
 
 
 def _agents(names):
-    from masrl.workflows.code_team import CodeTeam
-
     roles = CodeTeam().roles()
     return {n: AgentSpec(n, "p", roles[n].parser) for n in names}
 

@@ -50,10 +50,13 @@ def _families(rng: random.Random, level: int) -> list[Family]:
     ]
 
 
-def _params(fn_name: str, args: list) -> str:
-    names = {1: ["x"], 2: ["a", "b"]}[len(args)] if not isinstance(args[0], (list, str)) else \
-        (["xs"] if isinstance(args[0], list) else ["s"])
-    return ", ".join(names)
+def _params(args: list) -> str:
+    """The parameter names the task text uses for these arguments."""
+    if isinstance(args[0], list):
+        return "xs"
+    if isinstance(args[0], str):
+        return "s"
+    return "x" if len(args) == 1 else "a, b"
 
 
 def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,), visible: int = 2, hidden: int = 4,
@@ -68,7 +71,7 @@ def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,
         level = rng.choice(list(levels))
         fn_name, text, ref, draw = rng.choice(_families(rng, level))
         sample = draw(rng)
-        question = f"Write a Python function `{fn_name}({_params(fn_name, sample)})` that {text}."
+        question = f"Write a Python function `{fn_name}({_params(sample)})` that {text}."
         if question in seen:
             continue
         seen.add(question)

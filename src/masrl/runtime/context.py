@@ -101,15 +101,18 @@ class WorkflowContext:
         """Run a tool call the model wrote: an unknown name is the model's mistake, returned as a result."""
         t = self.tools.get(name)
         if t is None:
-            rec = ToolCall(trace_id=self.trace.trace_id, name=name, args=args, turn=len(self.trace.calls))
+            rec = self._record(name, args)
             rec.error = f"unknown tool '{name}' (available: {', '.join(self.tools) or 'none'})"
-            self.trace.tool_calls.append(rec)
             return ToolResult(False, error=rec.error)
         return await self._run(t, name, args)
 
-    async def _run(self, t: Tool, name: str, args: dict) -> ToolResult:
+    def _record(self, name: str, args: dict) -> ToolCall:
         rec = ToolCall(trace_id=self.trace.trace_id, name=name, args=args, turn=len(self.trace.calls))
         self.trace.tool_calls.append(rec)
+        return rec
+
+    async def _run(self, t: Tool, name: str, args: dict) -> ToolResult:
+        rec = self._record(name, args)
         t0 = time.perf_counter()
         try:
             res = await run_tool(t, args)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -37,11 +38,12 @@ class ToolResult:
 
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+_PY_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list, "object": dict}
 
 
 def _schema_of(ann: Any) -> dict:
     origin = typing.get_origin(ann)
-    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+    if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(ann) if a is not type(None)]
         return _schema_of(args[0]) if len(args) == 1 else {}
     if origin in (list, tuple):
@@ -94,8 +96,7 @@ class Tool:
             return f"tool '{self.name}' takes no argument(s) {', '.join(extra)} (it takes {', '.join(props) or 'none'})"
         for k, v in args.items():
             want = props[k].get("type")
-            py = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-                  "object": dict}.get(want)
+            py = _PY_TYPES.get(want)
             if py is not None and (not isinstance(v, py) or (want in ("integer", "number") and isinstance(v, bool))):
                 return f"tool '{self.name}': argument '{k}' must be a {want}, got {type(v).__name__}"
             if "enum" in props[k] and v not in props[k]["enum"]:

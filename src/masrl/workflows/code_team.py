@@ -125,21 +125,18 @@ def program_of(task: Task, code: str) -> str:
     return task.meta.get("preamble", "") + code
 
 
-class _CodeTools:
-    """The ``run_tests`` tool on a CodeVerifier made on first use (so math runs never start a sandbox)."""
+def code_tools(services) -> dict[str, Tool]:
+    """The ``run_tests`` tool on the run's code verifier, set up now: a sandbox below
+    ``sandbox.require`` stops the run before it starts."""
+    verifier = services.code_verifier()
 
-    def __init__(self, services):
-        self.services = services
-        services.code_verifier()  # set up now: a sandbox below sandbox.require stops the run before it starts
+    async def run_tests(code: str, tests: TestSpec) -> dict:
+        """Run a program against test cases in the sandbox; returns the pass rate and each case's verdict."""
+        if not code.strip():
+            raise ToolUseError("no code to run")
+        return summarize_report(await verifier.verify(code, tests))
 
-    def tools(self) -> dict[str, Tool]:
-        async def run_tests(code: str, tests: TestSpec) -> dict:
-            """Run a program against test cases in the sandbox; returns the pass rate and each case's verdict."""
-            if not code.strip():
-                raise ToolUseError("no code to run")
-            return summarize_report(await self.services.code_verifier().verify(code, tests))
-
-        return {"run_tests": Tool.from_function(run_tests, timeout_s=self.services.tool_timeout_s)}
+    return {"run_tests": Tool.from_function(run_tests, timeout_s=services.tool_timeout_s)}
 
 
 class CodeTeam:
@@ -161,7 +158,7 @@ class CodeTeam:
         return roles
 
     def tools(self, services) -> dict[str, Tool]:
-        return _CodeTools(services).tools()
+        return code_tools(services)
 
     async def run(self, task: Task, ctx) -> None:
         spec, visible = _full_spec(task)
@@ -172,11 +169,10 @@ class CodeTeam:
             plan_text = planner.parsed.get("plan") or ""
         prompt = f"{q}\nPlan: {plan_text}" if self.plan else q
         rates: list[float] = []
-        coders, reflectors = [], []
+        refl = None  # the reflection the next coder turn follows
         code = ""
         for turn in range(self.max_turns):
             coder = await ctx.call("coder", few_shot(CODER_SYSTEM, CODER_EXAMPLES, prompt))
-            coders.append(coder)
             code = coder.parsed.get("code") or ""
             res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)
             result = res.value if res.ok else {"pass_rate": 0.0, "all_passed": False,
@@ -184,30 +180,28 @@ class CodeTeam:
             rate = float(result["pass_rate"])
             coder.credit = rate - (rates[-1] if rates else 0.0)
             coder.turn_score = rate
-            if reflectors:
-                reflectors[-1].credit = rate - rates[-1]
+            if refl is not None:
+                refl.credit = rate - rates[-1]
             rates.append(rate)
             if result["all_passed"] or turn == self.max_turns - 1:
                 break
             shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
             body = f"Task: {q}\nCode:\n{code}\nTests: {shown}"
             refl = await ctx.call("reflector", few_shot(REFLECTOR_SYSTEM, REFLECTOR_EXAMPLES, body))
-            reflectors.append(refl)
             prompt = (f"{q}\nYour previous code:\n{code}\nTests: {shown}\n"
                       f"Reviewer: {refl.parsed.get('reflection') or ''}\nWrite the corrected function.")
         if planner is not None:
             planner.credit = rates[-1]
-        success = next((i + 1 for i, r in enumerate(rates) if r >= 1.0), self.max_turns + 1)
-        ctx.finish(code, rates=rates, turns_to_success=success,
-                   gains=[rates[i + 1] - rates[i] for i in range(len(reflectors))])
+        ctx.finish(code, rates=rates)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         rates = trace.state.get("rates") or [0.0]
+        success = next((i + 1 for i, r in enumerate(rates) if r >= 1.0), self.max_turns + 1)
         out = {"outcome": rates[-1], "pass_rate": rates[-1], "all_passed": float(rates[-1] >= 1.0),
-               "turns_to_success": float(trace.state.get("turns_to_success", self.max_turns + 1)),
+               "turns_to_success": float(success),
                "pass_rate_turn0": rates[0], "coder/pass_rate": sum(rates) / len(rates),
                "coder/accuracy": float(rates[-1] >= 1.0)}
-        gains = trace.state.get("gains") or []
+        gains = [b - a for a, b in zip(rates, rates[1:])]  # a reflection comes before every later coder turn
         if gains:
             out["reflector/gain"] = sum(gains) / len(gains)
             out["reflector/accuracy"] = float(gains[-1] > 0)  # its reflection fixed something
@@ -225,7 +219,7 @@ class CodeSolver:
         return {"coder": AgentRole("coder", parse_code, "writes the function", 160, ("</code>",))}
 
     def tools(self, services) -> dict[str, Tool]:
-        return _CodeTools(services).tools()
+        return code_tools(services)
 
     async def run(self, task: Task, ctx) -> None:
         coder = await ctx.call("coder", few_shot(CODER_SYSTEM, SOLVER_EXAMPLES, question_of(task)))

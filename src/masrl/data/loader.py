@@ -18,6 +18,7 @@ from masrl.data.answers import extract_gold
 from masrl.data.tasks import Task
 from masrl.errors import DataError
 
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a .jsonl/.json-lines or .parquet file, as dicts."""
     p = Path(path).expanduser()
@@ -35,18 +36,17 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         lineno = raw[: exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
                         f"re-save the file as UTF-8") from None
-    if True:
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            row["__line__"] = lineno
-            rows.append(row)
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        row["__line__"] = lineno
+        rows.append(row)
     return rows
 
 

@@ -18,7 +18,7 @@ from masrl.seeding import stable_seed
 from masrl.engines.batcher import Batcher
 from masrl.rewards import combine
 from masrl.errors import MasrlError
-from masrl.runtime.context import InfraError, ToolError, WorkflowContext
+from masrl.runtime.context import InfraError, WorkflowContext
 from masrl.messages import GenCall
 from masrl.runtime.worker import PolicyWorker
 from masrl.trace import Trace, new_id
@@ -60,7 +60,7 @@ class Controller:
                 trace.metrics.update(self.workflow.score(trace, task))
             except asyncio.TimeoutError:
                 trace.error = f"trace timed out after {self.settings.trace_timeout_s:g}s"
-            except (InfraError, ToolError) as exc:  # infrastructure: dropped from training and counted
+            except InfraError as exc:  # infrastructure (ToolError included): dropped from training and counted
                 trace.error = str(exc)
             except Exception as exc:  # a bug in a workflow, parser or scorer: stop the run, say where
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -27,11 +27,12 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
     if source == "code_gen":  # code workflows keep code tasks and their own (credit) rewards
         data["data"] = {"train": {"source": "code_gen", "n": 40, "seed": 1, "levels": [1, 2]},
                         "eval": {"source": "code_gen", "n": 3, "seed": 2, "levels": [1, 2]}}
-        rewards = [r for r in data["rewards"] if r["type"] != "outcome"] + [{"type": "outcome"}]
     else:
         data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1},
                         "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
-        rewards = [{"type": "outcome"}, {"type": "format", "weight": 0.5}]
+    # the config's own rewards (credit, say) stay; the outcome reward always pays
+    rewards = [{"type": "outcome"}] + [r for r in data.get("rewards", [{"type": "format", "weight": 0.5}])
+                                       if r["type"] != "outcome"]
     data["rollout"] = {"tasks_per_step": 2, "samples_per_task": 3, "max_wait_ms": 5}
     data["rewards"] = rewards + [{"type": "helpers:agent_hash_reward", "options": {"agents": hash_agents}}]
     data["train"] = {"steps": steps, "save_every": 1, "eval_before": False, "eval_after": False, "log_traces": 2}

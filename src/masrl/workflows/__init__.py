@@ -6,10 +6,12 @@ import importlib
 
 from masrl.errors import ConfigError
 from masrl.workflows.code_team import CodeSolver, CodeTeam
+from masrl.workflows.debate import Debate
 from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
 
-REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver, "code_team": CodeTeam, "code_solver": CodeSolver}
+REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver, "code_team": CodeTeam, "code_solver": CodeSolver,
+            "debate": Debate}
 
 
 def load_object(ref: str, what: str):

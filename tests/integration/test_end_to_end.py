@@ -82,6 +82,26 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path / "checkpoints").name == "step_000003"
 
 
+def test_resume_without_a_checkpoint_starts_over_without_duplicate_lines(tmp_path, monkeypatch):
+    from masrl.runtime.loop import Trainer
+
+    cfg = load_config(data=tiny_config("math_solver", tmp_path, steps=2, train__save_every=0,
+                                       train__eval_before=True, train__eval_after=True))
+
+    def dies(self):
+        raise RuntimeError("killed before its first checkpoint")
+
+    with monkeypatch.context() as m:  # an attempt that logs both steps, then dies saving
+        m.setattr(Trainer, "save_checkpoint", dies)
+        with pytest.raises(RuntimeError, match="killed"):
+            train(cfg)
+    assert ckpt.latest_checkpoint(tmp_path / "checkpoints") is None
+    train(cfg, resume=True)
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "rollout" in r] == [1, 2]
+    assert [r["eval"] for r in lines if "eval" in r] == ["before", "after"]
+
+
 def run_cli(args, tmp_path, **kw):
     return subprocess.run([sys.executable, "-m", "masrl.cli", *args], cwd=tmp_path, env=env(), capture_output=True,
                           text=True, timeout=300, **kw)

@@ -70,6 +70,7 @@ class Trainer:
             self._forget_after(self.step)
             self.log(f"[masrl] resumed from {existing} at step {self.step}")
         elif resume:
+            self._forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
             self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
 
     def _forget_after(self, step: int) -> None:

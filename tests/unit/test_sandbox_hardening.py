@@ -141,18 +141,18 @@ pids = []
 for k in range(3):
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             b = bytearray(300 << 20)
             for i in range(0, len(b), 4096):
                 b[i] = 1
-            open(f"held-{k}", "w").write("1")
             time.sleep(1.5)
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     pids.append(pid)
-for p in pids:
-    os.waitpid(p, 0)
-print(sum(os.path.exists(f"held-{k}") for k in range(3)))
+# held: children that kept their 300 MB through the sleep and exited normally (an OOM kill is a signal)
+print(sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) == 0 for p in pids))
 """
 
 

@@ -89,15 +89,18 @@ class WorkflowConfig(Strict):
 
 
 class DataSourceConfig(Strict):
-    source: Literal["arithmetic", "code_gen", "humaneval", "file"] = Field(
+    source: Literal["arithmetic", "code_gen", "humaneval", "qa_world", "file"] = Field(
         "arithmetic", description="arithmetic: seeded math word problems; code_gen: seeded function-writing tasks "
-                                  "with visible and hidden tests; humaneval: the 164 HumanEval problems; file: "
-                                  "JSONL or Parquet")
-    kind: Literal["math", "code"] = Field("math", description="source: file: what the rows hold (code rows carry tests)")
+                                  "with visible and hidden tests; humaneval: the 164 HumanEval problems; qa_world: "
+                                  "seeded multi-hop questions over `data.world`'s corpus; file: JSONL or Parquet")
+    kind: Literal["math", "code", "qa"] = Field(
+        "math", description="source: file: what the rows hold (code rows carry tests; qa rows answers and "
+                            "supporting facts)")
     path: str | None = Field(None, description="JSONL or Parquet file (source: file)")
     n: int | None = Field(None, ge=1, description="number of tasks (generators) or first n rows (file, humaneval)")
     seed: int = 0
-    levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen 1-2")
+    levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen 1-2, "
+                                                                       "qa_world 1 one-hop, 2 two-hop, 3 comparison")
 
     @model_validator(mode="after")
     def _check(self) -> "DataSourceConfig":
@@ -107,16 +110,51 @@ class DataSourceConfig(Strict):
             p = Path(self.path).expanduser()
             if not p.is_file():
                 raise ValueError(f"dataset file '{self.path}' does not exist; fix `path` or create the file")
-        allowed = (1, 2) if self.source == "code_gen" else (1, 2, 3, 4)
+        allowed = {"code_gen": (1, 2), "qa_world": (1, 2, 3)}.get(self.source, (1, 2, 3, 4))
         if any(level not in allowed for level in self.levels):
             raise ValueError(f"levels of source '{self.source}' must be among {', '.join(map(str, allowed))}; "
                              f"got {self.levels}")
         return self
 
 
+class WorldConfig(Strict):
+    """The seeded QA world: one corpus for train and held-out questions (``source: qa_world``)."""
+
+    docs: int = Field(300, ge=12, description="entities (one document each): people, cities, organisations")
+    seed: int = 0
+    dir: str | None = Field(None, description="where its corpus.jsonl is written (default: $MASRL_CACHE or "
+                                              "~/.cache/masrl, under qa_world/)")
+
+
 class DataConfig(Strict):
     train: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=2000, seed=1))
     eval: DataSourceConfig = Field(default_factory=lambda: DataSourceConfig(n=64, seed=2))
+    world: WorldConfig = Field(default_factory=WorldConfig)
+
+
+class RetrieverConfig(Strict):
+    """What the search tool searches (search and RAG workflows)."""
+
+    kind: Literal["local", "http"] = Field(
+        "local", description="local: a BM25 index in this process; http: retrieval servers (`masrl serve-retriever`), "
+                             "tried in order with failover")
+    corpus: str | None = Field(None, description="local: a JSONL corpus of {id, title?, text}; default: the QA "
+                                                 "world's corpus")
+    endpoints: list[str] = Field(default_factory=list, description="http: server URLs, e.g. http://127.0.0.1:8000")
+    topk: int = Field(3, ge=1, le=100, description="documents per query")
+    timeout_s: float = Field(5.0, gt=0, description="http: per request")
+    retries: int = Field(1, ge=0, description="http: retries per endpoint before failing over")
+    dead_for_s: float = Field(30.0, ge=0, description="http: a failed endpoint is skipped this long")
+
+    @model_validator(mode="after")
+    def _check(self) -> "RetrieverConfig":
+        if self.kind == "http" and not self.endpoints:
+            raise ValueError("retriever kind 'http' needs `endpoints`: a list of server URLs")
+        if self.kind == "local" and self.endpoints:
+            raise ValueError("`endpoints` is set but kind is 'local'; set kind: http to use the servers")
+        if self.corpus and not Path(self.corpus).expanduser().is_file():
+            raise ValueError(f"retriever corpus '{self.corpus}' does not exist")
+        return self
 
 
 class SandboxConfig(Strict):
@@ -262,6 +300,7 @@ class RunConfig(Strict):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    retriever: RetrieverConfig = Field(default_factory=RetrieverConfig)
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(type="outcome"), RewardConfig(type="format", weight=0.5)]
     )

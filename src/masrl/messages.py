@@ -30,6 +30,7 @@ class GenCall:
     key: dict = field(default_factory=dict)  # task_id, agent, turn, sample_idx, trace_id
     template_kwargs: dict = field(default_factory=dict)  # for the tokenizer's chat template (enable_thinking, ...)
     seed: int | None = None  # the call's own sampling seed: its tokens do not depend on its batch
+    tools: list[dict] = field(default_factory=list)  # JSON specs of tools the model may call (``tools.calls``)
 
 
 @dataclass

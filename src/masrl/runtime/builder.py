@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 
 from masrl.agents import AgentSpec
-from masrl.config import DataSourceConfig, RunConfig
+from masrl.config import DataSourceConfig, RunConfig, WorldConfig
 from masrl.data import arithmetic, code_gen
 from masrl.data.loader import load_math_tasks
 from masrl.data.tasks import Task
@@ -119,7 +119,13 @@ def build_allocators(cfg: RunConfig) -> list:
     return out
 
 
-def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None) -> list[Task]:
+def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world: WorldConfig | None = None) -> list[Task]:
+    if src.source == "qa_world":
+        from masrl.data.qa_tasks import world_tasks
+
+        world = world or WorldConfig()
+        return world_tasks(src.n or 1000, seed=src.seed, world_docs=world.docs, world_seed=world.seed,
+                           levels=src.levels, exclude=exclude)
     if src.source == "arithmetic":
         return arithmetic.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
     if src.source == "code_gen":
@@ -128,6 +134,10 @@ def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None) -> lis
         from masrl.data.code_tasks import load_humaneval
 
         tasks = load_humaneval()[: src.n]
+    elif src.kind == "qa":
+        from masrl.data.qa_tasks import load_qa_tasks
+
+        tasks = load_qa_tasks(src.path, n=src.n)  # type: ignore[arg-type]
     elif src.kind == "code":
         from masrl.data.code_tasks import load_code_tasks
 
@@ -141,8 +151,8 @@ def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None) -> lis
 
 def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
     """Train and held-out tasks; generated train tasks never repeat an eval question."""
-    eval_tasks = load_tasks(cfg.data.eval)
-    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks})
+    eval_tasks = load_tasks(cfg.data.eval, world=cfg.data.world)
+    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks}, world=cfg.data.world)
     if not train_tasks and cfg.train.steps > 0:
         raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "
                           "train question is also a held-out one); point data.train and data.eval at different files "
@@ -189,6 +199,6 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         workers.append(w)
         batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
                                 compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
-    tools = workflow.tools(Services(cfg.sandbox)) if hasattr(workflow, "tools") else {}
+    tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
     controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
     return Runtime(workflow, agents, workers, controller)

@@ -48,7 +48,11 @@ class WorkflowContext:
         self.seed = seed  # the trace's sampling seed; each call's derives from it, its agent and turn
         self.state = trace.state
 
-    async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None) -> Call:
+    async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
+                   tools: list[str] | None = None) -> Call:
+        """Call ``agent`` on ``messages``. ``tools``: names of this workflow's tools the model may
+        call itself (rendered through the chat template's ``tools=`` or masrl's tag format; read
+        its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``)."""
         spec = self.agents.get(agent)
         if spec is None:
             raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
@@ -65,7 +69,7 @@ class WorkflowContext:
             sampling = sampling.model_copy(update={"temperature": self.temperature, "top_p": 1.0})
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
-            template_kwargs=spec.template_kwargs,
+            template_kwargs=spec.template_kwargs, tools=self._specs(tools),
             seed=None if self.seed is None else stable_seed(self.seed, agent, call.turn),
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
@@ -86,6 +90,13 @@ class WorkflowContext:
         call.format_ok = parsed.ok
         call.format_score = parsed.score
         return call
+
+    def _specs(self, names: list[str] | None) -> list[dict]:
+        unknown = [n for n in names or [] if n not in self.tools]
+        if unknown:
+            raise KeyError(f"the workflow offered tool(s) {', '.join(unknown)} to a model, but provides only "
+                           f"{', '.join(self.tools) or 'none'}")
+        return [self.tools[n].spec() for n in names or []]
 
     async def tool(self, name: str, **args: Any) -> ToolResult:
         """Run tool ``name``. A failure the model caused (bad arguments, a failing program) comes

@@ -1,24 +1,33 @@
-"""What workflows' tools are built on: the code verifier (sandbox) today, made once per run from config.
+"""What workflows' tools are built on: the code verifier (sandbox) and the retriever, made once
+per run from config.
 
 A workflow that has tools defines ``tools(services) -> {name: Tool}``; it asks ``services`` for
 what it needs, so the sandbox is set up (and its isolation checked against ``sandbox.require``)
-only in runs whose workflow runs code.
+only in runs whose workflow runs code, and the corpus is indexed only in runs that search.
 """
 
 from __future__ import annotations
 
-from masrl.config import SandboxConfig
+from masrl.config import RetrieverConfig, SandboxConfig, WorldConfig
 from masrl.errors import ConfigError
 
 
 class Services:
-    def __init__(self, sandbox: SandboxConfig):
-        self.sandbox_cfg = sandbox
+    def __init__(self, sandbox: SandboxConfig | None = None, retriever: RetrieverConfig | None = None,
+                 world: WorldConfig | None = None):
+        self.sandbox_cfg = sandbox or SandboxConfig()
+        self.retriever_cfg = retriever or RetrieverConfig()
+        self.world_cfg = world or WorldConfig()
         self._verifier = None
+        self._retriever = None
 
     @property
     def tool_timeout_s(self) -> float:
         return self.sandbox_cfg.tool_timeout_s
+
+    @property
+    def topk(self) -> int:
+        return self.retriever_cfg.topk
 
     def code_verifier(self):
         if self._verifier is None:
@@ -32,3 +41,23 @@ class Services:
                 raise ConfigError(str(exc)) from None
             self._verifier = CodeVerifier(c.max_workers, Limits(cpu_s=c.cpu_s, wall_s=c.wall_s, memory_mb=c.memory_mb))
         return self._verifier
+
+    def retriever(self):
+        """The configured retriever: a local BM25 index (the QA world's corpus by default) or HTTP
+        servers with failover. Both answer ``aretrieve(queries, topk)``."""
+        if self._retriever is None:
+            from masrl.tools.retrieval import LocalRetriever, RetrieverClient
+
+            c = self.retriever_cfg
+            if c.kind == "http":
+                self._retriever = RetrieverClient(c.endpoints, timeout_s=c.timeout_s, retries=c.retries,
+                                                  dead_for_s=c.dead_for_s)
+            else:
+                corpus = c.corpus
+                if corpus is None:
+                    from masrl.data.qa_tasks import ensure_world
+
+                    w = self.world_cfg
+                    corpus = str(ensure_world(w.docs, w.seed, w.dir) / "corpus.jsonl")
+                self._retriever = LocalRetriever(corpus)
+        return self._retriever

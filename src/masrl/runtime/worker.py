@@ -58,13 +58,24 @@ class PolicyWorker:
         return [n for n, p in self.host.policies.items() if p.trainable]
 
     # -- rollout -------------------------------------------------------------------------------
-    def render(self, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+    def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
+        """Prompt token ids. With ``tools``: through the template's own ``tools=`` where it has one,
+        else in masrl's tag format (``tools.calls``)."""
         tok = self.host.tokenizer
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **(template_kwargs or {}))
+        kwargs = dict(template_kwargs or {})
+        if tools or any(m.get("role") == "tool" for m in messages):
+            from masrl.tools.calls import template_renders_tools, with_tools_in_text
+
+            if template_renders_tools(tok):
+                if tools:
+                    kwargs["tools"] = tools
+            else:
+                messages = with_tools_in_text(messages, tools or [])
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return tok(text, add_special_tokens=False)["input_ids"]
 
     def generate(self, calls: list[GenCall]) -> list[GenResult]:
-        prompts = [self.render(c.messages, c.template_kwargs) for c in calls]
+        prompts = [self.render(c.messages, c.template_kwargs, c.tools) for c in calls]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p in zip(calls, prompts)]
         outputs = self.engine.generate(requests)

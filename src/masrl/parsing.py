@@ -100,3 +100,42 @@ def parse_tags(text: str, specs: list[TagSpec], *, strict_outside: bool = True) 
             errors.append("text outside the tags")
     score = passed / total if total else 1.0
     return ParseResult(ok=passed == total, score=score, fields=fields, errors=errors)
+
+
+def parse_json_key(text: str, key: str, *, want: type | None = list) -> ParseResult:
+    """A JSON object holding ``key`` (``{"queries": ["a", "b"]}``); field ``key`` gets its value.
+
+    Checks, each worth the same: the text is one JSON object (a leading/trailing fence or spaces
+    allowed; an object cut off by a stop string is closed for it); it has ``key``; the value has
+    type ``want`` (a list must hold non-empty strings). Field ``text`` keeps the raw completion.
+    """
+    import json
+
+    body = text.strip().removeprefix("```json").removeprefix("```").removesuffix("```").strip()
+    obj, errors = None, []
+    start = body.find("{")
+    if start >= 0:
+        for tail in ("", "}", "]}", "\"]}"):
+            try:
+                obj = json.loads(body[start:] + tail)
+                break
+            except json.JSONDecodeError:
+                continue
+    checks = [isinstance(obj, dict) and start == 0]
+    if obj is None:
+        errors.append("not a JSON object")
+    fields: dict = {"text": text}
+    value = obj.get(key) if isinstance(obj, dict) else None
+    checks.append(value is not None)
+    if value is None:
+        errors.append(f"no key '{key}'")
+    typed = value is not None and (want is None or isinstance(value, want))
+    if typed and want is list:
+        value = [str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
+        typed = bool(value) and len(value) == len(obj[key])
+    checks.append(typed)
+    if value is not None:
+        fields[key] = value
+    if value is not None and not typed:
+        errors.append(f"'{key}' must be a {'list of non-empty strings' if want is list else want.__name__}")
+    return ParseResult(all(checks), sum(checks) / len(checks), fields, errors)

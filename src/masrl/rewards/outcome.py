@@ -1,4 +1,5 @@
-"""Outcome reward: the trace's final score, shared by every call in it."""
+"""Outcome reward: the trace's final score, given in full to every call in it, or (``split``)
+divided evenly among them, so a trace's calls earn the outcome once between them."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class OutcomeReward:
     weight: float = 1.0
     metric: str = "outcome"  # key in trace.metrics set by the workflow's scorer
     name: str = "outcome"
+    split: bool = False
 
     def allocate(self, trace: Trace, task: Task) -> list[RewardAssignment]:
         if self.metric not in trace.metrics:
@@ -20,4 +22,6 @@ class OutcomeReward:
                            f"returned {sorted(trace.metrics) or 'nothing'} for task {trace.task_id}; return "
                            f"{{'{self.metric}': ...}} from score() (or set the reward's options.metric)")
         value = float(trace.metrics[self.metric])
+        if self.split and trace.calls:
+            value /= len(trace.calls)
         return [RewardAssignment(c.call_id, self.weight * value, self.name) for c in trace.calls]

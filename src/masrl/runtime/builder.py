@@ -98,11 +98,9 @@ def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]
 def build_allocators(cfg: RunConfig) -> list:
     out = []
     for i, r in enumerate(cfg.rewards):
-        if r.type == "outcome":
-            out.append(REWARDS["outcome"](weight=r.weight, **r.options))
-        elif r.type == "format":
+        if r.type == "format":
             out.append(REWARDS["format"](weight=r.weight, per_agent=dict(r.per_agent), penalty=r.penalty))
-        elif r.type in ("turn_delta", "credit"):
+        elif r.type in ("outcome", "turn_delta", "credit"):
             try:
                 out.append(REWARDS[r.type](weight=r.weight, **r.options))
             except TypeError as exc:

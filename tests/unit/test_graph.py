@@ -1,0 +1,149 @@
+"""Workflows as YAML graphs: load-time errors that name the culprit, the expression language,
+conditions and the step limit, and the RAG graph giving the same traces as the Python RAG."""
+
+import asyncio
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from masrl.agents import AgentSpec
+from masrl.config import WorldConfig
+from masrl.data.qa_tasks import ensure_world, world_tasks
+from masrl.data.tasks import Task
+from masrl.errors import ConfigError
+from masrl.runtime.context import WorkflowContext
+from masrl.runtime.services import Services
+from masrl.trace import Trace
+from masrl.workflows.expr import EvalError, ExprError, compile_expr, compile_template
+from masrl.workflows.graph import Graph
+from masrl.workflows.rag import RAG
+
+ROOT = Path(__file__).resolve().parents[2]
+RAG_GRAPH = yaml.safe_load((ROOT / "configs" / "graphs" / "rag.yaml").read_text())
+
+
+def test_expressions_evaluate_and_refuse_what_is_not_in_the_language():
+    env = {"a": {"b": "yes", "xs": [1, 2, 3]}, "task": {"question": "q"}}
+    assert compile_expr('a.b == "yes" and len(a.xs) > 2')(env) is True
+    assert compile_expr('not (a.xs[0] >= 2) or a["b"] != "yes"')(env) is True
+    assert compile_expr('take(a.xs, 2) if 3 in a.xs else none')(env) == [1, 2]
+    assert compile_expr("a.missing or 'default'").refs == (("a", "missing"),)
+    with pytest.raises(EvalError, match="a has no field 'missing'"):
+        compile_expr("a.missing")(env)
+    for bad, why in [('__import__("os")', "unknown function"), ("a.__class__", "starting with '_'"),
+                     ("(lambda: 1)()", "unknown function"), ("[x for x in a]", "ListComp"), ("a ** 2", "BinOp"),
+                     ("len(a, key=1)", "keyword"), ("a if", "does not parse")]:
+        with pytest.raises(ExprError, match=why):
+            compile_expr(bad)
+    t = compile_template("Q: {task.question} {{literal}} {join(a.xs, '-')}")
+    assert t.render(env) == "Q: q {literal} 1-2-3"
+    with pytest.raises(ExprError, match="never closed"):
+        compile_template("Q: {task.question")
+
+
+def _mutated(**edits):
+    g = copy.deepcopy(RAG_GRAPH)
+    for path, value in edits.items():
+        node = g
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return g
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"nodes__decompose__next": "retreive"}, "nodes.decompose.next: unknown node 'retreive'"),
+    ({"nodes__answer__agent": "answerr"}, "nodes.answer.agent: unknown agent 'answerr'"),
+    ({"nodes__retrieve__tool": "search"}, "nodes.retrieve.tool: unknown tool 'search'"),
+    ({"nodes__answer__prompt": "Notes: {write.evidnce}"}, "node 'write' has no field 'evidnce'"),
+    ({"nodes__answer__prompt": "Q: {task.questoin}"}, "task has no field 'questoin'"),
+    ({"nodes__answer__prompt": "Q: {wirte.evidence}"}, "unknown name 'wirte'"),
+    ({"nodes__answer__prompt": "Q: {item}"}, "'item' exists only in a node with `foreach`"),
+    ({"nodes__answer__next": [{"if": "eval('1')", "to": "end"}]}, "unknown function 'eval'"),
+    ({"start": "begin"}, "start 'begin' is not a node"),
+    ({"answer": "answer.reply"}, "node 'answer' has no field 'reply'"),
+    ({"agents__answerer__parser": {"xml": "a"}}, "is not a parser"),
+    ({"tools": ["grep"]}, "graph tool 'grep' is unknown"),
+    ({"nodes__answer__tpye": "llm"}, "unknown key `nodes.answer.llm.tpye`"),
+])
+def test_a_graph_naming_something_unknown_is_rejected_at_load(edit, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        Graph(graph=_mutated(**edit))
+
+
+class Echo:
+    """A deterministic engine: each completion is a function of the agent, the messages and the seed,
+    so two workflows that send the same calls get the same outputs."""
+
+    def __init__(self, scripted=None):
+        self.scripted = scripted or {}
+
+    async def __call__(self, agent, gen):
+        from types import SimpleNamespace
+
+        h = hashlib.sha256(json.dumps([agent, gen.messages, gen.seed]).encode()).hexdigest()[:8]
+        text = self.scripted.get(agent, f"<evidence>fact {h}</evidence>" if agent == "evidence_writer"
+                                 else f"<answer>{h}</answer>")
+        return SimpleNamespace(text=text, n_prompt_tokens=1, n_completion_tokens=1, finish_reason="stop")
+
+
+def _run(wf, task, services, engine, seed=7):
+    trace = Trace("t", task.id, 0)
+    agents = {n: AgentSpec(n, "p", r.parser, r_sampling(r)) for n, r in wf.roles().items()}
+    ctx = WorkflowContext(trace, agents, engine, train=True, call_timeout_s=30, tools=wf.tools(services), seed=seed)
+    asyncio.run(wf.run(task, ctx))
+    trace.metrics.update(wf.score(trace, task))
+    return trace
+
+
+def r_sampling(role):
+    from masrl.config import SamplingParams
+
+    return SamplingParams(temperature=0.7).resolved(role.default_max_new_tokens, role.default_stop)
+
+
+def _shape(trace):
+    calls = [(c.agent, c.turn, c.messages, c.completion, c.parsed, c.format_score) for c in trace.calls]
+    tools = [(t.name, t.turn, t.args, t.result, t.error) for t in trace.tool_calls]
+    return calls, tools, trace.final_answer
+
+
+@pytest.fixture()
+def qa(tmp_path):
+    w = WorldConfig(docs=40, seed=0, dir=str(tmp_path / "w"))
+    ensure_world(w.docs, w.seed, w.dir)
+    return Services(world=w), world_tasks(4, seed=5, world_docs=40, world_seed=0, levels=[1, 2])
+
+
+def test_rag_graph_and_python_rag_make_the_same_calls(qa):
+    services, tasks = qa
+    dec = '{"queries": ["%s", "%s born"]}'
+    for task in tasks:
+        words = task.question.rstrip("?").split()
+        engine = Echo({"decomposer": dec % (" ".join(words[-3:]), words[-2])})
+        py, graph = _run(RAG(), task, services, engine), _run(Graph(graph=RAG_GRAPH), task, services, engine)
+        assert _shape(py) == _shape(graph)
+        assert [c.agent for c in py.calls] == ["decomposer", "evidence_writer", "evidence_writer", "answerer"]
+        assert py.tool_calls[0].args["queries"] == [" ".join(words[-3:]), f"{words[-2]} born"]
+        assert {k: py.metrics[k] for k in ("outcome", "f1", "em")} == {k: graph.metrics[k] for k in ("outcome", "f1", "em")}
+    broken = Echo({"decomposer": "I will search"})  # no JSON: both fall back to the question as the one query
+    py, graph = _run(RAG(), tasks[0], services, broken), _run(Graph(graph=RAG_GRAPH), tasks[0], services, broken)
+    assert _shape(py) == _shape(graph) and py.tool_calls[0].args == {"queries": [tasks[0].question]}
+
+
+def test_conditions_loop_until_the_step_limit():
+    g = {"agents": {"a": {"parser": {"tags": ["answer"]}}}, "start": "ask", "max_steps": 3, "answer": "ask.answer",
+         "nodes": {"ask": {"type": "llm", "agent": "a", "prompt": "try {visits.ask}: {task.question}",
+                           "next": [{"if": "ask.answer != '4'", "to": "ask"}, {"to": "end"}]}},
+         "score": "math"}
+    task = Task("t", "2+2?", "4")
+    wrong = _run(Graph(graph=g), task, None, Echo({"a": "<answer>5</answer>"}))
+    assert len(wrong.calls) == 3 and wrong.metrics["step_limit_hit"] == 1.0 and wrong.metrics["outcome"] == 0.0
+    assert [c.messages[-1]["content"] for c in wrong.calls] == ["try 0: 2+2?", "try 1: 2+2?", "try 2: 2+2?"]
+    right = _run(Graph(graph=g), task, None, Echo({"a": "<answer>4</answer>"}))
+    assert len(right.calls) == 1 and right.metrics == {"outcome": 1.0, "step_limit_hit": 0.0}

@@ -136,7 +136,7 @@ class RetrieverConfig(Strict):
     """What the search tool searches (search and RAG workflows)."""
 
     kind: Literal["local", "http"] = Field(
-        "local", description="local: a BM25 index in this process; http: retrieval servers (`masrl serve-retriever`), "
+        "local", description="local: a BM25 index in this process; http: retrieval servers (`masrl retriever serve CORPUS`), "
                              "tried in order with failover")
     corpus: str | None = Field(None, description="local: a JSONL corpus of {id, title?, text}; default: the QA "
                                                  "world's corpus")

@@ -228,6 +228,11 @@ class AlgorithmConfig(Strict):
         default_factory=lambda: ["task_id", "agent", "turn"]
     )
     std_normalize: bool = Field(True, description="grpo: divide by the group's std")
+    reward_norm: Literal["none", "batch", "running"] = Field(
+        "none", description="normalise each policy's rewards before the estimator: batch (this step's mean and std) "
+                            "or running (mean and std over all steps so far, saved in checkpoints)")
+    whiten_advantages: bool = Field(False, description="after the estimator, whiten each policy's advantages "
+                                                       "(minus their mean, over their std) over the step")
     baseline: Literal["none", "group_mean"] = Field("none", description="reinforce_pp baseline")
     clip_eps: float = Field(0.2, gt=0, lt=1)
     clip_eps_high: float | None = Field(None, gt=0, description="asymmetric upper clip (DAPO); default clip_eps")

@@ -34,6 +34,7 @@ class Sample:
     temperature: float
     key: dict  # task_id, agent, turn, sample_idx, trace_id
     reward: float | None = None
+    train_reward: float | None = None  # the reward the estimator used (after ``algorithm.reward_norm``)
     advantage: float = 0.0
     token_adv: list[float] | None = None  # GAE
     returns: list[float] | None = None

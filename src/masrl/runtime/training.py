@@ -19,6 +19,8 @@ import torch.nn.functional as F
 
 from masrl.algorithms import SEQUENCE_ESTIMATORS
 from masrl.algorithms.gae import gae_advantages, place_sequence_rewards, whiten
+from masrl.algorithms.normalize import normalize_rewards
+from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
 from masrl.modeling import fused
@@ -131,12 +133,20 @@ def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, w
     return logp, entropy, values
 
 
+def train_rewards(samples: list[Sample], algo, stats=None) -> None:
+    """Each sample's reward as the estimator sees it (``algorithm.reward_norm``), in ``train_reward``."""
+    rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
+    for s, r in zip(samples, normalize_rewards(rewards, algo.reward_norm, stats).tolist()):
+        s.train_reward = r
+
+
 def compute_advantages(samples: list[Sample], algo) -> None:
     """Set ``advantage`` on each sample (sequence estimators); GAE is done in ``_prepare``."""
     if algo.advantage == "gae":
         return
     keys = [tuple(s.key.get(k) if k != "policy" else s.policy for k in algo.group_key) for s in samples]
-    rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
+    rewards = torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward) for s in samples],
+                           dtype=torch.float64)
     gid = group_ids(keys)
     if algo.advantage in SEQUENCE_ESTIMATORS:
         adv = SEQUENCE_ESTIMATORS[algo.advantage](rewards, gid, algo)
@@ -148,6 +158,8 @@ def compute_advantages(samples: list[Sample], algo) -> None:
         if adv.shape != rewards.shape:
             raise ValueError(f"algorithm.advantage '{algo.advantage}' returned shape {tuple(adv.shape)} for "
                              f"{len(samples)} samples; return one advantage per sample")
+    if algo.whiten_advantages:
+        adv = whiten_adv(adv)
     for s, a in zip(samples, adv.tolist()):
         s.advantage = a
 
@@ -179,7 +191,8 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
         T = max(len(s.completion_ids) for s in samples)
         mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
         values = pad_rows([s.old_values for s in samples], T)
-        rewards = place_sequence_rewards(torch.tensor([float(s.reward) for s in samples]), mask)
+        rewards = place_sequence_rewards(torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward)
+                                                       for s in samples]), mask)
         adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
         adv = whiten(adv, mask)
         for i, s in enumerate(samples):
@@ -188,10 +201,12 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
-                 pad_id: int, seed: int = 0) -> dict[str, float]:
-    """Update ``policy`` on its ``samples``; return metrics."""
+                 pad_id: int, seed: int = 0, reward_stats=None) -> dict[str, float]:
+    """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
+    reward moments (``algorithm.reward_norm: running``)."""
     critic = algo.advantage == "gae"
     layout = choose_layout(host, algo)
+    train_rewards(samples, algo, reward_stats)
     compute_advantages(samples, algo)
     _prepare(host, policy, samples, algo, pad_id, layout)
     zero_grad_possible = algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not critic

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from masrl.algorithms.normalize import RunningMoments
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
 from masrl.messages import GenCall, GenRequest, GenResult
@@ -46,6 +47,7 @@ class PolicyWorker:
                     self.host.policy_parameters(spec.name), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
                 )
         self.buffer: dict[str, Sample] = {}
+        self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
         self.last_advantages: dict[str, float] = {}
         self.step = 0
 
@@ -114,7 +116,8 @@ class PolicyWorker:
                 continue
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
-                             self.pad_id, seed=self.seed + self.step)
+                             self.pad_id, seed=self.seed + self.step,
+                             reward_stats=self.reward_stats.setdefault(name, RunningMoments()))
             m["update_s"] = time.perf_counter() - t0
             metrics[name] = m
         if metrics:
@@ -135,7 +138,8 @@ class PolicyWorker:
         d = Path(directory)
         for name in self.trainable_names:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
-        (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps({"step": self.step}))
+        (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
+            {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()}}))
 
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         d = Path(directory)
@@ -144,7 +148,9 @@ class PolicyWorker:
         self.engine.weights_updated()
         meta = d / f"worker_{'_'.join(self.policy_names)}.json"
         if meta.is_file():
-            self.step = json.loads(meta.read_text())["step"]
+            state = json.loads(meta.read_text())
+            self.step = state["step"]
+            self.reward_stats = {k: RunningMoments.from_state(v) for k, v in state.get("reward_stats", {}).items()}
 
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed."""

@@ -40,6 +40,21 @@ class OptimConfig(Strict):
 DEVICE = r"^(auto|cpu|cuda|cuda:\d+)$"
 
 
+class ScheduleConfig(Strict):
+    """When and how fast a policy learns (per policy)."""
+
+    update_every: int = Field(1, ge=1, description="update this policy every k steps; its calls of the steps between "
+                                                    "are kept and trained on at the next update")
+    warmup_updates: int = Field(0, ge=0, description="linear LR warm-up over this many updates")
+    decay: Literal["constant", "linear", "cosine"] = Field("constant", description="LR decay after warm-up, to "
+                                                                                  "min_lr_ratio at the last update")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    total_updates: int | None = Field(None, ge=1, description="updates the decay spans (default: train.steps // "
+                                                              "update_every)")
+    ema: float | None = Field(None, gt=0, lt=1, description="keep an EMA of the weights with this decay and "
+                                                            "evaluate with it")
+
+
 class PolicyConfig(Strict):
     model: str | None = Field(None, description="model for this policy; default: the top-level `model`")
     device: str | None = Field(None, pattern=DEVICE, description="auto | cpu | cuda | cuda:N; default: the run's `device`")
@@ -47,6 +62,7 @@ class PolicyConfig(Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="chat template keyword arguments for every agent of this policy")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

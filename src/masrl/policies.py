@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from masrl.config import LoraConfig, OptimConfig
+from masrl.config import LoraConfig, OptimConfig, ScheduleConfig
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,7 @@ class PolicySpec:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainable: bool = True  # false when no trainable agent maps to it: no optimizer, no reference
     device: str = "cpu"  # resolved: cpu | cuda:N
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # total_updates resolved
 
     @property
     def is_lora(self) -> bool:

@@ -59,7 +59,10 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             device = resolve_device(cfg.policy_device(name))
         except ConfigError as exc:
             raise ConfigError(f"{key}: {exc}") from None
-        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device))
+        sched = p.schedule
+        if sched.total_updates is None:
+            sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
+        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, sched))
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:

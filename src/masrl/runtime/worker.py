@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import torch
 
 from masrl.algorithms.normalize import RunningMoments
+from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
 from masrl.messages import GenCall, GenRequest, GenResult
@@ -48,6 +50,9 @@ class PolicyWorker:
                 )
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
+        self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)
+        self.emas = {n: WeightEMA(self.host.policy_parameters(n), spec.schedule.ema)
+                     for n, spec in self.host.policies.items() if n in self.optimizers and spec.schedule.ema}
         self.last_advantages: dict[str, float] = {}
         self.step = 0
 
@@ -110,15 +115,29 @@ class PolicyWorker:
     def train_step(self) -> dict[str, dict[str, float]]:
         """Update every trainable policy on its rewarded calls, then clear the buffer."""
         metrics: dict[str, dict[str, float]] = {}
+        waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
         for name, opt in self.optimizers.items():
+            sched = self.host.policies[name].schedule
             samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None]
+            if (self.step + 1) % sched.update_every:
+                waiting.add(name)
+                continue
             if not samples:
                 continue
+            lr = self.host.policies[name].optim.lr * lr_factor(
+                self.updates[name], warmup=sched.warmup_updates, total=sched.total_updates, decay=sched.decay,
+                min_ratio=sched.min_lr_ratio)
+            for g in opt.param_groups:
+                g["lr"] = lr
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
                              self.pad_id, seed=self.seed + self.step,
                              reward_stats=self.reward_stats.setdefault(name, RunningMoments()))
             m["update_s"] = time.perf_counter() - t0
+            m["lr"] = lr
+            self.updates[name] += 1
+            if name in self.emas:
+                self.emas[name].update()
             metrics[name] = m
         if metrics:
             self.engine.weights_updated(list(metrics))
@@ -128,7 +147,7 @@ class PolicyWorker:
         unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)
         for m in metrics.values():
             m["unrewarded_calls"] = float(unrewarded)
-        self.buffer.clear()
+        self.buffer = {k: s for k, s in self.buffer.items() if s.policy in waiting and s.reward is not None}
         self.step += 1
         return metrics
 
@@ -138,8 +157,11 @@ class PolicyWorker:
         d = Path(directory)
         for name in self.trainable_names:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
+        for name, ema in self.emas.items():
+            torch.save(ema.state_dict(), d / name / "ema.pt")
         (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
-            {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()}}))
+            {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()},
+             "updates": self.updates}))
 
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         d = Path(directory)
@@ -151,6 +173,26 @@ class PolicyWorker:
             state = json.loads(meta.read_text())
             self.step = state["step"]
             self.reward_stats = {k: RunningMoments.from_state(v) for k, v in state.get("reward_stats", {}).items()}
+            self.updates.update(state.get("updates", {}))
+        for name, ema in self.emas.items():
+            if (d / name / "ema.pt").is_file():
+                ema.load_state_dict(torch.load(d / name / "ema.pt", weights_only=True))
+
+    @contextmanager
+    def evaluating(self):
+        """Policies with a weight EMA serve their EMA weights inside this block."""
+        if not self.emas:
+            yield
+            return
+        with ExitStack() as stack:
+            for ema in self.emas.values():
+                stack.enter_context(ema.swapped_in())
+            self.engine.weights_updated(list(self.emas))
+            try:
+                yield
+            finally:
+                stack.close()
+                self.engine.weights_updated(list(self.emas))
 
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed."""

@@ -63,13 +63,21 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    **{f"{k}": v for k, v in timing.get(r["step"], {}).items()},
                    "agents": r["rollout"].get("agents", {}), "outcome": r["rollout"].get("outcome"),
                    "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
-                   "policies": r.get("policies", {})} for r in steps],
+                   "policies": _policy_metrics(r)} for r in steps],
         "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
         "traces": kept,
         "note": (f"Traces: those logged per step (train.log_traces), of {len(keep)} of {len(trace_steps)} steps"
                  f"{' (evenly spread)' if len(keep) < len(trace_steps) else ''}; texts cut at {max_chars} characters."),
     }
+
+
+def _policy_metrics(rec: dict) -> dict:
+    """A step's training metrics per policy, with the rollout's diversity figures beside them."""
+    out = {p: dict(m) for p, m in rec.get("policies", {}).items()}
+    for p, d in rec.get("rollout", {}).get("policies", {}).items():
+        out.setdefault(p, {}).update({k: v for k, v in d.items() if k.startswith("distinct")})
+    return out
 
 
 def build_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Path:
@@ -137,7 +145,7 @@ document.getElementById('config').textContent=D.config;
 const agents=names('agents'), policies=names('policies');
 for(const [key,title] of [['reward','reward'],['accuracy','accuracy'],['format_rate','format rate']])
   chart(document.getElementById('agent-charts'),title+' per agent',agents.map(a=>({name:a,points:steps.map(s=>[s.step,(s.agents[a]||{})[key]])})));
-for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fraction'],['entropy','entropy'],['grad_norm','grad norm'],['lp_mismatch','rollout/trainer logprob gap']])
+for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fraction'],['entropy','entropy'],['grad_norm','grad norm'],['lp_mismatch','rollout/trainer logprob gap'],['distinct_2','distinct-2 of completions']])
   chart(document.getElementById('policy-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));
 chart(document.getElementById('time-charts'),'seconds per step',['rollout_s','update_s','eval_s','checkpoint_s'].map(k=>({name:k.replace('_s',''),points:steps.map(s=>[s.step,s[k]])})));
 const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];

@@ -66,7 +66,10 @@ def test_the_report_opens_in_chromium_and_shows_a_call(run_dir, tmp_path):
         lines = driver.find_elements(By.CSS_SELECTOR, "svg polyline")
         assert len(lines) >= 10  # agents x 3 curves, the policy's 6, step times, held-out
         titles = {e.get_attribute("data-title") for e in driver.find_elements(By.CSS_SELECTOR, "svg[data-title]")}
-        assert {"reward per agent", "loss per policy", "seconds per step", "held-out accuracy"} <= titles
+        assert {"reward per agent", "loss per policy", "seconds per step", "held-out accuracy",
+                "distinct-2 of completions per policy"} <= titles
+        div = driver.find_element(By.CSS_SELECTOR, "svg[data-title='distinct-2 of completions per policy']")
+        assert div.find_elements(By.CSS_SELECTOR, "polyline")  # a curve, not "no data"
         Select(driver.find_element(By.ID, "step-select")).select_by_value("2")
         Select(driver.find_element(By.ID, "task-select")).select_by_value(target["task_id"])
         box = driver.find_element(By.CSS_SELECTOR, f"[data-call='{call['call_id']}']")

@@ -51,3 +51,11 @@ def test_options_change_the_advantages_the_policy_trains_on():
     assert [x.advantage for x in s3] == pytest.approx([1 / std, -1 / std, 4 / std, -4 / std], abs=1e-5)
     assert [x.reward for x in s3] == [1.0, 0.0, 10.0, 6.0]  # the allocated reward is kept as it was
 
+
+
+def test_distinct_n_by_hand():
+    from masrl.runtime.metrics import distinct_n
+
+    texts = ["a b a", "a b c"]  # unigrams a b a a b c: 3 distinct of 6; bigrams ab ba ab bc: 3 of 4
+    assert distinct_n(texts, 1) == 0.5 and distinct_n(texts, 2) == 0.75
+    assert distinct_n(["same"] * 4, 1) == 0.25 and distinct_n([""], 2) == 0.0

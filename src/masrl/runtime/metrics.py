@@ -8,6 +8,18 @@ from statistics import mean
 from masrl.trace import Trace
 
 
+def distinct_n(texts: list[str], n: int) -> float:
+    """Distinct n-grams over all n-grams of ``texts`` (whitespace tokens): 1.0 when no n-gram
+    repeats, near 0 when every completion says the same thing."""
+    grams = [tuple(toks[i:i + n]) for t in texts for toks in [t.split()] for i in range(len(toks) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def diversity(calls) -> dict[str, float]:
+    texts = [c.completion or "" for c in calls]
+    return {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2)}
+
+
 def summarize_traces(traces: list[Trace]) -> dict:
     """Per-run and per-agent figures over the traces that did not fail."""
     ok = [t for t in traces if not t.failed]
@@ -47,10 +59,16 @@ def summarize_traces(traces: list[Trace]) -> dict:
             "format_score": mean(c.format_score for c in calls),
             "tokens": mean(c.n_completion_tokens for c in calls),
             "calls": len(calls),
+            **diversity(calls),
         }
         for metric, values in own.get(name, {}).items():  # what the workflow judges this agent on
             agents[name][metric] = mean(values)
     out["agents"] = agents
+    by_policy: dict[str, list] = defaultdict(list)
+    for t in ok:
+        for c in t.calls:
+            by_policy[c.policy].append(c)
+    out["policies"] = {p: {"calls": len(cs), **diversity(cs)} for p, cs in sorted(by_policy.items())}
     out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
     return out
 

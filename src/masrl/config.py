@@ -105,10 +105,11 @@ class WorkflowConfig(Strict):
 
 
 class DataSourceConfig(Strict):
-    source: Literal["arithmetic", "code_gen", "humaneval", "qa_world", "file"] = Field(
+    source: Literal["arithmetic", "code_gen", "humaneval", "qa_world", "episodes", "file"] = Field(
         "arithmetic", description="arithmetic: seeded math word problems; code_gen: seeded function-writing tasks "
                                   "with visible and hidden tests; humaneval: the 164 HumanEval problems; qa_world: "
-                                  "seeded multi-hop questions over `data.world`'s corpus; file: JSONL or Parquet")
+                                  "seeded multi-hop questions over `data.world`'s corpus; episodes: seeds for an "
+                                  "environment's episodes (workflow env); file: JSONL or Parquet")
     kind: Literal["math", "code", "qa"] = Field(
         "math", description="source: file: what the rows hold (code rows carry tests; qa rows answers and "
                             "supporting facts)")

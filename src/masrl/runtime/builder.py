@@ -127,6 +127,13 @@ def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world:
         world = world or WorldConfig()
         return world_tasks(src.n or 1000, seed=src.seed, world_docs=world.docs, world_seed=world.seed,
                            levels=src.levels, exclude=exclude)
+    if src.source == "episodes":
+        import random
+
+        rng = random.Random(f"episodes-{src.seed}")
+        seeds = [rng.getrandbits(48) for _ in range(src.n or 1000)]
+        return [Task(f"ep-{src.seed}-{i}", f"episode {s}", None, {"seed": s}) for i, s in enumerate(seeds)
+                if not exclude or f"episode {s}" not in exclude]
     if src.source == "arithmetic":
         return arithmetic.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
     if src.source == "code_gen":

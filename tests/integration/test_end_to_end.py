@@ -135,6 +135,9 @@ def test_cli_train_then_eval_checkpoint(tmp_path):
     out = run_cli(["eval", str(cfgfile), "--checkpoint", str(tmp_path / "run")], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "evaluating" in out.stdout and "step_000001" in out.stdout and "held-out" in out.stdout
+    out = run_cli(["eval", str(cfgfile), "--checkpoint", str(tmp_path / "run"), f"output_dir={tmp_path / 'ev'}"], tmp_path)
+    summary = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert out.returncode == 0 and summary["traces"] == 3 and "solver" in summary["agents"]
     out = run_cli(["eval", str(cfgfile), "--checkpoint", str(tmp_path / "nothing")], tmp_path)
     assert out.returncode == 2 and "no checkpoint there" in out.stderr
 

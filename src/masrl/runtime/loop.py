@@ -275,4 +275,9 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
     for name, a in summary.get("agents", {}).items():
         trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "
                     f"tokens {a['tokens']:.1f}")
+    if cfg.output_dir:  # asked for a place: every metric, per agent and per source, as JSON
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps(summary, indent=1, default=str))
+        trainer.log(f"[masrl] wrote {out / 'eval.json'}")
     return summary

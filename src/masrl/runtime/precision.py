@@ -113,6 +113,48 @@ class MasterWeightsAdamW:
             m.copy_(s.to(m.device))
             p.copy_(m)
 
+    def _tensors(self) -> list[torch.Tensor]:
+        """What offloading moves: fp32 masters of low-precision parameters and the AdamW state."""
+        out = [m for p, m in zip(self.params, self.masters) if p is not m]
+        for st in self.opt.state.values():
+            out += [v for v in st.values() if isinstance(v, torch.Tensor)]
+        return out
+
+    @torch.no_grad()
+    def offload(self) -> int:
+        """Move the masters and optimizer state into pinned CPU memory (the same tensor objects, so
+        the optimizer and the gradient hooks keep working after ``reload``); returns bytes moved."""
+        moved = 0
+        self._pinned = getattr(self, "_pinned", {})
+        for t in self._tensors():
+            if t.device.type == "cpu":
+                continue
+            self._home = t.device
+            buf = self._pinned.get(id(t))
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = self._pinned[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+            buf.copy_(t, non_blocking=True)
+            moved += t.numel() * t.element_size()
+            t.data = buf
+        if moved:
+            torch.cuda.synchronize(self._home)
+        return moved
+
+    @torch.no_grad()
+    def reload(self) -> int:
+        """Bring the offloaded tensors back to the device they came from; returns bytes moved."""
+        home = getattr(self, "_home", None)
+        if home is None:
+            return 0
+        moved = 0
+        for t in self._tensors():
+            if t.device.type == "cpu":
+                t.data = t.data.to(home, non_blocking=True)
+                moved += t.numel() * t.element_size()
+        if moved:
+            torch.cuda.synchronize(home)
+        return moved
+
     def sync_from_params(self) -> None:
         """After loading weights into the parameters, refresh the masters from them."""
         with torch.no_grad():

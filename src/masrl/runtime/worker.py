@@ -48,6 +48,8 @@ class PolicyWorker:
                 self.optimizers[spec.name] = MasterWeightsAdamW(
                     self.host.policy_parameters(spec.name), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
                 )
+                if spec.offload_optimizer:
+                    self.optimizers[spec.name].offload()
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
         self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)
@@ -129,11 +131,19 @@ class PolicyWorker:
                 min_ratio=sched.min_lr_ratio)
             for g in opt.param_groups:
                 g["lr"] = lr
+            offload = self.host.policies[name].offload_optimizer
+            t_in = time.perf_counter()
+            moved = opt.reload() if offload else 0
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
                              self.pad_id, seed=self.seed + self.step,
                              reward_stats=self.reward_stats.setdefault(name, RunningMoments()))
             m["update_s"] = time.perf_counter() - t0
+            if offload:
+                t1 = time.perf_counter()
+                moved += opt.offload()
+                m["offload_s"] = (t0 - t_in) + (time.perf_counter() - t1)
+                m["offload_gb"] = moved / 2**30
             m["lr"] = lr
             self.updates[name] += 1
             if name in self.emas:

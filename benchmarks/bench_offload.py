@@ -1,0 +1,82 @@
+"""Optimizer offload on one GPU: four full Qwen2.5-0.5B-shaped policies (the math team, one policy
+per agent), bf16 with fp32 masters, trained 2 steps with and without ``offload_optimizer``.
+
+    source scripts/gpu_setup.sh && python3 benchmarks/bench_offload.py
+
+Each side runs in its own child process (clean peak-memory counters) and reports the peak GPU
+memory allocated, the rollout and update seconds of the second step, and the seconds and GB
+spent moving optimizer state. Random weights (built from config), EOS ignored, 64 new tokens.
+What differs between the sides: with offload, each policy's fp32 masters and AdamW moments live
+in pinned CPU memory except during that policy's own update (moved in before, out after).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child(offload: bool, out: str) -> None:
+    import asyncio
+
+    import torch
+    import yaml
+
+    from masrl.config import load_config
+    from masrl.runtime.loop import Trainer
+
+    data = yaml.safe_load((ROOT / "configs" / "math_team_four_policies.yaml").read_text())
+    data.update(model="random-qwen2.5-0.5b", device="cuda", precision="bf16", output_dir=out)
+    for p in data["policies"].values():
+        p["offload_optimizer"] = offload
+    for a in data["agents"].values():
+        a.update(max_new_tokens=64, ignore_eos=True, temperature=1.0)
+    data["rollout"] = {"tasks_per_step": 8, "samples_per_task": 4}
+    data["train"] = {"steps": 2, "eval_before": False, "eval_after": False, "save_every": 100}
+    data["algorithm"] = {"micro_batch_size": 16}
+    tr = Trainer(load_config(data=data), run_dir=Path(out))
+    tr.prepare(resume=False)
+    torch.cuda.reset_peak_memory_stats()
+    recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+    last = recs[-1]
+    pol = last["policies"].values()
+    print(json.dumps({
+        "offload": offload, "peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "rollout_s": last["rollout_s"], "update_s": last["update_s"],
+        "offload_s": sum(p.get("offload_s", 0.0) for p in pol), "offload_gb": sum(p.get("offload_gb", 0.0) for p in pol),
+        "policies": len(last["policies"])}))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2] == "1", sys.argv[3])
+        return
+    import torch
+
+    rows = []
+    for off in (False, True):
+        res = subprocess.run([sys.executable, __file__, "--child", str(int(off)), f"/tmp/bench_offload_{int(off)}"],
+                             capture_output=True, text=True, cwd=ROOT)
+        if res.returncode:
+            print(res.stdout[-2000:], res.stderr[-4000:])
+            raise SystemExit(f"child offload={off} failed")
+        rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    base, off = rows
+    print(f"command: python3 benchmarks/bench_offload.py\nmachine: {torch.cuda.get_device_name(0)}, torch "
+          f"{torch.__version__}\nworkload: math team, 4 full policies of Qwen2.5-0.5B's shape, bf16 + fp32 masters, "
+          f"8 tasks x 4 samples x 4 agents, 64 new tokens; second of 2 steps\n")
+    print("| side | peak GPU memory (GB) | rollout s | update s | moving state s | state moved per step (GB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {'offload_optimizer' if r['offload'] else 'all on GPU'} | {r['peak_gb']:.2f} | {r['rollout_s']:.2f} | "
+              f"{r['update_s']:.2f} | {r['offload_s']:.2f} | {r['offload_gb']:.2f} |")
+    print(f"\nratios (offload / all on GPU): peak memory {off['peak_gb'] / base['peak_gb']:.2f}, "
+          f"update time {off['update_s'] / base['update_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

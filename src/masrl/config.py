@@ -63,6 +63,11 @@ class PolicyConfig(Strict):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="chat template keyword arguments for every agent of this policy")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    share_from: dict[str, float] = Field(
+        default_factory=dict, description="also learn from calls sampled by these policies: {policy: share of its "
+                                          "calls included (0-1]}; importance-weighted against the sampler, capped at "
+                                          "share_is_cap; the policies must share a tokenizer")
+    share_is_cap: float = Field(2.0, gt=0, description="cap on the importance weight of a shared call")
     offload_optimizer: bool = Field(False, description="CUDA: keep this policy's fp32 master weights and AdamW state "
                                                         "in pinned CPU memory except during its own update")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
@@ -343,6 +348,14 @@ class RunConfig(Strict):
     def _check_mapping(self) -> "RunConfig":
         if not self.policies:
             raise ValueError("`policies` is empty: define at least one policy")
+        for name, p in self.policies.items():
+            for src, share in p.share_from.items():
+                if src not in self.policies or src == name:
+                    raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "
+                                     f"{', '.join(n for n in self.policies if n != name)})")
+                if not 0 < share <= 1:
+                    raise ValueError(f"policies.{name}.share_from.{src}: {share} must be in (0, 1], the share of "
+                                     f"{src}'s calls to learn from")
         if not self.agents:
             raise ValueError("`agents` is empty: map at least one agent to a policy")
         for name, agent in self.agents.items():

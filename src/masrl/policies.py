@@ -21,6 +21,8 @@ class PolicySpec:
     device: str = "cpu"  # resolved: cpu | cuda:N
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # total_updates resolved
     offload_optimizer: bool = False
+    share_from: dict = field(default_factory=dict)  # {source policy: share of its calls}
+    share_is_cap: float = 2.0
 
     @property
     def is_lora(self) -> bool:

@@ -41,6 +41,7 @@ class Sample:
     old_values: list[float] | None = None
     ref_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None  # the trainer's own, before the update (truncated IS)
+    is_cap: float | None = None  # set on another policy's call shared into this update: its IS weight cap
 
     @property
     def length(self) -> int:

@@ -66,7 +66,7 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             raise ConfigError(f"policies.{name}.offload_optimizer: offloading moves optimizer state off a GPU, but "
                               f"this policy runs on {device}; remove it or set device: cuda")
         specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, sched,
-                                p.offload_optimizer))
+                                p.offload_optimizer, dict(p.share_from), p.share_is_cap))
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -172,6 +172,18 @@ def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
     return train_tasks, eval_tasks
 
 
+def _check_sharing(policies: list[PolicySpec], workers: list[PolicyWorker]) -> None:
+    """Shared calls are reused as tokens: a policy learns from another's calls only on one tokenizer."""
+    host_of = {p: w.host for w in workers for p in w.policy_names}
+    for spec in policies:
+        for src in spec.share_from:
+            a, b = host_of[spec.name].tokenizer, host_of[src].tokenizer
+            if a is not b and a.get_vocab() != b.get_vocab():
+                raise ConfigError(f"policies.{spec.name}.share_from: '{src}' uses another tokenizer "
+                                  f"({len(b)} tokens vs {len(a)}); shared calls are reused as token ids, so both "
+                                  f"policies need the same tokenizer")
+
+
 def uses_static_engine(engine: str, device: str) -> bool:
     """Whether a worker on ``device`` may get the static engine (its options apply only then)."""
     return engine == "static" or (engine == "auto" and device.startswith("cuda"))
@@ -212,5 +224,6 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
                                 compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
     tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
+    _check_sharing(policies, workers)
     controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
     return Runtime(workflow, agents, workers, controller)

@@ -116,13 +116,37 @@ class Controller:
         """Train every worker; with ``traces``, write the advantage each call was trained with onto it."""
         metrics: dict[str, dict[str, float]] = {}
         adv: dict[str, float] = {}
+        shared = self._shared_calls()
         for w in self.workers:
-            metrics.update(w.train_step())
+            metrics.update(w.train_step({p: shared[p] for p in w.policy_names if p in shared}))
             adv.update(w.advantages())
         for tr in traces or []:
             for c in tr.calls:
                 c.advantage = adv.get(c.call_id)
         return metrics
+
+    def _shared_calls(self) -> dict:
+        """For each policy with ``share_from``: copies of its sources' rewarded calls (a seeded
+        share of them), marked with the importance-weight cap; empty when no policy shares."""
+        import dataclasses
+        import random
+
+        out: dict[str, list] = {}
+        for w in self.workers:
+            for name, spec in w.host.policies.items():
+                if not spec.share_from or name not in w.optimizers:
+                    continue
+                rng = random.Random(f"share-{name}-{w.step}")
+                picked = []
+                for src, share in spec.share_from.items():
+                    for s in self.workers[self.worker_of[src]].rewarded([src]):
+                        if share >= 1.0 or rng.random() < share:
+                            picked.append(dataclasses.replace(
+                                s, call_id=f"{s.call_id}@{name}", policy=name, is_cap=spec.share_is_cap,
+                                key={**s.key, "shared_from": src}, advantage=0.0, token_adv=None, returns=None,
+                                old_values=None, ref_logprobs=None, old_logprobs=None, train_reward=None))
+                out[name] = picked
+        return out
 
     async def aclose(self) -> None:
         for b in self.batchers:

@@ -168,7 +168,8 @@ def compute_advantages(samples: list[Sample], algo) -> None:
 def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str) -> None:
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
-    need_ref, need_values, need_old = algo.kl_coef > 0, algo.advantage == "gae", algo.tis_cap is not None
+    need_ref, need_values = algo.kl_coef > 0, algo.advantage == "gae"
+    need_old = algo.tis_cap is not None or any(s.is_cap is not None for s in samples)
     if not (need_ref or need_values or need_old):
         return
     for mb in micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens):
@@ -286,6 +287,11 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         out["lp_mismatch"] = sum(gaps) / max(1, len(gaps))
         out["lp_mismatch_max"] = max(gaps, default=0.0)
         out["tis_weight"] = sums.get("tis_sum", 0.0) / ntok
+    shared = [x for x in samples if x.is_cap is not None]
+    if shared:  # importance weights of calls shared from other policies: this policy's before-update logprobs
+        ratios = [(math.exp(a - b), x.is_cap) for x in shared for a, b in zip(x.old_logprobs, x.logprobs)]
+        out["shared_is_weight"] = sum(min(r, c) for r, c in ratios) / max(1, len(ratios))
+        out["shared_is_capped"] = sum(r >= c for r, c in ratios) / max(1, len(ratios))
     if critic:
         out["value_loss"] = sums.get("vl_sum", 0.0) / ntok
     return out
@@ -299,16 +305,20 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
     logp, entropy, values = completion_forward(host, host.core, batch, value_head, want_entropy=algo.entropy_coef > 0,
                                                checkpoint=algo.activation_checkpointing)
     rollout = pad_rows([s.logprobs for s in mb], T, dev)
-    tis = algo.tis_cap is not None
-    old = pad_rows([s.old_logprobs for s in mb], T, dev) if tis else rollout
+    # importance weights: truncated IS for every row (tis_cap), and for calls shared from another
+    # policy (is_cap): the trainer's own logprobs before the update over the sampling policy's
+    caps = [s.is_cap if s.is_cap is not None else algo.tis_cap for s in mb]
+    tis = any(c is not None for c in caps)
+    old = pad_rows([s.old_logprobs if c is not None else s.logprobs for s, c in zip(mb, caps)], T, dev) if tis else rollout
     if algo.advantage == "gae":
         adv = pad_rows([s.token_adv for s in mb], T, dev)
     else:
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=dev).unsqueeze(-1).expand(-1, T)
     pg, clipped, ratio = ppo_clip_loss(logp, old, adv, clip_low=algo.clip_eps, clip_high=algo.clip_eps_high)
     weight = torch.ones_like(pg)
-    if tis:  # truncated importance sampling: the rollout engine's distribution differs from the trainer's
-        weight = torch.exp(old - rollout).clamp(max=algo.tis_cap)
+    if tis:  # truncated importance sampling: the sampling distribution differs from the trainer's
+        cap = torch.tensor([c if c is not None else 1.0 for c in caps], dtype=torch.float32, device=dev).unsqueeze(-1)
+        weight = torch.minimum(torch.exp(old - rollout), cap)
         pg = pg * weight
     per_token = pg
     kl = torch.zeros_like(pg)

@@ -114,8 +114,13 @@ class PolicyWorker:
     def drop(self, call_ids: list[str]) -> int:
         return sum(self.buffer.pop(c, None) is not None for c in call_ids)
 
-    def train_step(self) -> dict[str, dict[str, float]]:
-        """Update every trainable policy on its rewarded calls, then clear the buffer."""
+    def rewarded(self, policies: list[str]) -> list[Sample]:
+        """This worker's rewarded calls of ``policies`` (for other policies' ``share_from``)."""
+        return [s for s in self.buffer.values() if s.policy in policies and s.reward is not None]
+
+    def train_step(self, shared: dict[str, list[Sample]] | None = None) -> dict[str, dict[str, float]]:
+        """Update every trainable policy on its rewarded calls (plus calls ``shared`` into it from
+        other policies), then clear the buffer."""
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
         for name, opt in self.optimizers.items():
@@ -124,6 +129,8 @@ class PolicyWorker:
             if (self.step + 1) % sched.update_every:
                 waiting.add(name)
                 continue
+            extra = (shared or {}).get(name, [])
+            samples = samples + extra
             if not samples:
                 continue
             lr = self.host.policies[name].optim.lr * lr_factor(
@@ -139,6 +146,7 @@ class PolicyWorker:
                              self.pad_id, seed=self.seed + self.step,
                              reward_stats=self.reward_stats.setdefault(name, RunningMoments()))
             m["update_s"] = time.perf_counter() - t0
+            m["shared_calls"] = float(len(extra))
             if offload:
                 t1 = time.perf_counter()
                 moved += opt.offload()

@@ -295,6 +295,9 @@ class TrainConfig(Strict):
     eval_after: bool = True
     eval_every: int = Field(0, ge=0, description="evaluate on the held-out set every N steps (0: never during training)")
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
+    policy_kl: int = Field(0, ge=0, description="each step, KL between every two trainable policies on one tokenizer "
+                                                "on up to this many of each one's calls (its logprobs against the "
+                                                "other's on the same tokens); 0: off")
     loggers: list[str] = Field(default_factory=lambda: ["jsonl"],
                                description="jsonl (always on) | tensorboard | wandb | 'module:factory'")
     wandb_project: str = "masrl"

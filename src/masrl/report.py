@@ -63,7 +63,7 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    **{f"{k}": v for k, v in timing.get(r["step"], {}).items()},
                    "agents": r["rollout"].get("agents", {}), "outcome": r["rollout"].get("outcome"),
                    "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
-                   "policies": _policy_metrics(r)} for r in steps],
+                   "policies": _policy_metrics(r), "policy_kl": r.get("policy_kl", {})} for r in steps],
         "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
         "traces": kept,
@@ -147,6 +147,8 @@ for(const [key,title] of [['reward','reward'],['accuracy','accuracy'],['format_r
   chart(document.getElementById('agent-charts'),title+' per agent',agents.map(a=>({name:a,points:steps.map(s=>[s.step,(s.agents[a]||{})[key]])})));
 for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fraction'],['entropy','entropy'],['grad_norm','grad norm'],['lp_mismatch','rollout/trainer logprob gap'],['distinct_2','distinct-2 of completions']])
   chart(document.getElementById('policy-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));
+const klPairs=names('policy_kl');
+if(klPairs.length) chart(document.getElementById('policy-charts'),'KL between policies',klPairs.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policy_kl||{})[p]])})));
 chart(document.getElementById('time-charts'),'seconds per step',['rollout_s','update_s','eval_s','checkpoint_s'].map(k=>({name:k.replace('_s',''),points:steps.map(s=>[s.step,s[k]])})));
 const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];
 chart(document.getElementById('eval-charts'),'held-out accuracy',evalKeys.map(k=>({name:k==='outcome'?'accuracy':k,points:D.evals.map(e=>[e.step,e[k]])})));

@@ -47,3 +47,19 @@ def test_sharing_needs_one_tokenizer_and_a_real_source(tmp_path):
     bad["policies"]["writer"]["share_from"] = {"writer": 1.0}
     with pytest.raises(ConfigError, match="share_from: 'writer' is not another policy"):
         load_config(data=bad)
+
+
+def test_policy_kl_is_zero_between_equal_policies_and_grows_once_they_differ(tmp_path):
+    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data["seed"] = 0
+    data["train"]["policy_kl"] = 4
+    data["policies"]["reasoner"]["optim"] = {"lr": 5e-2}
+    data["policies"]["writer"]["optim"] = {"lr": 1e-5}
+    tr, workers, _ = prepared_trainer(data, tmp_path)
+    workers["writer"].host.core.load_state_dict(workers["reasoner"].host.core.state_dict())
+    # identical weights: every KL is 0
+    rec1 = asyncio.run(tr.train_step())
+    assert rec1["policy_kl"]["reasoner->writer"] == pytest.approx(0.0, abs=1e-5)
+    assert rec1["policy_kl"]["writer->reasoner"] == pytest.approx(0.0, abs=1e-5)
+    rec2 = asyncio.run(tr.train_step())  # the reasoner moved a lot in step 1, the writer hardly
+    assert abs(rec2["policy_kl"]["reasoner->writer"]) > 1e-3

@@ -125,6 +125,26 @@ class Controller:
                 c.advantage = adv.get(c.call_id)
         return metrics
 
+    def policy_kl(self, max_calls: int) -> dict[str, float]:
+        """``KL(A || B)`` for every ordered pair of trainable policies on one tokenizer, estimated on up
+        to ``max_calls`` of A's calls this step: mean over their tokens of log pi_A - log pi_B (the
+        k1 estimator; tokens sampled from A). Run before the update, on the weights that sampled."""
+        trainable = [(p, w) for w in self.workers for p in w.optimizers]
+        out: dict[str, float] = {}
+        for a, wa in trainable:
+            mine = wa.rewarded([a])[:max_calls]
+            if not mine:
+                continue
+            own = wa.score(a, mine)
+            for b, wb in trainable:
+                if b == a or (wa.host.tokenizer is not wb.host.tokenizer
+                              and wa.host.tokenizer.get_vocab() != wb.host.tokenizer.get_vocab()):
+                    continue
+                other = wb.score(b, mine)
+                diffs = [x - y for xs, ys in zip(own, other) for x, y in zip(xs, ys)]
+                out[f"{a}->{b}"] = sum(diffs) / max(1, len(diffs))
+        return out
+
     def _shared_calls(self) -> dict:
         """For each policy with ``share_from``: copies of its sources' rewarded calls (a seeded
         share of them), marked with the importance-weight cap; empty when no policy shares."""

@@ -156,6 +156,7 @@ class Trainer:
                                      label=f"step {self.step + 1} rollout")
         t1 = time.perf_counter()
         self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
+        kl = self.rt.controller.policy_kl(self.cfg.train.policy_kl) if self.cfg.train.policy_kl else None
         faults.point(f"update:{self.step + 1}")
         with self.console.status(f"  step {self.step + 1} update"):
             policies = self.rt.controller.update(traces)
@@ -163,6 +164,8 @@ class Trainer:
         self.step += 1
         rec = {"step": self.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
                "policies": policies}
+        if kl is not None:
+            rec["policy_kl"] = kl
         self._last_traces = traces
         return rec
 

@@ -114,6 +114,24 @@ class PolicyWorker:
     def drop(self, call_ids: list[str]) -> int:
         return sum(self.buffer.pop(c, None) is not None for c in call_ids)
 
+    @torch.no_grad()
+    def score(self, policy: str, samples: list[Sample]) -> list[list[float]]:
+        """``policy``'s logprobs of each sample's completion tokens (at the sample's temperature)."""
+        from masrl.runtime.batching import make_batch
+        from masrl.runtime.training import choose_layout, completion_forward
+
+        layout = choose_layout(self.host, self.algo)
+        if layout == "prefix":
+            layout = "padded"
+        out = []
+        for i in range(0, len(samples), self.algo.micro_batch_size):
+            mb = samples[i:i + self.algo.micro_batch_size]
+            batch = make_batch(mb, self.pad_id, layout=layout, device=self.host.device)
+            with self.host.active(policy):
+                lp, _, _ = completion_forward(self.host, self.host.core, batch)
+            out += [lp[j, : len(s.completion_ids)].tolist() for j, s in enumerate(mb)]
+        return out
+
     def rewarded(self, policies: list[str]) -> list[Sample]:
         """This worker's rewarded calls of ``policies`` (for other policies' ``share_from``)."""
         return [s for s in self.buffer.values() if s.policy in policies and s.reward is not None]

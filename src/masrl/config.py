@@ -40,6 +40,13 @@ class OptimConfig(Strict):
 DEVICE = r"^(auto|cpu|cuda|cuda:\d+)$"
 
 
+class CriticConfig(Strict):
+    """A separate value model for GAE (``policies.X.critic`` names it)."""
+
+    model: str | None = Field(None, description="default: the model of the first policy it serves")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5))
+
+
 class ScheduleConfig(Strict):
     """When and how fast a policy learns (per policy)."""
 
@@ -63,6 +70,9 @@ class PolicyConfig(Strict):
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="chat template keyword arguments for every agent of this policy")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    critic: str | None = Field(None, description="GAE: a separate value model under `critics` (its own weights and "
+                                                 "optimizer; several policies may share one) instead of a value head "
+                                                 "on this policy's trunk")
     share_from: dict[str, float] = Field(
         default_factory=dict, description="also learn from calls sampled by these policies: {policy: share of its "
                                           "calls included (0-1]}; importance-weighted against the sampler, capped at "
@@ -333,6 +343,7 @@ class RunConfig(Strict):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     retriever: RetrieverConfig = Field(default_factory=RetrieverConfig)
+    critics: dict[str, CriticConfig] = Field(default_factory=dict)
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(type="outcome"), RewardConfig(type="format", weight=0.5)]
     )
@@ -351,9 +362,20 @@ class RunConfig(Strict):
     def _check_mapping(self) -> "RunConfig":
         if not self.policies:
             raise ValueError("`policies` is empty: define at least one policy")
+        unused = set(self.critics) - {p.critic for p in self.policies.values()}
+        if unused:
+            raise ValueError(f"critics {', '.join(sorted(unused))}: no policy uses it; set policies.<name>.critic "
+                             f"or remove it")
         for name, p in self.policies.items():
+            if p.critic is not None:
+                if p.critic not in self.critics:
+                    raise ValueError(f"policies.{name}.critic: '{p.critic}' is not defined under `critics` "
+                                     f"(critics: {', '.join(self.critics) or 'none'})")
+                if self.algorithm.advantage != "gae":
+                    raise ValueError(f"policies.{name}.critic is set but algorithm.advantage is "
+                                     f"'{self.algorithm.advantage}'; a critic serves gae only")
             for src, share in p.share_from.items():
-                if src not in self.policies or src == name:
+                if src not in self.policies or src == name:  # noqa: PLR1714
                     raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "
                                      f"{', '.join(n for n in self.policies if n != name)})")
                 if not 0 < share <= 1:

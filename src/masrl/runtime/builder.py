@@ -7,7 +7,7 @@ happens here, before any model is loaded, so a bad config fails in a second with
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from masrl.agents import AgentSpec
 from masrl.config import DataSourceConfig, RunConfig, WorldConfig
@@ -65,8 +65,9 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
         if p.offload_optimizer and not device.startswith("cuda"):
             raise ConfigError(f"policies.{name}.offload_optimizer: offloading moves optimizer state off a GPU, but "
                               f"this policy runs on {device}; remove it or set device: cuda")
-        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, sched,
-                                p.offload_optimizer, dict(p.share_from), p.share_is_cap))
+        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, schedule=sched,
+                                offload_optimizer=p.offload_optimizer, share_from=dict(p.share_from),
+                                share_is_cap=p.share_is_cap, critic=p.critic))
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -195,6 +196,7 @@ class Runtime:
     agents: dict[str, AgentSpec]
     workers: list[PolicyWorker]
     controller: Controller
+    critics: dict = field(default_factory=dict)
 
 
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
@@ -225,5 +227,27 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
                                 compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
     tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
     _check_sharing(policies, workers)
+    critics = build_critics(cfg, policies, workers, log)
     controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
-    return Runtime(workflow, agents, workers, controller)
+    return Runtime(workflow, agents, workers, controller, critics)
+
+
+def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[PolicyWorker], log=print) -> dict:
+    """One ``Critic`` per entry of ``critics``, handed to the workers of the policies it serves."""
+    from masrl.runtime.critic import Critic
+
+    host_of = {p: w for w in workers for p in w.policy_names}
+    out = {}
+    for i, (name, c) in enumerate(cfg.critics.items()):
+        served = [s for s in policies if s.critic == name]
+        model = c.model or served[0].model
+        log(f"[masrl] loading critic {name} ({model}) on {served[0].device} for {', '.join(s.name for s in served)}")
+        critic = Critic(name, model, c.optim, device=served[0].device, seed=cfg.seed + 1000 + i)
+        for s in served:
+            tok = host_of[s.name].host.tokenizer
+            if tok.get_vocab() != critic.tokenizer.get_vocab():
+                raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{s.name}'; "
+                                  f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
+            host_of[s.name].critics[s.name] = critic
+        out[name] = critic
+    return out

@@ -82,6 +82,8 @@ class ModelHost:
         self.value_heads: dict[str, nn.Linear] = {}
         if need_critic:
             for name in self.policies:
+                if self.policies[name].critic is not None:  # a separate critic model gives its values
+                    continue
                 head = nn.Linear(hidden, 1).to(self.device)  # fp32: its inputs are cast up
                 nn.init.zeros_(head.weight)
                 nn.init.zeros_(head.bias)

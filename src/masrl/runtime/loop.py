@@ -9,6 +9,7 @@ import random
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -87,6 +88,10 @@ class Trainer:
         state = json.loads((path / "state.json").read_text())
         for w in self.rt.workers:
             w.load(str(path), with_optimizer=with_optimizer)
+        for name, critic in self.rt.critics.items():
+            f = path / "critics" / f"{name}.pt"
+            if f.is_file():
+                critic.load_state_dict(torch.load(f, weights_only=True), with_optimizer=with_optimizer)
         self.step = int(state["step"])
 
     def save_checkpoint(self) -> Path:
@@ -96,6 +101,9 @@ class Trainer:
             for w in self.rt.workers:
                 w.save(str(tmp))
                 faults.point(f"checkpoint:{self.step}")  # half-written
+            for name, critic in self.rt.critics.items():
+                (tmp / "critics").mkdir(exist_ok=True)
+                torch.save(critic.state_dict(), tmp / "critics" / f"{name}.pt")
             (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
                                                         "policies": list(self.cfg.policies)}))
 

@@ -165,11 +165,15 @@ def compute_advantages(samples: list[Sample], algo) -> None:
 
 
 @torch.no_grad()
-def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str) -> None:
+def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str,
+             critic=None) -> None:
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
     need_ref, need_values = algo.kl_coef > 0, algo.advantage == "gae"
     need_old = algo.tis_cap is not None or any(s.is_cap is not None for s in samples)
+    if critic is not None and need_values:  # a separate value model scores the calls
+        for s, v in zip(samples, critic.values(samples, algo.micro_batch_size)):
+            s.old_values = v
     if not (need_ref or need_values or need_old):
         return
     for mb in micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens):
@@ -179,12 +183,13 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
                 ref_lp, _, _ = completion_forward(host, ref, batch)
             for i, s in enumerate(mb):
                 s.ref_logprobs = ref_lp[i, : len(s.completion_ids)].tolist()
-        if need_values or need_old:
+        own_values = need_values and critic is None
+        if own_values or need_old:
             with host.active(policy):
-                lp, _, values = completion_forward(host, host.core, batch, host.value_heads.get(policy) if need_values else None)
+                lp, _, values = completion_forward(host, host.core, batch, host.value_heads.get(policy) if own_values else None)
             for i, s in enumerate(mb):
                 n = len(s.completion_ids)
-                if need_values:
+                if own_values:
                     s.old_values = values[i, :n].tolist()
                 if need_old:
                     s.old_logprobs = lp[i, :n].tolist()
@@ -202,14 +207,15 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
-                 pad_id: int, seed: int = 0, reward_stats=None) -> dict[str, float]:
+                 pad_id: int, seed: int = 0, reward_stats=None, critic=None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
-    reward moments (``algorithm.reward_norm: running``)."""
+    reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model."""
+    critic_model = critic
     critic = algo.advantage == "gae"
     layout = choose_layout(host, algo)
     train_rewards(samples, algo, reward_stats)
     compute_advantages(samples, algo)
-    _prepare(host, policy, samples, algo, pad_id, layout)
+    _prepare(host, policy, samples, algo, pad_id, layout, critic_model)
     zero_grad_possible = algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not critic
     value_head = host.value_heads.get(policy)
     rng = random.Random(seed)
@@ -292,7 +298,9 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         ratios = [(math.exp(a - b), x.is_cap) for x in shared for a, b in zip(x.old_logprobs, x.logprobs)]
         out["shared_is_weight"] = sum(min(r, c) for r, c in ratios) / max(1, len(ratios))
         out["shared_is_capped"] = sum(r >= c for r, c in ratios) / max(1, len(ratios))
-    if critic:
+    if critic_model is not None:  # the separate critic learns from this policy's calls and their returns
+        out.update(critic_model.fit(samples, algo.micro_batch_size, algo.value_clip))
+    elif critic:
         out["value_loss"] = sums.get("vl_sum", 0.0) / ntok
     return out
 

@@ -52,6 +52,7 @@ class PolicyWorker:
                     self.optimizers[spec.name].offload()
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
+        self.critics: dict = {}  # policy -> Critic (a separate value model; set by the builder)
         self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)
         self.emas = {n: WeightEMA(self.host.policy_parameters(n), spec.schedule.ema)
                      for n, spec in self.host.policies.items() if n in self.optimizers and spec.schedule.ema}
@@ -162,7 +163,8 @@ class PolicyWorker:
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
                              self.pad_id, seed=self.seed + self.step,
-                             reward_stats=self.reward_stats.setdefault(name, RunningMoments()))
+                             reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
+                             critic=self.critics.get(name))
             m["update_s"] = time.perf_counter() - t0
             m["shared_calls"] = float(len(extra))
             if offload:

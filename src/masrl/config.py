@@ -80,6 +80,9 @@ class PolicyConfig(Strict):
     share_is_cap: float = Field(2.0, gt=0, description="cap on the importance weight of a shared call")
     offload_optimizer: bool = Field(False, description="CUDA: keep this policy's fp32 master weights and AdamW state "
                                                         "in pinned CPU memory except during its own update")
+    offload_reference: bool = Field(False, description="CUDA, full policies with algorithm.kl_coef > 0: keep the "
+                                                       "reference model in CPU memory except for its pass before "
+                                                       "each update")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

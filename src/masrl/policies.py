@@ -21,6 +21,7 @@ class PolicySpec:
     device: str = "cpu"  # resolved: cpu | cuda:N
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # total_updates resolved
     offload_optimizer: bool = False
+    offload_reference: bool = False
     share_from: dict = field(default_factory=dict)  # {source policy: share of its calls}
     critic: str | None = None  # a separate value model (GAE) instead of a value head
     share_is_cap: float = 2.0

@@ -258,3 +258,20 @@ def test_two_model_families_train_a_step_on_cuda(tmp_path):
           f"losses {[round(m['loss'], 5) for m in rec['policies'].values()]}")
     assert rec["rollout"]["failed"] == 0 and set(rec["policies"]) == {"reasoner", "writer"}
     assert all(w.fingerprint(p) != before[p] for p, w in workers.items())
+
+
+def test_reference_offload_gives_the_same_kl_and_weights(tmp_path):
+    """With kl_coef > 0, a reference model kept in CPU memory between updates gives the same KL,
+    losses and weights as one kept on the GPU."""
+    runs = {}
+    for off in (False, True):
+        extra = {"policies": {"shared": {"optim": {"lr": 1e-3}, "offload_reference": off}},
+                 "algorithm": {"micro_batch_size": 4, "kl_coef": 0.05}}
+        tr, recs, before, after = _train(tmp_path / str(off), "cuda", "bf16", steps=2, **extra)
+        ref_dev = next(tr.rt.workers[0].host.reference.parameters()).device.type
+        runs[off] = (after, recs, ref_dev)
+    (a0, r0, d0), (a1, r1, d1) = runs[False], runs[True]
+    kls = [[r["policies"]["shared"]["kl"] for r in rs] for rs in (r0, r1)]
+    print(f"[gpu] reference offload: kl {kls[1]} vs {kls[0]}; reference on {d1} vs {d0}; "
+          f"moving it {r1[1]['policies']['shared']['reference_offload_s']:.4f}s")
+    assert a1 == a0 and kls[0] == kls[1] and d0 == "cuda" and d1 == "cpu"

@@ -62,11 +62,16 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
         sched = p.schedule
         if sched.total_updates is None:
             sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
-        if p.offload_optimizer and not device.startswith("cuda"):
-            raise ConfigError(f"policies.{name}.offload_optimizer: offloading moves optimizer state off a GPU, but "
-                              f"this policy runs on {device}; remove it or set device: cuda")
+        for key in ("offload_optimizer", "offload_reference"):
+            if getattr(p, key) and not device.startswith("cuda"):
+                raise ConfigError(f"policies.{name}.{key}: offloading moves state off a GPU, but this policy runs on "
+                                  f"{device}; remove it or set device: cuda")
+        if p.offload_reference and (p.lora is not None or cfg.algorithm.kl_coef == 0):
+            raise ConfigError(f"policies.{name}.offload_reference: only a full policy with algorithm.kl_coef > 0 keeps "
+                              f"a reference model (a LoRA policy's reference is its base with adapters off)")
         specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, schedule=sched,
-                                offload_optimizer=p.offload_optimizer, share_from=dict(p.share_from),
+                                offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
+                                share_from=dict(p.share_from),
                                 share_is_cap=p.share_is_cap, critic=p.critic))
     shared: dict[str, set[str]] = {}
     for s in specs:

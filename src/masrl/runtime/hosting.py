@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 
 import torch
 from torch import nn
@@ -78,6 +79,10 @@ class ModelHost:
             self.core = model
             if need_reference and policies[0].trainable:
                 self.reference = copy.deepcopy(model).requires_grad_(False).eval()
+                if policies[0].offload_reference and self.device.startswith("cuda"):
+                    self.reference.to("cpu")
+                    self.reference_offloaded = True
+        self.moved_s = 0.0
         hidden = self.core.config.hidden_size
         self.value_heads: dict[str, nn.Linear] = {}
         if need_critic:
@@ -125,6 +130,25 @@ class ModelHost:
                 self.model.set_adapter(prev)
         else:
             yield
+
+    @contextlib.contextmanager
+    def reference_resident(self):
+        """With ``offload_reference``: the reference model on the device inside this block, in CPU
+        memory outside it (``moved_s`` adds up the time spent moving it)."""
+        if not getattr(self, "reference_offloaded", False):
+            yield
+            return
+        t0 = time.perf_counter()
+        self.reference.to(self.device)
+        torch.cuda.synchronize(self.device)
+        self.moved_s += time.perf_counter() - t0
+        try:
+            yield
+        finally:
+            t1 = time.perf_counter()
+            self.reference.to("cpu")
+            torch.cuda.synchronize(self.device)
+            self.moved_s += time.perf_counter() - t1
 
     @contextlib.contextmanager
     def reference_mode(self):

@@ -11,6 +11,7 @@ take 10 GB).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -176,6 +177,13 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
             s.old_values = v
     if not (need_ref or need_values or need_old):
         return
+    with host.reference_resident() if need_ref else contextlib.nullcontext():
+        _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old)
+    if need_values:  # GAE over the whole batch, whitened over all its tokens
+        _gae(samples, algo)
+
+
+def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old) -> None:
     for mb in micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens):
         batch = make_batch(mb, pad_id, layout=layout, device=host.device)
         if need_ref:
@@ -193,17 +201,20 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
                     s.old_values = values[i, :n].tolist()
                 if need_old:
                     s.old_logprobs = lp[i, :n].tolist()
-    if need_values:  # GAE over the whole batch, whitened over all its tokens
-        T = max(len(s.completion_ids) for s in samples)
-        mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
-        values = pad_rows([s.old_values for s in samples], T)
-        rewards = place_sequence_rewards(torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward)
-                                                       for s in samples]), mask)
-        adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
-        adv = whiten(adv, mask)
-        for i, s in enumerate(samples):
-            n = len(s.completion_ids)
-            s.token_adv, s.returns = adv[i, :n].tolist(), ret[i, :n].tolist()
+
+
+def _gae(samples: list[Sample], algo) -> None:
+    """GAE over the whole batch, whitened over all its tokens."""
+    T = max(len(s.completion_ids) for s in samples)
+    mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
+    values = pad_rows([s.old_values for s in samples], T)
+    rewards = place_sequence_rewards(torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward)
+                                                   for s in samples]), mask)
+    adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
+    adv = whiten(adv, mask)
+    for i, s in enumerate(samples):
+        n = len(s.completion_ids)
+        s.token_adv, s.returns = adv[i, :n].tolist(), ret[i, :n].tolist()
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,

@@ -159,6 +159,7 @@ class PolicyWorker:
                 g["lr"] = lr
             offload = self.host.policies[name].offload_optimizer
             t_in = time.perf_counter()
+            ref_moved = self.host.moved_s
             moved = opt.reload() if offload else 0
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
@@ -167,6 +168,8 @@ class PolicyWorker:
                              critic=self.critics.get(name))
             m["update_s"] = time.perf_counter() - t0
             m["shared_calls"] = float(len(extra))
+            if self.host.moved_s > ref_moved:
+                m["reference_offload_s"] = self.host.moved_s - ref_moved
             if offload:
                 t1 = time.perf_counter()
                 moved += opt.offload()

@@ -79,7 +79,7 @@ class ModelHost:
             self.core = model
             if need_reference and policies[0].trainable:
                 self.reference = copy.deepcopy(model).requires_grad_(False).eval()
-                if policies[0].offload_reference and self.device.startswith("cuda"):
+                if policies[0].offload_reference and torch.device(self.device).type == "cuda":
                     self.reference.to("cpu")
                     self.reference_offloaded = True
         self.moved_s = 0.0

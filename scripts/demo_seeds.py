@@ -50,6 +50,14 @@ def main() -> None:
     for agent in first:
         print(f"| {agent} | {cell(lambda s: s['agents'][agent]['accuracy'])} | "
               f"{cell(lambda s: s['agents'][agent]['format_rate'])} | {cell(lambda s: s['agents'][agent]['reward'])} |")
+    calls = lambda s: sum(a["calls"] for a in s["agents"].values()) / max(1, s["traces"])  # noqa: E731
+    train_calls = []
+    for seed in runs:
+        recs = [json.loads(x) for x in (ROOT / "runs" / "seeds" / f"{name}-seed-{seed}" / "metrics.jsonl").read_text()
+                .splitlines() if '"rollout"' in x]
+        train_calls += [sum(a["calls"] for a in r["rollout"]["agents"].values()) for r in recs]
+    print(f"\nmodel calls per training step: {mean(train_calls):.1f} (min {min(train_calls)}, max {max(train_calls)}); "
+          f"per held-out task: {cell(calls)}")
     print("\nper seed, accuracy before -> after: " + ", ".join(
         f"seed {s}: {r['before']['outcome']:.3f} -> {r['after']['outcome']:.3f}" for s, r in runs.items()))
 

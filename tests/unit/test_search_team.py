@@ -50,8 +50,8 @@ class Scripted:
                                finish_reason="stop")
 
 
-def _run(wf, task, outputs, tools):
-    trace = Trace("t", task.id, 0)
+def _run(wf, task, outputs, tools, trace=None):
+    trace = trace or Trace("t", task.id, 0)
     engine = Scripted(outputs)
     agents = {n: AgentSpec(n, "p", r.parser) for n, r in wf.roles().items()}
     ctx = WorkflowContext(trace, agents, engine, train=True, call_timeout_s=30, tools=tools)
@@ -111,8 +111,12 @@ def test_bad_query_is_the_models_mistake_but_a_dead_retriever_drops_the_trace(wo
     assert [c.agent for c in tr.calls] == ["planner", "answerer", "searcher"] and not tr.tool_calls
     dead = RetrieverConfig(kind="http", endpoints=["http://127.0.0.1:9"], timeout_s=0.5, retries=0)
     out["searcher"] = ["<query>who</query>"]
+    trace = Trace("t", task.id, 0)
     with pytest.raises(InfraError, match="retriever endpoint"):
-        _run(wf, task, {k: list(v) for k, v in out.items()}, wf.tools(Services(retriever=dead)))
+        _run(wf, task, {k: list(v) for k, v in out.items()}, wf.tools(Services(retriever=dead)), trace)
+    failed = trace.tool_calls[-1]  # the failure is on the trace, marked as infrastructure, in order
+    assert failed.name == "search" and failed.infra and "127.0.0.1:9" in failed.error
+    assert failed.turn == 3 and [c.agent for c in trace.calls] == ["planner", "answerer", "searcher"]
 
 
 def test_empty_query_from_a_tool_call_comes_back_as_an_error_result(world):

@@ -1,6 +1,6 @@
 """The README's demo table: `make demo`'s config over several seeds, mean and spread.
 
-    .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [ARGS...]
+    .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [--name N] [ARGS...]
 
 Runs `masrl train CONFIG seed=S output_dir=runs/seeds/<config>-seed-S` for each seed (skipping runs that
 already finished), then prints, per agent, held-out accuracy / format rate / mean reward before -> after
@@ -23,9 +23,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--config", default="configs/math_team_shared.yaml")
+    ap.add_argument("--name", help="run folder prefix under runs/seeds/ (default: the config's file name)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    name = Path(a.config).stem
+    name = a.name or Path(a.config).stem
     runs = {}
     for seed in a.seeds:
         out = ROOT / "runs" / "seeds" / f"{name}-seed-{seed}"

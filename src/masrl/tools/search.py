@@ -9,25 +9,13 @@ shown to it); every endpoint down is an infrastructure failure (the trace is dro
 
 from __future__ import annotations
 
-import asyncio
-
 from masrl.tools.base import Tool, ToolUseError
-
-
-def _retrieve_fn(retriever):
-    if hasattr(retriever, "aretrieve") and not hasattr(retriever, "index"):
-        return retriever.aretrieve  # HTTP: already off the loop
-
-    async def run(queries, topk):  # the local index scores in a worker thread
-        return await asyncio.to_thread(retriever.retrieve, queries, topk, True)
-
-    return run
 
 
 def search_tools(services) -> dict[str, Tool]:
     from masrl.tools.retrieval.client import RequestRejected
 
-    retrieve = _retrieve_fn(services.retriever())
+    retrieve = services.retriever().aretrieve  # local or HTTP: both off the event loop
     topk = services.topk
 
     async def search(query: str) -> list[dict]:

@@ -23,12 +23,13 @@ import asyncio
 from masrl.agents import AgentRole
 from masrl.data.qa_scoring import exact_match
 from masrl.data.tasks import Task
-from masrl.parsing import ParseResult, TagSpec, nonempty, parse_json_key, parse_tags
+from masrl.parsing import ParseResult, parse_json_key
 from masrl.tools.base import Tool
 from masrl.tools.search import search_tools, show_docs
 from masrl.trace import Trace
 from masrl.workflows.math_prompts import few_shot
-from masrl.workflows.search_team import Q1, Q2, SUMMARIZER_EXAMPLES, SUMMARIZER_SYSTEM, _mentions, f1_of, numbered
+from masrl.workflows.search_team import (Q1, Q2, SUMMARIZER_EXAMPLES, SUMMARIZER_SYSTEM, _mentions, f1_of, numbered,
+                                         parse_answer, parse_evidence)
 
 DECOMPOSER_SYSTEM = ('You split a question into short search queries. Reply with JSON only: {"queries": [...]}, '
                      "one to three queries.")
@@ -46,14 +47,6 @@ ANSWERER_EXAMPLES = [
 
 def parse_queries(text: str) -> ParseResult:
     return parse_json_key(text, "queries")
-
-
-def parse_evidence(text: str) -> ParseResult:
-    return parse_tags(text, [TagSpec("evidence", nonempty)])
-
-
-def parse_answer(text: str) -> ParseResult:
-    return parse_tags(text, [TagSpec("answer", nonempty)])
 
 
 class RAG:

@@ -133,4 +133,5 @@ class LocalRetriever:
         return self.index.retrieve(list(queries), topk, return_scores)
 
     async def aretrieve(self, queries: list[str], topk: int = 3, return_scores: bool = True) -> list[list[dict]]:
-        return self.retrieve(queries, topk, return_scores)
+        """Scores in a worker thread, so a search never stalls the event loop."""
+        return await asyncio.to_thread(self.retrieve, queries, topk, return_scores)

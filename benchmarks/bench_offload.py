@@ -1,6 +1,7 @@
 """Offload on one GPU: four full Qwen2.5-0.5B-shaped policies (the math team, one policy per agent),
 bf16 with fp32 masters and a reference model each (KL), trained 2 steps with nothing offloaded,
-with ``offload_optimizer``, and with ``offload_optimizer`` + ``offload_reference``.
+with ``offload_optimizer``, with ``offload_optimizer`` + ``offload_reference``, and with all three
+of those plus ``offload_weights``.
 
     source scripts/gpu_setup.sh && python3 benchmarks/bench_offload.py
 
@@ -9,7 +10,11 @@ memory allocated, the rollout and update seconds of the second step, and the sec
 spent moving optimizer state. Random weights (built from config), EOS ignored, 64 new tokens.
 What differs between the sides: with offload_optimizer, each policy's fp32 masters and AdamW
 moments live in pinned CPU memory except during that policy's own update (moved in before, out
-after); with offload_reference, its reference model too, except for its pass before the update.
+after); with offload_reference, its reference model too, except for its pass before the update;
+with offload_weights, its bf16 weights (and the static engine's KV cache, fused weight copies and
+CUDA graphs, rebuilt when it next generates) too, except while it generates or updates, so during
+one policy's update the other three hold nothing on the GPU. Peaks are reported for the rollout and
+the update of the second step separately.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(side: int, out: str) -> None:
     import asyncio
+    import time
 
     import torch
     import yaml
@@ -37,6 +43,7 @@ def child(side: int, out: str) -> None:
     for p in data["policies"].values():
         p["offload_optimizer"] = offload
         p["offload_reference"] = side > 1
+        p["offload_weights"] = side > 2
     for a in data["agents"].values():
         a.update(max_new_tokens=64, ignore_eos=True, temperature=1.0)
     data["rollout"] = {"tasks_per_step": 8, "samples_per_task": 4}
@@ -48,15 +55,35 @@ def child(side: int, out: str) -> None:
     data["rewards"] = [{"type": "helpers:task_hash_reward"}]
     tr = Trainer(load_config(data=data), run_dir=Path(out))
     tr.prepare(resume=False)
+    peaks = {}
+    update = tr.rt.controller.update
+
+    def timed_update(traces=None):  # the rollout's peak, then the update's
+        peaks["rollout"] = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = update(traces)
+        peaks["update"] = torch.cuda.max_memory_allocated()
+        return out
+
+    tr.rt.controller.update = timed_update
+    t0 = time.perf_counter()
+    recs = [asyncio.run(tr.train_step())]
+    print(f"[bench] side {side}: step 1 done at {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     torch.cuda.reset_peak_memory_stats()
-    recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+    recs.append(asyncio.run(tr.train_step()))
+    print(f"[bench] side {side}: step 2 done at {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     last = recs[-1]
     pol = last["policies"].values()
     print(json.dumps({
-        "side": ["all on GPU", "offload_optimizer", "offload_optimizer + offload_reference"][side],
-        "peak_gb": torch.cuda.max_memory_allocated() / 2**30,
+        "side": ["all on GPU", "offload_optimizer", "offload_optimizer + offload_reference",
+                 "optimizer + reference + offload_weights"][side],
+        "peak_gb": max(peaks.values()) / 2**30, "rollout_peak_gb": peaks["rollout"] / 2**30,
+        "update_peak_gb": peaks["update"] / 2**30,
         "rollout_s": last["rollout_s"], "update_s": last["update_s"],
-        "offload_s": sum(p.get("offload_s", 0.0) + p.get("reference_offload_s", 0.0) for p in pol), "offload_gb": sum(p.get("offload_gb", 0.0) for p in pol),
+        "offload_s": sum(p.get("offload_s", 0.0) + p.get("reference_offload_s", 0.0) for p in pol),
+        "offload_gb": sum(p.get("offload_gb", 0.0) for p in pol),
+        "weights_s": sum(p.get("weights_offload_s", 0.0) for p in pol),
+        "weights_gb": sum(p.get("weights_offload_gb", 0.0) for p in pol),
         "policies": len(last["policies"]), "optimizer_steps": sum(p["optimizer_steps"] for p in pol)}))
 
 
@@ -66,27 +93,33 @@ def main() -> None:
         return
     import torch
 
+    sides = [int(a) for a in sys.argv[1:]] or [0, 1, 2, 3]  # a subset: `bench_offload.py 0 3`
     rows = []
-    for off in (0, 1, 2):
+    for off in sides:
         res = subprocess.run([sys.executable, __file__, "--child", str(off), f"/tmp/bench_offload_{off}"],
                              capture_output=True, text=True, cwd=ROOT)
         if res.returncode:
             print(res.stdout[-2000:], res.stderr[-4000:])
             raise SystemExit(f"child offload={off} failed")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-    base, off, both = rows
-    print(f"command: python3 benchmarks/bench_offload.py\nmachine: {torch.cuda.get_device_name(0)}, torch "
+        print(json.dumps(rows[-1]), flush=True)  # each side as it finishes
+    by_side = dict(zip(sides, rows))
+    print(f"command: python3 benchmarks/bench_offload.py {' '.join(sys.argv[1:])}\nmachine: {torch.cuda.get_device_name(0)}, torch "
           f"{torch.__version__}\nworkload: math team, 4 full policies of Qwen2.5-0.5B's shape, bf16 + fp32 masters, "
           f"a reference model each (kl_coef 0.01), 8 tasks x 4 samples x 4 agents, 64 new tokens; second of 2 steps\n")
-    print("| side | peak GPU memory (GB) | rollout s | update s | of which moving state s | state moved per step (GB) "
-          "| optimizer steps |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| side | peak GPU memory (GB): rollout / update | rollout s | update s | moving optimizer + reference s "
+          "| optimizer state moved (GB) | moving weights s | weights moved (GB) | optimizer steps |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['side']} | {r['peak_gb']:.2f} | {r['rollout_s']:.2f} | "
-              f"{r['update_s']:.2f} | {r['offload_s']:.2f} | {r['offload_gb']:.2f} | {r['optimizer_steps']:.0f} |")
-    for name, r in (("offload_optimizer", off), ("both", both)):
+        print(f"| {r['side']} | {r['rollout_peak_gb']:.2f} / {r['update_peak_gb']:.2f} | {r['rollout_s']:.2f} | "
+              f"{r['update_s']:.2f} | {r['offload_s']:.2f} | {r['offload_gb']:.2f} | {r['weights_s']:.2f} | "
+              f"{r['weights_gb']:.2f} | {r['optimizer_steps']:.0f} |")
+    base = by_side.get(0)
+    for name, r in [(n, by_side[i]) for i, n in ((1, "offload_optimizer"), (2, "+ reference"), (3, "+ weights"))
+                    if i in by_side and base]:
         print(f"ratios ({name} / all on GPU): peak memory {r['peak_gb'] / base['peak_gb']:.2f}, "
-              f"update time {r['update_s'] / base['update_s']:.2f}")
+              f"update peak {r['update_peak_gb'] / base['update_peak_gb']:.2f}, rollout time "
+              f"{r['rollout_s'] / base['rollout_s']:.2f}, update time {r['update_s'] / base['update_s']:.2f}")
 
 
 if __name__ == "__main__":

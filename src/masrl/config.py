@@ -83,6 +83,9 @@ class PolicyConfig(Strict):
     offload_reference: bool = Field(False, description="CUDA, full policies with algorithm.kl_coef > 0: keep the "
                                                        "reference model in CPU memory except for its pass before "
                                                        "each update")
+    offload_weights: bool = Field(False, description="CUDA: keep this policy's weights (for a LoRA base: the base "
+                                                      "and all its adapters) in pinned CPU memory except while it "
+                                                      "generates, is scored or updates")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

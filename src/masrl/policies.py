@@ -22,6 +22,7 @@ class PolicySpec:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # total_updates resolved
     offload_optimizer: bool = False
     offload_reference: bool = False
+    offload_weights: bool = False
     share_from: dict = field(default_factory=dict)  # {source policy: share of its calls}
     critic: str | None = None  # a separate value model (GAE) instead of a value head
     share_is_cap: float = 2.0

@@ -148,7 +148,7 @@ def test_packed_layout_matches_padded_on_gpu():
     assert training.choose_layout(host, AlgorithmConfig()) == "packed"
 
 
-def _train(tmp_path, device, precision, steps=2, **extra):
+def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):
     from masrl.config import load_config
     from masrl.runtime.loop import Trainer
     from tinycfg import tiny_config
@@ -156,7 +156,7 @@ def _train(tmp_path, device, precision, steps=2, **extra):
     data = tiny_config("math_team_shared", tmp_path / f"{device}-{precision}", steps=steps, hash_agents=None)
     data.update(device=device, precision=precision, seed=0)
     for a in data["agents"].values():
-        a["temperature"] = 0.0  # greedy: CPU and GPU sample the same tokens, so their updates compare
+        a["temperature"] = temperature  # greedy: CPU and GPU sample the same tokens, so their updates compare
     data["rollout"].update(samples_per_task=1, tasks_per_step=4)
     data["algorithm"].update(group_key=["agent"])  # groups across tasks: greedy samples still differ
     data["policies"]["shared"]["optim"] = {"lr": 1e-3}
@@ -266,8 +266,9 @@ def test_reference_offload_gives_the_same_kl_and_weights(tmp_path):
     runs = {}
     for off in (False, True):
         extra = {"policies": {"shared": {"optim": {"lr": 1e-3}, "offload_reference": off}},
-                 "algorithm": {"micro_batch_size": 4, "kl_coef": 0.05}}
-        tr, recs, before, after = _train(tmp_path / str(off), "cuda", "bf16", steps=2, **extra)
+                 "algorithm": {"micro_batch_size": 4, "kl_coef": 0.05, "group_key": ["agent"]}}
+        # sampled, not greedy: a greedy token's logprob is 0 under any weights, so its KL is 0 too
+        tr, recs, before, after = _train(tmp_path / str(off), "cuda", "bf16", steps=2, temperature=1.0, **extra)
         ref_dev = next(tr.rt.workers[0].host.reference.parameters()).device.type
         runs[off] = (after, recs, ref_dev)
     (a0, r0, d0), (a1, r1, d1) = runs[False], runs[True]
@@ -275,3 +276,64 @@ def test_reference_offload_gives_the_same_kl_and_weights(tmp_path):
     print(f"[gpu] reference offload: kl {kls[1]} vs {kls[0]}; reference on {d1} vs {d0}; "
           f"moving it {r1[1]['policies']['shared']['reference_offload_s']:.4f}s")
     assert a1 == a0 and kls[0] == kls[1] and d0 == "cuda" and d1 == "cpu"
+    assert kls[0][1] != 0  # the second update's policy has moved away from its reference
+
+
+def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
+    """Two full policies (one with an EMA), static engine with CUDA graphs, bf16: with
+    offload_weights each policy's weights wait in pinned CPU memory except while it generates or
+    updates; the losses and weights are those of the run that keeps everything on the GPU, and
+    while one policy updates the other's weights hold no GPU memory."""
+    from tinycfg import prepared_trainer, tiny_config
+
+    import gc
+
+    runs = {}
+    for off in (False, True):
+        gc.collect()
+        base_mem = torch.cuda.memory_allocated()
+        data = tiny_config("math_team_two_policies", tmp_path / str(off), steps=2)
+        data.update(device="cuda", precision="bf16", seed=0)
+        for a in data["agents"].values():
+            a["temperature"] = 0.0
+        data["algorithm"].update(group_key=["agent"])
+        data["rewards"] = [{"type": "outcome"}, {"type": "helpers:task_hash_reward"}]
+        for name, p in data["policies"].items():
+            p.update(optim={"lr": 1e-3}, offload_weights=off)
+        data["policies"]["writer"]["schedule"] = {"ema": 0.5}
+        tr, workers, before = prepared_trainer(data, tmp_path / str(off))
+        seen = {}
+        orig = workers["reasoner"].train_step
+
+        def spy(shared=None, _orig=orig, _seen=seen):  # while the reasoner updates: where is the writer?
+            _seen["writer_device"] = next(workers["writer"].host.model.parameters()).device.type
+            _seen["mem"] = torch.cuda.memory_allocated() - base_mem
+            return _orig(shared)
+
+        workers["reasoner"].train_step = spy
+        recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+        mem_after = seen.pop("mem")
+        devices = {p: next(w.host.model.parameters()).device.type for p, w in workers.items()}
+        after = {p: w.fingerprint(p) for p, w in workers.items()}
+        res = asyncio.run(tr.evaluate("eval"))  # the EMA swaps in and out of parked weights
+        runs[off] = dict(recs=recs, after=after, devices=devices, seen=seen, mem=mem_after, eval=res["outcome"],
+                         stats=workers["reasoner"].engine.stats)
+        asyncio.run(tr.rt.controller.aclose())
+        del tr, workers
+        torch.cuda.empty_cache()
+    a, b = runs[False], runs[True]
+    pol = b["recs"][1]["policies"]
+    print(f"[gpu] weight offload: losses {[round(m['loss'], 6) for r in b['recs'] for m in r['policies'].values()]} "
+          f"vs {[round(m['loss'], 6) for r in a['recs'] for m in r['policies'].values()]}; devices after update "
+          f"{b['devices']} vs {a['devices']}; writer during reasoner's update: {b['seen']} vs {a['seen']}; "
+          f"moved {pol['reasoner']['weights_offload_gb']:.4f} GB in {pol['reasoner']['weights_offload_s']:.4f}s; "
+          f"engine {b['stats']['releases']} releases, {b['stats']['graphs_captured']} graphs captured vs "
+          f"{a['stats']['graphs_captured']}; this run's GPU memory as the reasoner's update starts {b['mem'] / 2**20:.1f} MiB "
+          f"vs {a['mem'] / 2**20:.1f}")
+    assert b["after"] == a["after"] and b["eval"] == a["eval"]
+    assert [m["loss"] for r in b["recs"] for m in r["policies"].values()] == \
+        [m["loss"] for r in a["recs"] for m in r["policies"].values()]
+    assert a["devices"] == {"reasoner": "cuda", "writer": "cuda"} and b["devices"] == {"reasoner": "cpu", "writer": "cpu"}
+    assert a["seen"]["writer_device"] == "cuda" and b["seen"]["writer_device"] == "cpu"
+    assert pol["reasoner"]["weights_offload_gb"] > 0 and b["stats"]["releases"] >= 2
+    assert b["mem"] < a["mem"]

@@ -120,3 +120,10 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = load_config(CONFIGS[0])
     again = load_config(data=yaml.safe_load(dump_config(cfg)))
     assert again == cfg
+
+
+@pytest.mark.parametrize("key", ["offload_optimizer", "offload_reference", "offload_weights"])
+def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=[f"policies.p.{key}=true", "device=cpu", "algorithm.kl_coef=0.1"])
+    with pytest.raises(ConfigError, match=f"policies.p.{key}: offloading moves state off a GPU"):
+        build_policies(cfg)

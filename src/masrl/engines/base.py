@@ -30,6 +30,12 @@ class Engine(Protocol):
         """LoRA adapter names a request may ask for (empty for a full model)."""
         ...
 
+    def release(self) -> None:
+        """Free what this engine keeps on the device between calls (KV cache, CUDA graphs, its own
+        copies of weights): the model's weights are about to leave it. The next ``generate`` (called
+        once they are back) rebuilds what it needs."""
+        ...
+
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
     """``kind``: hf | static | auto (static on CUDA when the model supports it, else hf)."""

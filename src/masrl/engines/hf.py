@@ -79,6 +79,9 @@ class HFEngine:
     def adapters(self) -> list[str]:
         return list(self.model.peft_config) if self.is_peft else []
 
+    def release(self) -> None:  # its caches live for one generate call
+        return None
+
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         if not requests:

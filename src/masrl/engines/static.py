@@ -41,6 +41,18 @@ from masrl.modeling.lean import LlamaForward, causal_mask, core_model
 from masrl.modeling.prefix import slot_layout
 
 
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(dev: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every engine's warm-up and capture: cuBLAS keeps a workspace
+    (tens of MB) for each stream it has run on, for the life of the process, so a fresh stream per
+    capture would leave one behind every time graphs are captured again (after ``release``)."""
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = torch.cuda.Stream(dev)
+    return _CAPTURE_STREAMS[dev]
+
+
 def batch_bucket(n: int) -> int:
     if n <= 8:
         return 1 << (n - 1).bit_length()
@@ -203,12 +215,27 @@ class StaticEngine:
         return list(self._adapters)
 
     def weights_updated(self, policies: list[str] | None = None) -> None:
+        if self.w is None:  # released: rebuilt from the live weights on the next generate
+            return
         lora = self.is_peft
         self.w.refresh(base=not lora, adapters=lora)
+
+    def release(self) -> None:
+        for graph, _ in self.graphs.values():
+            graph.reset()  # frees the graph's private memory pool now, not when the object is collected
+        self.graphs.clear()
+        self.pool = None
+        self.w = None
+        self.rows_cap = self.slots_cap = 0
+        for name in ("cache", "bias", "tok_buf", "pos_buf", "slot_t", "row_adapter", "masks", "col_index"):
+            self.__dict__.pop(name, None)
+        self.stats["releases"] = self.stats.get("releases", 0) + 1
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         if not requests:
             return []
+        if self.w is None:
+            self.w = _Weights(self.model, self._adapters)
         out: list[GenOutput] = []
         with self._kernels(), torch.inference_mode():
             for i in range(0, len(requests), self.max_batch_size):
@@ -309,7 +336,7 @@ class StaticEngine:
 
     def _capture(self, B: int, S: int):
         saved = (self.pos_buf.clone(), self.slot_t.clone(), self.bias[:B].clone())
-        side = torch.cuda.Stream(self.dev)
+        side = _capture_stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(side):  # warm-up: kernels pick their algorithms outside the capture
             self._decode_body(B, S)

@@ -62,7 +62,7 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
         sched = p.schedule
         if sched.total_updates is None:
             sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
-        for key in ("offload_optimizer", "offload_reference"):
+        for key in ("offload_optimizer", "offload_reference", "offload_weights"):
             if getattr(p, key) and not device.startswith("cuda"):
                 raise ConfigError(f"policies.{name}.{key}: offloading moves state off a GPU, but this policy runs on "
                                   f"{device}; remove it or set device: cuda")
@@ -71,6 +71,7 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
                               f"a reference model (a LoRA policy's reference is its base with adapters off)")
         specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, schedule=sched,
                                 offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
+                                offload_weights=p.offload_weights,
                                 share_from=dict(p.share_from),
                                 share_is_cap=p.share_is_cap, critic=p.critic))
     shared: dict[str, set[str]] = {}

@@ -117,6 +117,8 @@ class Controller:
         metrics: dict[str, dict[str, float]] = {}
         adv: dict[str, float] = {}
         shared = self._shared_calls()
+        for w in self.workers:  # offload_weights: all out first, then each in for its own update only
+            w.park()
         for w in self.workers:
             metrics.update(w.train_step({p: shared[p] for p in w.policy_names if p in shared}))
             adv.update(w.advantages())

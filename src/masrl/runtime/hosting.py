@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
 
 import torch
 from torch import nn
 
 from masrl.models import load_model
 from masrl.policies import PolicySpec
+from masrl.runtime.offload import PinnedStash, module_tensors
 
 
 def _peft_config(spec: PolicySpec):
@@ -58,6 +58,9 @@ class ModelHost:
         self.is_lora = any(lora)
         self.device = torch.device(device)
         self.dtype = dtype
+        self.ref_stash = PinnedStash()  # the reference model, with offload_reference
+        self.stash = PinnedStash()  # the policies' weights, with offload_weights (park / unpark)
+        self.parked = False
         torch.manual_seed(seed)
         model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype, device=device)
         self.reference: nn.Module | None = None
@@ -80,9 +83,7 @@ class ModelHost:
             if need_reference and policies[0].trainable:
                 self.reference = copy.deepcopy(model).requires_grad_(False).eval()
                 if policies[0].offload_reference and torch.device(self.device).type == "cuda":
-                    self.reference.to("cpu")
-                    self.reference_offloaded = True
-        self.moved_s = 0.0
+                    self.ref_stash.out(module_tensors(self.reference))
         hidden = self.core.config.hidden_size
         self.value_heads: dict[str, nn.Linear] = {}
         if need_critic:
@@ -133,22 +134,34 @@ class ModelHost:
 
     @contextlib.contextmanager
     def reference_resident(self):
-        """With ``offload_reference``: the reference model on the device inside this block, in CPU
-        memory outside it (``moved_s`` adds up the time spent moving it)."""
-        if not getattr(self, "reference_offloaded", False):
+        """With ``offload_reference``: the reference model on the device inside this block, in pinned
+        CPU memory outside it (``ref_stash.moved_s`` adds up the time spent moving it)."""
+        if self.ref_stash.home is None:
             yield
             return
-        t0 = time.perf_counter()
-        self.reference.to(self.device)
-        torch.cuda.synchronize(self.device)
-        self.moved_s += time.perf_counter() - t0
+        tensors = module_tensors(self.reference)
+        self.ref_stash.back(tensors)
         try:
             yield
         finally:
-            t1 = time.perf_counter()
-            self.reference.to("cpu")
-            torch.cuda.synchronize(self.device)
-            self.moved_s += time.perf_counter() - t1
+            self.ref_stash.out(tensors)
+
+    # -- offload_weights -----------------------------------------------------------------------
+    def _own_tensors(self) -> list[torch.Tensor]:
+        out = module_tensors(self.model)
+        for h in self.value_heads.values():
+            out += list(h.parameters())
+        return out
+
+    def park(self) -> int:
+        """Every weight this host serves (the model, or the base with all its adapters, and value
+        heads) into pinned CPU memory; returns bytes moved."""
+        self.parked = True
+        return self.stash.out(self._own_tensors())
+
+    def unpark(self) -> int:
+        self.parked = False
+        return self.stash.back(self._own_tensors())
 
     @contextlib.contextmanager
     def reference_mode(self):

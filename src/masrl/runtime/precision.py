@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from masrl.errors import ConfigError
+from masrl.runtime.offload import PinnedStash
 
 
 def resolve_device(name: str) -> str:
@@ -57,6 +58,7 @@ class MasterWeightsAdamW:
             self.masters.append(m)
             self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulate_into(m)))
         fused = bool(self.params) and all(m.is_cuda for m in self.masters)
+        self._stash = PinnedStash()
         self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                      fused=fused or None)
 
@@ -120,40 +122,14 @@ class MasterWeightsAdamW:
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
         return out
 
-    @torch.no_grad()
     def offload(self) -> int:
         """Move the masters and optimizer state into pinned CPU memory (the same tensor objects, so
         the optimizer and the gradient hooks keep working after ``reload``); returns bytes moved."""
-        moved = 0
-        self._pinned = getattr(self, "_pinned", {})
-        for t in self._tensors():
-            if t.device.type == "cpu":
-                continue
-            self._home = t.device
-            buf = self._pinned.get(id(t))
-            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
-                buf = self._pinned[id(t)] = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
-            buf.copy_(t, non_blocking=True)
-            moved += t.numel() * t.element_size()
-            t.data = buf
-        if moved:
-            torch.cuda.synchronize(self._home)
-        return moved
+        return self._stash.out(self._tensors())
 
-    @torch.no_grad()
     def reload(self) -> int:
         """Bring the offloaded tensors back to the device they came from; returns bytes moved."""
-        home = getattr(self, "_home", None)
-        if home is None:
-            return 0
-        moved = 0
-        for t in self._tensors():
-            if t.device.type == "cpu":
-                t.data = t.data.to(home, non_blocking=True)
-                moved += t.numel() * t.element_size()
-        if moved:
-            torch.cuda.synchronize(home)
-        return moved
+        return self._stash.back(self._tensors())
 
     def sync_from_params(self) -> None:
         """After loading weights into the parameters, refresh the masters from them."""

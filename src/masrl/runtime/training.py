@@ -295,7 +295,8 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         "trained_tokens": sums.get("tokens", 0.0),
         "skipped_zero_adv": float(skipped),
         "reward_mean": sum(rewards) / len(rewards),
-        "adv_abs_mean": sum(abs(s.advantage) for s in samples) / len(samples),
+        "adv_abs_mean": sum((sum(map(abs, s.token_adv)) / max(1, len(s.token_adv))) if s.token_adv else abs(s.advantage)
+                            for s in samples) / len(samples),  # per token under GAE
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
         "lp_mismatch_max": mismatch_max,
     }

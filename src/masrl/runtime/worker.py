@@ -24,6 +24,7 @@ from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
 from masrl.runtime import checkpoint as ckpt
 from masrl.runtime.hosting import ModelHost
+from masrl.runtime.offload import PinnedStash
 from masrl.runtime.precision import MasterWeightsAdamW, param_dtype
 from masrl.runtime.training import Sample, train_policy
 
@@ -58,6 +59,11 @@ class PolicyWorker:
                      for n, spec in self.host.policies.items() if n in self.optimizers and spec.schedule.ema}
         self.last_advantages: dict[str, float] = {}
         self.step = 0
+        # offload_weights: between this worker's generating and its update, its weights (and
+        # EMA copies) wait in pinned CPU memory; the engine drops its device buffers meanwhile
+        self.offload_weights = any(p.offload_weights for p in policies)
+        self._ema_stash = PinnedStash()
+        self._weights_moved = (0.0, 0)  # (seconds, bytes) already reported in update metrics
 
     @property
     def policy_names(self) -> list[str]:
@@ -84,7 +90,22 @@ class PolicyWorker:
         text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
         return tok(text, add_special_tokens=False)["input_ids"]
 
+    def park(self) -> None:
+        """With ``offload_weights``: this worker's weights to CPU memory until it next generates,
+        scores or updates. The controller parks every such worker before the updates."""
+        if not self.offload_weights or self.host.parked:
+            return
+        self.engine.release()
+        self.host.park()
+        self._ema_stash.out([t for e in self.emas.values() for t in e.shadow])
+
+    def _resident(self) -> None:
+        if self.host.parked:
+            self.host.unpark()
+            self._ema_stash.back([t for e in self.emas.values() for t in e.shadow])
+
     def generate(self, calls: list[GenCall]) -> list[GenResult]:
+        self._resident()
         prompts = [self.render(c.messages, c.template_kwargs, c.tools) for c in calls]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p in zip(calls, prompts)]
@@ -121,6 +142,7 @@ class PolicyWorker:
         from masrl.runtime.batching import make_batch
         from masrl.runtime.training import choose_layout, completion_forward
 
+        self._resident()
         layout = choose_layout(self.host, self.algo)
         if layout == "prefix":
             layout = "padded"
@@ -142,6 +164,7 @@ class PolicyWorker:
         other policies), then clear the buffer."""
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
+        self._resident()
         for name, opt in self.optimizers.items():
             sched = self.host.policies[name].schedule
             samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None]
@@ -159,7 +182,7 @@ class PolicyWorker:
                 g["lr"] = lr
             offload = self.host.policies[name].offload_optimizer
             t_in = time.perf_counter()
-            ref_moved = self.host.moved_s
+            ref_moved = self.host.ref_stash.moved_s
             moved = opt.reload() if offload else 0
             t0 = time.perf_counter()
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
@@ -168,8 +191,8 @@ class PolicyWorker:
                              critic=self.critics.get(name))
             m["update_s"] = time.perf_counter() - t0
             m["shared_calls"] = float(len(extra))
-            if self.host.moved_s > ref_moved:
-                m["reference_offload_s"] = self.host.moved_s - ref_moved
+            if self.host.ref_stash.moved_s > ref_moved:
+                m["reference_offload_s"] = self.host.ref_stash.moved_s - ref_moved
             if offload:
                 t1 = time.perf_counter()
                 moved += opt.offload()
@@ -190,6 +213,14 @@ class PolicyWorker:
             m["unrewarded_calls"] = float(unrewarded)
         self.buffer = {k: s for k, s in self.buffer.items() if s.policy in waiting and s.reward is not None}
         self.step += 1
+        if self.offload_weights:
+            self.park()
+            moved_s = self.host.stash.moved_s + self._ema_stash.moved_s
+            moved_b = self.host.stash.moved_bytes + self._ema_stash.moved_bytes
+            for m in metrics.values():  # every trip since the last update: in for the rollout, out, in, out
+                m["weights_offload_s"] = moved_s - self._weights_moved[0]
+                m["weights_offload_gb"] = (moved_b - self._weights_moved[1]) / 2**30
+            self._weights_moved = (moved_s, moved_b)
         return metrics
 
     # -- state ---------------------------------------------------------------------------------

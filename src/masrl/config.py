@@ -86,6 +86,10 @@ class PolicyConfig(Strict):
     offload_weights: bool = Field(False, description="CUDA: keep this policy's weights (for a LoRA base: the base "
                                                       "and all its adapters) in pinned CPU memory except while it "
                                                       "generates, is scored or updates")
+    num_cpus: float = Field(1.0, ge=0, description="runtime.placement ray: CPUs this policy's actor reserves (a LoRA "
+                                                    "base's actor takes the largest of its policies')")
+    num_gpus: float | None = Field(None, ge=0, description="runtime.placement ray: GPUs its actor reserves (fractions "
+                                                           "share a GPU); default 1 on a cuda device, else 0")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 
@@ -332,6 +336,16 @@ class EvalConfig(Strict):
         return self
 
 
+class RuntimeConfig(Strict):
+    placement: Literal["local", "ray"] = Field(
+        "local", description="local: every model host in this process; ray: each model host a Ray actor with the "
+                             "resources its policies ask for (policies.X.num_cpus / num_gpus), in one placement group")
+    address: str = Field("auto", description="ray: auto (join the cluster `ray start` made on this node, else start a "
+                                             "local one on 127.0.0.1) | local (always a new local one) | host:port")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="ray: how the placement group spreads the actors over nodes")
+
+
 class RunConfig(Strict):
     name: str = "run"
     output_dir: str | None = Field(None, description="default: runs/<name>")
@@ -350,6 +364,7 @@ class RunConfig(Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     retriever: RetrieverConfig = Field(default_factory=RetrieverConfig)
     critics: dict[str, CriticConfig] = Field(default_factory=dict)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     rewards: list[RewardConfig] = Field(
         default_factory=lambda: [RewardConfig(type="outcome"), RewardConfig(type="format", weight=0.5)]
     )

@@ -26,6 +26,8 @@ class PolicySpec:
     share_from: dict = field(default_factory=dict)  # {source policy: share of its calls}
     critic: str | None = None  # a separate value model (GAE) instead of a value head
     share_is_cap: float = 2.0
+    num_cpus: float = 1.0  # runtime.placement ray: what its actor reserves
+    num_gpus: float | None = None
 
     @property
     def is_lora(self) -> bool:

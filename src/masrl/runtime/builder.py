@@ -55,10 +55,14 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             raise ConfigError(str(exc)) from None
         trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
         key = f"policies.{name}.device" if p.device else "device"
-        try:
-            device = resolve_device(cfg.policy_device(name))
-        except ConfigError as exc:
-            raise ConfigError(f"{key}: {exc}") from None
+        if cfg.runtime.placement == "ray":  # its actor sees the GPU Ray gave it as cuda:0; the driver may have none
+            raw = cfg.policy_device(name)
+            device = "cuda:0" if raw.startswith("cuda") or (raw == "auto" and (p.num_gpus or 0) > 0) else "cpu"
+        else:
+            try:
+                device = resolve_device(cfg.policy_device(name))
+            except ConfigError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
         sched = p.schedule
         if sched.total_updates is None:
             sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
@@ -73,7 +77,8 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
                                 offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
                                 offload_weights=p.offload_weights,
                                 share_from=dict(p.share_from),
-                                share_is_cap=p.share_is_cap, critic=p.critic))
+                                share_is_cap=p.share_is_cap, critic=p.critic, num_cpus=p.num_cpus,
+                                num_gpus=p.num_gpus))
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -181,10 +186,10 @@ def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
 
 def _check_sharing(policies: list[PolicySpec], workers: list[PolicyWorker]) -> None:
     """Shared calls are reused as tokens: a policy learns from another's calls only on one tokenizer."""
-    host_of = {p: w.host for w in workers for p in w.policy_names}
+    worker_of = {p: w for w in workers for p in w.policy_names}
     for spec in policies:
         for src in spec.share_from:
-            a, b = host_of[spec.name].tokenizer, host_of[src].tokenizer
+            a, b = worker_of[spec.name].tokenizer, worker_of[src].tokenizer
             if a is not b and a.get_vocab() != b.get_vocab():
                 raise ConfigError(f"policies.{spec.name}.share_from: '{src}' uses another tokenizer "
                                   f"({len(b)} tokens vs {len(a)}); shared calls are reused as token ids, so both "
@@ -203,6 +208,13 @@ class Runtime:
     workers: list[PolicyWorker]
     controller: Controller
     critics: dict = field(default_factory=dict)
+    placement: object | None = None  # RayPlacement with runtime.placement ray
+
+    def close(self) -> None:
+        """Stop what this runtime started (Ray actors, their placement group, a local Ray cluster)."""
+        if self.placement is not None:
+            self.placement.close()
+            self.placement = None
 
 
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
@@ -222,20 +234,33 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
     engine_options = {}
     if r.engine != "hf":
         engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
-    for i, (model, specs) in enumerate(group_hosts(policies)):
+    hosts = group_hosts(policies)
+    kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
+                   engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, specs[0].device) else {})
+              for i, (_, specs) in enumerate(hosts)]
+    for (model, specs) in hosts:
         kind = "LoRA adapters " + ", ".join(s.name for s in specs) if specs[0].is_lora else f"full model for {specs[0].name}"
-        device = specs[0].device
-        log(f"[masrl] loading {model} ({kind}) on {device}")
-        w = PolicyWorker(model, specs, cfg.algorithm, device=device, precision=cfg.precision, seed=cfg.seed + i,
-                         engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, device) else {})
-        workers.append(w)
+        log(f"[masrl] loading {model} ({kind}) on {specs[0].device}"
+            + (" in a Ray actor" if cfg.runtime.placement == "ray" else ""))
+    placement = None
+    if cfg.runtime.placement == "ray":
+        from masrl.runtime.placement import RayPlacement
+
+        for k in kwargs:
+            k["threads"] = cfg.threads
+        placement = RayPlacement(hosts, kwargs, strategy=cfg.runtime.strategy, address=cfg.runtime.address, log=log)
+        workers = placement.workers
+    else:
+        workers = [PolicyWorker(model, specs, **k) for (model, specs), k in zip(hosts, kwargs)]
+    for i, w in enumerate(workers):
+        lock = locks.setdefault(w.specs[w.policy_names[0]].device, threading.Lock()) if placement is None else None
         batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
-                                compute_lock=locks.setdefault(device, threading.Lock()), name=f"worker{i}"))
+                                compute_lock=lock, name=f"worker{i}"))
     tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
     _check_sharing(policies, workers)
     critics = build_critics(cfg, policies, workers, log)
     controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
-    return Runtime(workflow, agents, workers, controller, critics)
+    return Runtime(workflow, agents, workers, controller, critics, placement)
 
 
 def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[PolicyWorker], log=print) -> dict:
@@ -247,13 +272,24 @@ def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[Poli
     for i, (name, c) in enumerate(cfg.critics.items()):
         served = [s for s in policies if s.critic == name]
         model = c.model or served[0].model
+        if cfg.runtime.placement == "ray":  # built inside the actor of the policies it serves
+            actors = {id(host_of[s.name]) for s in served}
+            if len(actors) > 1:
+                raise ConfigError(f"critics.{name}: with runtime.placement ray a critic lives in one actor, but "
+                                  f"{', '.join(s.name for s in served)} are on different ones; give each its own critic "
+                                  f"or use runtime.placement local")
+            log(f"[masrl] loading critic {name} ({model}) in the actor of {', '.join(s.name for s in served)}")
+            for s in served:
+                host_of[s.name].build_critic(s.name, name, model, c.optim, cfg.seed + 1000 + i)
+            out[name] = f"remote:{name}"
+            continue
         log(f"[masrl] loading critic {name} ({model}) on {served[0].device} for {', '.join(s.name for s in served)}")
         critic = Critic(name, model, c.optim, device=served[0].device, seed=cfg.seed + 1000 + i)
         for s in served:
-            tok = host_of[s.name].host.tokenizer
+            tok = host_of[s.name].tokenizer
             if tok.get_vocab() != critic.tokenizer.get_vocab():
                 raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{s.name}'; "
                                   f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
-            host_of[s.name].critics[s.name] = critic
+            host_of[s.name].attach_critic(s.name, critic)
         out[name] = critic
     return out

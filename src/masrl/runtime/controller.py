@@ -131,7 +131,7 @@ class Controller:
         """``KL(A || B)`` for every ordered pair of trainable policies on one tokenizer, estimated on up
         to ``max_calls`` of A's calls this step: mean over their tokens of log pi_A - log pi_B (the
         k1 estimator; tokens sampled from A). Run before the update, on the weights that sampled."""
-        trainable = [(p, w) for w in self.workers for p in w.optimizers]
+        trainable = [(p, w) for w in self.workers for p in w.trainable_names]
         out: dict[str, float] = {}
         for a, wa in trainable:
             mine = wa.rewarded([a])[:max_calls]
@@ -139,8 +139,7 @@ class Controller:
                 continue
             own = wa.score(a, mine)
             for b, wb in trainable:
-                if b == a or (wa.host.tokenizer is not wb.host.tokenizer
-                              and wa.host.tokenizer.get_vocab() != wb.host.tokenizer.get_vocab()):
+                if b == a or (wa.tokenizer is not wb.tokenizer and wa.tokenizer.get_vocab() != wb.tokenizer.get_vocab()):
                     continue
                 other = wb.score(b, mine)
                 diffs = [x - y for xs, ys in zip(own, other) for x, y in zip(xs, ys)]
@@ -155,8 +154,8 @@ class Controller:
 
         out: dict[str, list] = {}
         for w in self.workers:
-            for name, spec in w.host.policies.items():
-                if not spec.share_from or name not in w.optimizers:
+            for name, spec in w.specs.items():
+                if not spec.share_from or name not in w.trainable_names:
                     continue
                 rng = random.Random(f"share-{name}-{w.step}")
                 picked = []

@@ -9,7 +9,6 @@ import random
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -88,10 +87,6 @@ class Trainer:
         state = json.loads((path / "state.json").read_text())
         for w in self.rt.workers:
             w.load(str(path), with_optimizer=with_optimizer)
-        for name, critic in self.rt.critics.items():
-            f = path / "critics" / f"{name}.pt"
-            if f.is_file():
-                critic.load_state_dict(torch.load(f, weights_only=True), with_optimizer=with_optimizer)
         self.step = int(state["step"])
 
     def save_checkpoint(self) -> Path:
@@ -101,9 +96,6 @@ class Trainer:
             for w in self.rt.workers:
                 w.save(str(tmp))
                 faults.point(f"checkpoint:{self.step}")  # half-written
-            for name, critic in self.rt.critics.items():
-                (tmp / "critics").mkdir(exist_ok=True)
-                torch.save(critic.state_dict(), tmp / "critics" / f"{name}.pt")
             (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
                                                         "policies": list(self.cfg.policies)}))
 
@@ -258,7 +250,10 @@ class Trainer:
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
     trainer = Trainer(cfg, console=console)
     trainer.prepare(resume=resume)
-    return asyncio.run(trainer.run())
+    try:
+        return asyncio.run(trainer.run())
+    finally:
+        trainer.rt.close()
 
 
 def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console | None = None) -> dict:
@@ -281,7 +276,10 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
         finally:
             await trainer.rt.controller.aclose()
 
-    summary = asyncio.run(go())
+    try:
+        summary = asyncio.run(go())
+    finally:
+        trainer.rt.close()
     trainer.log(f"[masrl] held-out: {trainer._eval_line(summary)}")
     for name, a in summary.get("agents", {}).items():
         trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "

@@ -32,7 +32,9 @@ from masrl.runtime.training import Sample, train_policy
 class PolicyWorker:
     def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
                  device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
-                 engine_options: dict | None = None):
+                 engine_options: dict | None = None, threads: int | None = None):
+        if threads:  # in a process of its own (a Ray actor): the run's thread count applies here too
+            torch.set_num_threads(threads)
         self.algo = algo or AlgorithmConfig()
         self.seed = seed
         self.device = device
@@ -68,6 +70,37 @@ class PolicyWorker:
     @property
     def policy_names(self) -> list[str]:
         return list(self.host.policies)
+
+    @property
+    def specs(self) -> dict[str, PolicySpec]:
+        return dict(self.host.policies)
+
+    @property
+    def tokenizer(self):
+        return self.host.tokenizer
+
+    def attach_critic(self, policy: str, critic) -> None:
+        """``policy``'s separate value model (``Critic``), which other policies may share."""
+        self.critics[policy] = critic
+
+    def build_critic(self, policy: str, name: str, model: str, optim, seed: int) -> None:
+        """Build critic ``name`` here (once; a second policy of this worker shares it) for ``policy``:
+        what a remote worker does instead of receiving a model."""
+        from masrl.errors import ConfigError
+        from masrl.runtime.critic import Critic
+
+        built = {c.name: c for c in self.critics.values()}
+        critic = built.get(name) or Critic(name, model, optim, device=self.device, seed=seed)
+        if critic.tokenizer.get_vocab() != self.host.tokenizer.get_vocab():
+            raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{policy}'; "
+                              f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
+        self.critics[policy] = critic
+
+    def get_tokenizer(self):
+        return self.host.tokenizer
+
+    def get_step(self) -> int:
+        return self.step
 
     @property
     def trainable_names(self) -> list[str]:
@@ -231,6 +264,9 @@ class PolicyWorker:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
         for name, ema in self.emas.items():
             torch.save(ema.state_dict(), d / name / "ema.pt")
+        for critic in {id(c): c for c in self.critics.values()}.values():  # a shared one is written by each holder
+            (d / "critics").mkdir(parents=True, exist_ok=True)
+            torch.save(critic.state_dict(), d / "critics" / f"{critic.name}.pt")
         (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
             {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()},
              "updates": self.updates}))
@@ -240,6 +276,10 @@ class PolicyWorker:
         for name in self.trainable_names:
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
         self.engine.weights_updated()
+        for critic in {id(c): c for c in self.critics.values()}.values():
+            f = d / "critics" / f"{critic.name}.pt"
+            if f.is_file():
+                critic.load_state_dict(torch.load(f, weights_only=True), with_optimizer=with_optimizer)
         meta = d / f"worker_{'_'.join(self.policy_names)}.json"
         if meta.is_file():
             state = json.loads(meta.read_text())
@@ -253,18 +293,26 @@ class PolicyWorker:
     @contextmanager
     def evaluating(self):
         """Policies with a weight EMA serve their EMA weights inside this block."""
-        if not self.emas:
+        self.begin_eval()
+        try:
             yield
+        finally:
+            self.end_eval()
+
+    def begin_eval(self) -> None:
+        """``evaluating`` in two calls (what a remote caller can make)."""
+        if not self.emas:
             return
-        with ExitStack() as stack:
-            for ema in self.emas.values():
-                stack.enter_context(ema.swapped_in())
+        self._eval_stack = ExitStack()
+        for ema in self.emas.values():
+            self._eval_stack.enter_context(ema.swapped_in())
+        self.engine.weights_updated(list(self.emas))
+
+    def end_eval(self) -> None:
+        stack = self.__dict__.pop("_eval_stack", None)
+        if stack is not None:
+            stack.close()
             self.engine.weights_updated(list(self.emas))
-            try:
-                yield
-            finally:
-                stack.close()
-                self.engine.weights_updated(list(self.emas))
 
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed."""

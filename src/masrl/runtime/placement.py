@@ -1,0 +1,213 @@
+"""Placement on Ray (``runtime.placement: ray``): each model host is a Ray actor.
+
+The driver keeps the controller, the workflows, the batchers and the reward code; every
+``PolicyWorker`` runs in an actor with the CPUs and GPUs its policies ask for
+(``policies.X.num_cpus`` / ``num_gpus``), one bundle per actor of one placement group. The driver
+talks to an actor through ``RemoteWorker``, which has the worker's methods and passes only what
+they take and return: chat messages and sampling settings in, texts and counts out, then
+``{call_id: reward}`` in and metrics out. Token ids and logprobs stay in the actor that sampled
+them, except where an option needs them elsewhere (``share_from``, ``train.policy_kl``).
+``RemoteWorker`` counts the pickled bytes of every call's arguments and results, per method.
+
+Only Ray places and moves: no home-made RPC. A dead actor surfaces as ``WorkerLost`` naming the
+actor and the policies it hosted; checkpoints already written are left as they were.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+from masrl.errors import ConfigError, MasrlError
+from masrl.policies import PolicySpec
+
+
+class WorkerLost(MasrlError):
+    """A Ray actor hosting policies died or could not be reached."""
+
+
+def connect(address: str, *, cpus_needed: float, log=print) -> bool:
+    """Join or start a Ray cluster; returns True when this call started a local one (to stop it
+    at the end). ``auto``: the cluster ``ray start`` made on this node (or ``RAY_ADDRESS``), else a
+    new local one; ``local``: always a new local one; anything else: that address."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("runtime.placement: ray needs Ray on every node: pip install 'masrl[ray]' "
+                          "(or pip install 'ray>=2.9')") from None
+    if ray.is_initialized():
+        return False
+    env = {"env_vars": {k: v for k, v in os.environ.items() if k.startswith(("MASRL_", "HF_", "TOKENIZERS_"))}}
+    if address not in ("auto", "local"):
+        ray.init(address=address, runtime_env=env, log_to_driver=True)
+        log(f"[masrl] joined the Ray cluster at {address}: {_resources(ray)}")
+        return False
+    if address == "auto":
+        try:
+            ray.init(address="auto", runtime_env=env, log_to_driver=True)
+            log(f"[masrl] joined the Ray cluster on this node: {_resources(ray)}")
+            return False
+        except ConnectionError:
+            pass
+    # logical CPUs: at least what the actors ask for, so a small machine still places them
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
+             _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=True)
+    log(f"[masrl] started a local Ray cluster on 127.0.0.1: {_resources(ray)}")
+    return True
+
+
+def _resources(ray) -> str:
+    r = ray.cluster_resources()
+    return f"{len(ray.nodes())} node(s), {r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU"
+
+
+def actor_resources(specs: list[PolicySpec]) -> dict[str, float]:
+    """What one model host's actor reserves: the largest ask among its policies."""
+    cpus = max(s.num_cpus for s in specs)
+    gpus = max((s.num_gpus if s.num_gpus is not None else (1.0 if s.device.startswith("cuda") else 0.0))
+               for s in specs)
+    return {"CPU": cpus, "GPU": gpus}
+
+
+class RayPlacement:
+    """The actors of one run, in one placement group."""
+
+    def __init__(self, hosts: list[tuple[str, list[PolicySpec]]], worker_kwargs: list[dict], *, strategy: str,
+                 address: str, log=print, ready_timeout_s: float = 120.0):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from masrl.runtime.worker import PolicyWorker
+
+        bundles = [{k: v for k, v in actor_resources(specs).items() if v > 0} or {"CPU": 0.01} for _, specs in hosts]
+        self.started = connect(address, cpus_needed=sum(b.get("CPU", 0) for b in bundles), log=log)
+        self.pg = placement_group(bundles, strategy=strategy, name=f"masrl-{os.getpid()}")
+        try:
+            ray.get(self.pg.ready(), timeout=ready_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.util.remove_placement_group(self.pg)
+            raise ConfigError(f"runtime.placement: ray could not place {len(bundles)} actor(s) asking for {bundles} "
+                              f"(strategy {strategy}) within {ready_timeout_s:.0f}s; the cluster has "
+                              f"{ray.available_resources()}. Lower policies.X.num_cpus / num_gpus, add nodes, or "
+                              f"use strategy PACK") from None
+        remote_cls = ray.remote(PolicyWorker)
+        self.workers: list[RemoteWorker] = []
+        for i, ((model, specs), kwargs) in enumerate(zip(hosts, worker_kwargs)):
+            b = bundles[i]
+            name = f"masrl-worker{i}-{'-'.join(s.name for s in specs)}"
+            actor = remote_cls.options(
+                num_cpus=b.get("CPU", 0.01), num_gpus=b.get("GPU", 0), name=name,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
+            ).remote(model, specs, **kwargs)
+            self.workers.append(RemoteWorker(actor, specs, name))
+        for w in self.workers:  # construction errors (a bad model, no GPU) surface here, by name
+            w.tokenizer  # noqa: B018
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            try:
+                ray.kill(w.actor)
+            except Exception:  # already gone
+                pass
+        try:
+            ray.util.remove_placement_group(self.pg)
+        except Exception:
+            pass
+        if self.started:
+            ray.shutdown()
+
+
+class RemoteWorker:
+    """The driver's handle on a ``PolicyWorker`` in a Ray actor: the same methods, called remotely."""
+
+    def __init__(self, actor, specs: list[PolicySpec], name: str):
+        self.actor, self.name = actor, name
+        self.specs = {s.name: s for s in specs}
+        self.policy_names = list(self.specs)
+        self.trainable_names = [s.name for s in specs if s.trainable]
+        self.traffic: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0])  # calls, bytes out, in, seconds
+        self._tokenizer = None
+
+    def _call(self, method: str, *args, **kwargs):
+        import ray
+
+        t0 = time.perf_counter()
+        sent = len(pickle.dumps((args, kwargs), protocol=5))
+        try:
+            out = ray.get(getattr(self.actor, method).remote(*args, **kwargs))
+        except ray.exceptions.RayActorError as exc:  # ActorDiedError, ActorUnavailableError are kinds of it
+            raise WorkerLost(f"Ray actor '{self.name}' hosting policy {', '.join(self.policy_names)} is gone "
+                             f"({type(exc).__name__} during {method}); the run stops here. Checkpoints already "
+                             f"written are intact: `masrl train CONFIG --resume` continues from the last one") from exc
+        t = self.traffic[method]
+        t[0] += 1
+        t[1] += sent
+        t[2] += len(pickle.dumps(out, protocol=5))
+        t[3] += time.perf_counter() - t0
+        return out
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = self._call("get_tokenizer")
+        return self._tokenizer
+
+    @property
+    def step(self) -> int:
+        return self._call("get_step")
+
+    def generate(self, calls):
+        return self._call("generate", calls)
+
+    def commit_rewards(self, rewards):
+        return self._call("commit_rewards", rewards)
+
+    def drop(self, call_ids):
+        return self._call("drop", call_ids)
+
+    def advantages(self):
+        return self._call("advantages")
+
+    def train_step(self, shared=None):
+        return self._call("train_step", shared)
+
+    def rewarded(self, policies):
+        return self._call("rewarded", policies)
+
+    def score(self, policy, samples):
+        return self._call("score", policy, samples)
+
+    def park(self):
+        return self._call("park")
+
+    def save(self, directory):
+        return self._call("save", directory)
+
+    def load(self, directory, *, with_optimizer=True):
+        return self._call("load", directory, with_optimizer=with_optimizer)
+
+    def fingerprint(self, policy):
+        return self._call("fingerprint", policy)
+
+    def build_critic(self, policy, name, model, optim, seed):
+        return self._call("build_critic", policy, name, model, optim, seed)
+
+    @contextmanager
+    def evaluating(self):
+        self._call("begin_eval")
+        try:
+            yield
+        finally:
+            self._call("end_eval")
+
+    def take_traffic(self) -> dict[str, list[float]]:
+        """Per method: calls, bytes sent, bytes received, seconds, since the last take."""
+        out = {k: list(v) for k, v in self.traffic.items()}
+        self.traffic.clear()
+        return out

@@ -1,0 +1,72 @@
+"""runtime.placement: ray on a local Ray cluster (127.0.0.1, started and stopped by the test): the
+same config and seed train to the same losses and weights as placement: local, only plain data
+crosses, and a killed actor stops the run by name."""
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray")
+
+from tinycfg import prepared_trainer, tiny_config  # noqa: E402
+
+
+def _config(tmp_path, placement):
+    data = tiny_config("math_team_two_policies", tmp_path / placement, steps=2, threads=1, seed=0)
+    data["runtime"] = {"placement": placement, "address": "local"}
+    return data
+
+
+def _run(tmp_path, placement, steps=2):
+    tr, workers, before = prepared_trainer(_config(tmp_path, placement), tmp_path / placement)
+    try:
+        recs, traffic = [], []
+        if placement == "ray":  # set-up (each actor's tokenizer, once) is not a step's traffic
+            setup = {w.name: w.take_traffic() for w in tr.rt.workers}
+            print("set-up traffic:", setup)
+        for _ in range(steps):
+            recs.append(asyncio.run(tr.train_step()))
+            if placement == "ray":
+                traffic.append({w.name: w.take_traffic() for w in tr.rt.workers})
+        after = {p: w.fingerprint(p) for p, w in workers.items()}
+        asyncio.run(tr.rt.controller.aclose())
+    finally:
+        tr.rt.close()
+    return recs, traffic, before, after
+
+
+def test_two_policies_in_two_ray_actors_train_like_one_process(tmp_path):
+    local, _, before_l, after_l = _run(tmp_path, "local")
+    ray_recs, traffic, before_r, after_r = _run(tmp_path, "ray")
+    losses = lambda recs: [(p, m["loss"], m["grad_norm"]) for r in recs for p, m in sorted(r["policies"].items())]  # noqa: E731
+    print("local:", losses(local), "\nray:  ", losses(ray_recs))
+    assert before_r == before_l
+    assert losses(ray_recs) == losses(local)
+    assert [r["rollout"]["reward"] for r in ray_recs] == [r["rollout"]["reward"] for r in local]
+    assert after_r == after_l and after_r != before_r
+    for step, per_actor in enumerate(traffic, 1):
+        sent = sum(t[1] for a in per_actor.values() for t in a.values())
+        got = sum(t[2] for a in per_actor.values() for t in a.values())
+        calls = {m: sum(a[m][0] for a in per_actor.values() if m in a) for a in per_actor.values() for m in a}
+        by_method = {m: (a[m][1], a[m][2]) for a in per_actor.values() for m in a}
+        print(f"step {step}: {len(per_actor)} actors, bytes driver->actors {sent}, actors->driver {got}, calls {calls}, "
+              f"bytes by method (one actor) {by_method}")
+        assert {"generate", "commit_rewards", "train_step", "advantages"} <= set(calls)
+        assert 0 < sent < 1_000_000 and 0 < got < 1_000_000  # texts, ids and metrics: no tensors, no token ids
+
+
+def test_a_killed_actor_stops_the_run_by_name(tmp_path):
+    import ray
+
+    from masrl.runtime.placement import WorkerLost
+
+    tr, workers, _ = prepared_trainer(_config(tmp_path, "ray"), tmp_path / "ray")
+    try:
+        asyncio.run(tr.train_step())
+        path = tr.save_checkpoint()
+        ray.kill(workers["writer"].actor)
+        with pytest.raises(WorkerLost, match="hosting policy writer"):
+            asyncio.run(tr.train_step())
+        assert (path / "state.json").is_file()
+    finally:
+        tr.rt.close()

@@ -119,9 +119,20 @@ class Controller:
         shared = self._shared_calls()
         for w in self.workers:  # offload_weights: all out first, then each in for its own update only
             w.park()
-        for w in self.workers:
-            metrics.update(w.train_step({p: shared[p] for p in w.policy_names if p in shared}))
-            adv.update(w.advantages())
+
+        def one(w):
+            return w.train_step({p: shared[p] for p in w.policy_names if p in shared}), w.advantages()
+
+        if len(self.workers) > 1 and all(getattr(w, "remote", False) for w in self.workers):
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(len(self.workers)) as pool:  # actors update at once, each on its own devices
+                results = list(pool.map(one, self.workers))
+        else:  # one process: one update at a time
+            results = [one(w) for w in self.workers]
+        for m, a in results:
+            metrics.update(m)
+            adv.update(a)
         for tr in traces or []:
             for c in tr.calls:
                 c.advantage = adv.get(c.call_id)

@@ -126,6 +126,8 @@ class RayPlacement:
 class RemoteWorker:
     """The driver's handle on a ``PolicyWorker`` in a Ray actor: the same methods, called remotely."""
 
+    remote = True  # the controller updates remote workers concurrently
+
     def __init__(self, actor, specs: list[PolicySpec], name: str):
         self.actor, self.name = actor, name
         self.specs = {s.name: s for s in specs}

@@ -1,0 +1,111 @@
+"""Placement local vs ray on this machine: step time and the bytes that cross between the driver
+and the actors per step, for 1, 2 and 4 policies (math team: one shared policy, two policies, one
+per agent).
+
+    .venv/bin/python benchmarks/bench_ray.py [--model tiny-random] [--steps 3]
+
+Each side trains the same config and seed for ``--steps`` steps; the table reports the mean of the
+steps after the first (the first includes warm-up). With ``ray`` each model host is an actor on a
+local Ray cluster (127.0.0.1) started for the run, and every call's arguments and results are
+counted as pickled bytes (what Ray serialises). What differs between the sides: ``local`` runs
+every model in the trainer's process and updates policies one after another; ``ray`` runs each in
+its own process, updates them at once, and pays a round trip per call. On a machine with fewer
+cores than actors the actors compete for them, so read the ray column here as overhead, not as the
+speed-up separate GPUs or nodes would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {1: "math_team_shared", 2: "math_team_two_policies", 4: "math_team_four_policies"}
+
+
+def child(n: int, placement: str, model: str, steps: int, out: str) -> None:
+    sys.path.insert(0, str(ROOT / "tests" / "integration"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tinycfg import tiny_config
+
+    from masrl.config import load_config
+    from masrl.runtime.loop import Trainer
+
+    data = tiny_config(CONFIGS[n], Path(out), steps=steps, threads=1, seed=0)
+    data["model"] = model
+    for a in data["agents"].values():
+        a["max_new_tokens"] = 24
+    data["rollout"].update(tasks_per_step=4, samples_per_task=4)
+    data["runtime"] = {"placement": placement, "address": "local"}
+    tr = Trainer(load_config(data=data), run_dir=Path(out))
+    t0 = time.perf_counter()
+    tr.prepare(resume=False)
+    setup_s = time.perf_counter() - t0
+    if placement == "ray":
+        for w in tr.rt.workers:
+            w.take_traffic()
+    rows = []
+    try:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            rec = asyncio.run(tr.train_step())
+            row = {"step_s": time.perf_counter() - t0, "rollout_s": rec["rollout_s"], "update_s": rec["update_s"],
+                   "calls": sum(a["calls"] for a in rec["rollout"]["agents"].values())}
+            if placement == "ray":
+                t = [w.take_traffic() for w in tr.rt.workers]
+                row["sent"] = sum(v[1] for x in t for v in x.values())
+                row["received"] = sum(v[2] for x in t for v in x.values())
+                row["round_trips"] = sum(v[0] for x in t for v in x.values())
+            rows.append(row)
+        asyncio.run(tr.rt.controller.aclose())
+    finally:
+        tr.rt.close()
+    later = rows[1:] or rows
+    mean = {k: sum(r[k] for r in later) / len(later) for k in later[0]}
+    print(json.dumps({"policies": n, "placement": placement, "setup_s": setup_s, **mean}))
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _, _, n, placement, model, steps, out = sys.argv
+        child(int(n), placement, model, int(steps), out)
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="tiny-random")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--policies", type=int, nargs="+", default=[1, 2, 4])
+    a = ap.parse_args()
+    res = {}
+    for n in a.policies:
+        for placement in ("local", "ray"):
+            out = f"/tmp/bench_ray_{n}_{placement}_{os.getpid()}"
+            p = subprocess.run([sys.executable, __file__, "--child", str(n), placement, a.model, str(a.steps), out],
+                               capture_output=True, text=True, cwd=ROOT)
+            if p.returncode:
+                print(p.stdout[-2000:], p.stderr[-4000:])
+                raise SystemExit(f"{n} policies, {placement}: failed")
+            res[(n, placement)] = json.loads(p.stdout.strip().splitlines()[-1])
+            print(json.dumps(res[(n, placement)]), flush=True)
+    print(f"\ncommand: .venv/bin/python benchmarks/bench_ray.py --model {a.model} --steps {a.steps}\nmachine: "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}\n"
+          f"workload: math team, 4 tasks x 4 samples x 4 agents = 64 calls a step, 24 new tokens, threads=1 per "
+          f"process; mean of steps 2..{a.steps}\n")
+    print("| policies | local step s | ray step s | ray / local | ray rollout s | ray update s | round trips | "
+          "bytes driver->actors | bytes actors->driver | bytes per call |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for n in a.policies:
+        lo, ra = res[(n, "local")], res[(n, "ray")]
+        print(f"| {n} | {lo['step_s']:.2f} | {ra['step_s']:.2f} | {ra['step_s'] / lo['step_s']:.2f} | "
+              f"{ra['rollout_s']:.2f} | {ra['update_s']:.2f} | {ra['round_trips']:.0f} | {ra['sent']:.0f} | "
+              f"{ra['received']:.0f} | {(ra['sent'] + ra['received']) / ra['calls']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -53,8 +53,9 @@ class ScheduleConfig(Strict):
     update_every: int = Field(1, ge=1, description="update this policy every k steps; its calls of the steps between "
                                                     "are kept and trained on at the next update")
     warmup_updates: int = Field(0, ge=0, description="linear LR warm-up over this many updates")
-    decay: Literal["constant", "linear", "cosine"] = Field("constant", description="LR decay after warm-up, to "
-                                                                                  "min_lr_ratio at the last update")
+    decay: Literal["constant", "linear", "cosine"] = Field("constant", description="LR decay after warm-up, "
+                                                                                  "toward min_lr_ratio one update "
+                                                                                  "past the last")
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     total_updates: int | None = Field(None, ge=1, description="updates the decay spans (default: train.steps // "
                                                               "update_every)")

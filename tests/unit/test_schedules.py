@@ -10,11 +10,13 @@ from masrl.algorithms.schedules import WeightEMA, lr_factor
 
 def test_lr_factor_warmup_then_decay_by_hand():
     assert [lr_factor(u, warmup=4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    # linear over updates 0..4 (total 5, no warm-up): 1, .75, .5, .25, 0
-    assert [lr_factor(u, total=5, decay="linear") for u in range(5)] == pytest.approx([1, 0.75, 0.5, 0.25, 0])
-    # cosine to min_ratio 0.1 over updates 2..4 after 2 warm-up updates
+    # linear over updates 0..4 (total 5, no warm-up), reaching 0 at update 5: 1, .8, .6, .4, .2
+    assert [lr_factor(u, total=5, decay="linear") for u in range(5)] == pytest.approx([1, 0.8, 0.6, 0.4, 0.2])
+    # cosine toward min_ratio 0.1 over updates 2..5 after 2 warm-up updates: t = 0, 1/3, 2/3
     got = [lr_factor(u, warmup=2, total=5, decay="cosine", min_ratio=0.1) for u in range(5)]
-    assert got == pytest.approx([0.5, 1.0, 1.0, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)), 0.1])
+    cos = lambda t: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t))  # noqa: E731
+    assert got == pytest.approx([0.5, 1.0, 1.0, cos(1 / 3), cos(2 / 3)])
+    assert got[-1] > 0.1  # the last update still moves the weights
     assert lr_factor(99, total=5, decay="linear") == 0.0  # past the end it stays at the floor
 
 

@@ -2,7 +2,8 @@
 
 ``lr_factor(update, warmup, total, decay, min_ratio)`` multiplies a policy's base learning rate at
 its ``update``-th update (0-based): linear warm-up over ``warmup`` updates (from 1/warmup to 1),
-then ``constant``, ``linear`` or ``cosine`` decay to ``min_ratio`` at update ``total - 1``.
+then ``constant``, ``linear`` or ``cosine`` decay that would reach ``min_ratio`` at update ``total``,
+one past the last (as Hugging Face's schedulers do), so the last update still moves the weights.
 
 ``WeightEMA`` keeps fp32 shadows of a policy's trainable parameters, ``shadow = d * shadow + (1 -
 d) * param`` after every update; ``swapped_in`` puts the shadows into the model for evaluation
@@ -23,7 +24,7 @@ def lr_factor(update: int, *, warmup: int = 0, total: int | None = None, decay: 
         return (update + 1) / warmup
     if decay == "constant" or not total:
         return 1.0
-    span = max(1, total - 1 - warmup)
+    span = max(1, total - warmup)
     t = min(1.0, max(0.0, (update - warmup) / span))
     if decay == "linear":
         shape = 1.0 - t

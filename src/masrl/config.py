@@ -91,6 +91,10 @@ class PolicyConfig(Strict):
                                                     "base's actor takes the largest of its policies')")
     num_gpus: float | None = Field(None, ge=0, description="runtime.placement ray: GPUs its actor reserves (fractions "
                                                            "share a GPU); default 1 on a cuda device, else 0")
+    data_parallel: int = Field(1, ge=1, description="runtime.placement ray: this policy's model host runs as this "
+                                                     "many ranks (one actor each, with num_cpus/num_gpus each), "
+                                                     "calls split among them, gradients summed (torch.distributed: "
+                                                     "NCCL on cuda, gloo on cpu)")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

@@ -28,6 +28,7 @@ class PolicySpec:
     share_is_cap: float = 2.0
     num_cpus: float = 1.0  # runtime.placement ray: what its actor reserves
     num_gpus: float | None = None
+    data_parallel: int = 1  # ranks (runtime.placement ray)
 
     @property
     def is_lora(self) -> bool:

@@ -70,3 +70,30 @@ def test_a_killed_actor_stops_the_run_by_name(tmp_path):
         assert (path / "state.json").is_file()
     finally:
         tr.rt.close()
+
+
+def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
+    """policies.X.data_parallel: 2 under ray: two actors (gloo), calls split between them, the
+    update's gradient summed; two steps end at the weights of one local process."""
+    out = {}
+    for placement in ("local", "ray"):
+        data = tiny_config("math_team_shared", tmp_path / placement, steps=2, threads=1, seed=0)
+        data["runtime"] = {"placement": placement, "address": "local"}
+        if placement == "ray":
+            data["policies"]["shared"]["data_parallel"] = 2
+        tr, workers, before = prepared_trainer(data, tmp_path / placement)
+        try:
+            recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+            after = workers["shared"].fingerprint("shared")
+            ranks = [r.fingerprint("shared") for r in getattr(tr.rt.workers[0], "ranks", [])]
+            asyncio.run(tr.rt.controller.aclose())
+        finally:
+            tr.rt.close()
+        out[placement] = (recs, before, after, ranks)
+    (lr, lb, la, _), (rr, rb, ra, ranks) = out["local"], out["ray"]
+    print("rewards", [r["rollout"]["reward"] for r in lr], [r["rollout"]["reward"] for r in rr],
+          "\nweights", la, ra, "ranks", ranks, "\nn_seqs", [r["policies"]["shared"]["n_seqs"] for r in rr])
+    assert rb == lb and len(ranks) == 2 and ranks[0] == ranks[1]
+    assert [r["rollout"]["reward"] for r in rr] == [r["rollout"]["reward"] for r in lr]
+    assert [r["policies"]["shared"]["n_seqs"] for r in rr] == [r["policies"]["shared"]["n_seqs"] for r in lr]
+    assert ra != rb and ra == pytest.approx(la, rel=1e-6)

@@ -78,7 +78,9 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
                                 offload_weights=p.offload_weights,
                                 share_from=dict(p.share_from),
                                 share_is_cap=p.share_is_cap, critic=p.critic, num_cpus=p.num_cpus,
-                                num_gpus=p.num_gpus))
+                                num_gpus=p.num_gpus, data_parallel=p.data_parallel))
+        if p.data_parallel > 1:
+            _check_data_parallel(cfg, name, p)
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -88,6 +90,25 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             raise ConfigError(f"LoRA policies on base '{model}' share one copy of it, so they need one device; "
                               f"they ask for {', '.join(sorted(devices))}: set the same policies.<name>.device")
     return specs
+
+
+def _check_data_parallel(cfg: RunConfig, name: str, p) -> None:
+    key = f"policies.{name}.data_parallel"
+    if cfg.runtime.placement != "ray":
+        raise ConfigError(f"{key}: ranks run as Ray actors; set runtime.placement: ray (a local cluster starts on "
+                          f"127.0.0.1 when there is none)")
+    if cfg.algorithm.advantage == "gae":
+        raise ConfigError(f"{key}: not with algorithm.advantage gae yet (values and critics are per rank); use grpo, "
+                          f"rloo or reinforce_pp")
+    sharing = [n for n, q in cfg.policies.items() if name in q.share_from] + ([name] if p.share_from else [])
+    if sharing or cfg.train.policy_kl:
+        raise ConfigError(f"{key}: not with share_from or train.policy_kl (they read calls across workers, and a "
+                          f"data-parallel policy's calls are spread over its ranks)")
+    if any(q.lora is not None and q.model == p.model for q in cfg.policies.values()) and p.lora is not None:
+        others = [n for n, q in cfg.policies.items() if q.lora is not None and q.model == p.model and n != name]
+        if any(cfg.policies[n].data_parallel != p.data_parallel for n in others):
+            raise ConfigError(f"{key}: LoRA policies on one base share its ranks; give {', '.join(others)} the same "
+                              f"data_parallel")
 
 
 def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]]:

@@ -83,7 +83,9 @@ class RayPlacement:
 
         from masrl.runtime.worker import PolicyWorker
 
-        bundles = [{k: v for k, v in actor_resources(specs).items() if v > 0} or {"CPU": 0.01} for _, specs in hosts]
+        ranks = [max(sp.data_parallel for sp in specs) for _, specs in hosts]
+        per_host = [{k: v for k, v in actor_resources(specs).items() if v > 0} or {"CPU": 0.01} for _, specs in hosts]
+        bundles = [b for b, n in zip(per_host, ranks) for _ in range(n)]  # one bundle per rank
         self.started = connect(address, cpus_needed=sum(b.get("CPU", 0) for b in bundles), log=log)
         self.pg = placement_group(bundles, strategy=strategy, name=f"masrl-{os.getpid()}")
         try:
@@ -92,25 +94,46 @@ class RayPlacement:
             ray.util.remove_placement_group(self.pg)
             raise ConfigError(f"runtime.placement: ray could not place {len(bundles)} actor(s) asking for {bundles} "
                               f"(strategy {strategy}) within {ready_timeout_s:.0f}s; the cluster has "
-                              f"{ray.available_resources()}. Lower policies.X.num_cpus / num_gpus, add nodes, or "
-                              f"use strategy PACK") from None
+                              f"{ray.available_resources()}. Lower policies.X.num_cpus / num_gpus / data_parallel, "
+                              f"add nodes, or use strategy PACK") from None
         remote_cls = ray.remote(PolicyWorker)
-        self.workers: list[RemoteWorker] = []
+        self.workers: list = []
+        bundle = 0
         for i, ((model, specs), kwargs) in enumerate(zip(hosts, worker_kwargs)):
-            b = bundles[i]
-            name = f"masrl-worker{i}-{'-'.join(s.name for s in specs)}"
-            actor = remote_cls.options(
-                num_cpus=b.get("CPU", 0.01), num_gpus=b.get("GPU", 0), name=name,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i),
-            ).remote(model, specs, **kwargs)
-            self.workers.append(RemoteWorker(actor, specs, name))
+            b = per_host[i]
+            group = []
+            for r in range(ranks[i]):
+                name = f"masrl-worker{i}-{'-'.join(s.name for s in specs)}" + (f"-rank{r}" if ranks[i] > 1 else "")
+                actor = remote_cls.options(
+                    num_cpus=b.get("CPU", 0.01), num_gpus=b.get("GPU", 0), name=name,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=bundle),
+                ).remote(model, specs, **kwargs)  # same seed on every rank: the same initial weights
+                group.append(RemoteWorker(actor, specs, name))
+                bundle += 1
+            if len(group) > 1:
+                self._join(group, "nccl" if specs[0].device.startswith("cuda") else "gloo", bundle - len(group))
+                self.workers.append(RankedWorker(group))
+            else:
+                self.workers.append(group[0])
         for w in self.workers:  # construction errors (a bad model, no GPU) surface here, by name
             w.tokenizer  # noqa: B018
+
+    def _join(self, group: list, backend: str, first_bundle: int) -> None:
+        """Rendezvous the ranks of one data-parallel host at rank 0's node."""
+        import ray
+        from ray.util.placement_group import placement_group_table
+
+        node_id = placement_group_table(self.pg)["bundles_to_node_id"][first_bundle]
+        ip = next(n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id)
+        port = group[0]._call("free_port")
+        init = f"tcp://{ip}:{port}"
+        futures = [w.actor.join_ranks.remote(init, r, len(group), backend) for r, w in enumerate(group)]
+        ray.get(futures)
 
     def close(self) -> None:
         import ray
 
-        for w in self.workers:
+        for w in [r for w in self.workers for r in getattr(w, "ranks", [w])]:
             try:
                 ray.kill(w.actor)
             except Exception:  # already gone
@@ -212,4 +235,98 @@ class RemoteWorker:
         """Per method: calls, bytes sent, bytes received, seconds, since the last take."""
         out = {k: list(v) for k, v in self.traffic.items()}
         self.traffic.clear()
+        return out
+
+
+class RankedWorker:
+    """The ranks of one data-parallel model host, as one worker: calls are split among the ranks
+    in contiguous shares, rewards go to every rank (each keeps its own calls'), and the ranks
+    update together (their gradients summed over torch.distributed), so rank 0 speaks for all."""
+
+    remote = True
+
+    def __init__(self, ranks: list[RemoteWorker]):
+        self.ranks = ranks
+        self.name = ranks[0].name.rsplit("-rank", 1)[0]
+        self.specs, self.policy_names, self.trainable_names = ranks[0].specs, ranks[0].policy_names, ranks[0].trainable_names
+
+    def _all(self, method: str, *args, **kwargs) -> list:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(self.ranks)) as pool:
+            return list(pool.map(lambda w: getattr(w, method)(*args, **kwargs), self.ranks))
+
+    @property
+    def tokenizer(self):
+        return self.ranks[0].tokenizer
+
+    @property
+    def step(self) -> int:
+        return self.ranks[0].step
+
+    def generate(self, calls):
+        from concurrent.futures import ThreadPoolExecutor
+
+        n = len(self.ranks)
+        size = -(-len(calls) // n)
+        parts = [calls[i * size:(i + 1) * size] for i in range(n)]
+        with ThreadPoolExecutor(n) as pool:
+            outs = list(pool.map(lambda wp: wp[0].generate(wp[1]) if wp[1] else [], zip(self.ranks, parts)))
+        return [r for out in outs for r in out]
+
+    def commit_rewards(self, rewards):
+        return sum(self._all("commit_rewards", rewards))
+
+    def drop(self, call_ids):
+        return sum(self._all("drop", call_ids))
+
+    def advantages(self):
+        out: dict = {}
+        for a in self._all("advantages"):
+            out.update(a)
+        return out
+
+    def train_step(self, shared=None):
+        metrics = self._all("train_step", shared)
+        first = metrics[0]
+        for m in metrics[1:]:  # per-rank counts add up; the rest is rank 0's (identical steps on every rank)
+            for p, d in m.items():
+                for k in ("n_seqs", "n_tokens", "trained_tokens"):
+                    if k in d and p in first:
+                        first[p][k] += d[k]
+        return first
+
+    def park(self):
+        self._all("park")
+
+    def save(self, directory):
+        return self.ranks[0].save(directory)  # identical weights on every rank
+
+    def load(self, directory, *, with_optimizer=True):
+        self._all("load", directory, with_optimizer=with_optimizer)
+
+    def fingerprint(self, policy):
+        return self.ranks[0].fingerprint(policy)
+
+    def rewarded(self, policies):
+        raise MasrlError("a data-parallel policy's calls are spread over its ranks (share_from is refused at build)")
+
+    def score(self, policy, samples):
+        raise MasrlError("a data-parallel policy's calls are spread over its ranks (policy_kl is refused at build)")
+
+    @contextmanager
+    def evaluating(self):
+        self._all("_call", "begin_eval")
+        try:
+            yield
+        finally:
+            self._all("_call", "end_eval")
+
+    def take_traffic(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for w in self.ranks:
+            for k, v in w.take_traffic().items():
+                acc = out.setdefault(k, [0, 0, 0, 0.0])
+                for j in range(4):
+                    acc[j] += v[j]
         return out

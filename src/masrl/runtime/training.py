@@ -218,14 +218,22 @@ def _gae(samples: list[Sample], algo) -> None:
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
-                 pad_id: int, seed: int = 0, reward_stats=None, critic=None) -> dict[str, float]:
+                 pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
     reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model."""
     critic_model = critic
     critic = algo.advantage == "gae"
     layout = choose_layout(host, algo)
-    train_rewards(samples, algo, reward_stats)
-    compute_advantages(samples, algo)
+    # data-parallel (``dp``): statistics, advantages and the mini-batch order over every rank's
+    # calls; forward and backward over this rank's own
+    everyone = dp.gather(samples) if dp is not None else samples
+    own = {s.call_id: s for s in samples}
+    train_rewards(everyone, algo, reward_stats)
+    compute_advantages(everyone, algo)
+    if dp is not None:
+        for s in everyone:
+            if s.call_id in own:
+                own[s.call_id].train_reward, own[s.call_id].advantage = s.train_reward, s.advantage
     _prepare(host, policy, samples, algo, pad_id, layout, critic_model)
     zero_grad_possible = algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not critic
     value_head = host.value_heads.get(policy)
@@ -240,7 +248,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
     try:
         with host.active(policy):
             for epoch in range(algo.ppo_epochs):
-                order = samples[:]
+                order = everyone[:]
                 rng.shuffle(order)
                 n_mb = min(algo.mini_batches, len(order))
                 for k in range(n_mb):
@@ -250,9 +258,10 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                     if zero_grad_possible:
                         todo = [s for s in mini if s.advantage != 0.0]
                         skipped += len(mini) - len(todo)
+                    mine = [own[s.call_id] for s in todo if s.call_id in own] if dp is not None else todo
                     optimizer.zero_grad(set_to_none=True)
                     loss = 0.0
-                    for mb in micro_batches(todo, algo.micro_batch_size, layout=layout,
+                    for mb in micro_batches(mine, algo.micro_batch_size, layout=layout,
                                             token_budget=algo.micro_batch_tokens):
                         stats = _micro_step(host, mb, algo, value_head, pad_id, n_tokens, float(len(mini)), layout)
                         loss += stats.pop("loss")
@@ -263,6 +272,9 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                             sums["mismatch_tokens"] = sums.get("mismatch_tokens", 0.0) + stats["tokens"]
                             sums["mismatch_first"] = sums.get("mismatch_first", 0.0) + stats["mismatch_sum"]
                             mismatch_max = max(mismatch_max, mx)
+                    if dp is not None and todo:  # the whole mini-batch's gradient, on every rank
+                        dp.sum_grads(optimizer.grads())
+                        loss = dp.sum(loss)
                     losses.append(loss)
                     if todo:
                         norm = float(torch.nn.utils.clip_grad_norm_(optimizer.grads(), grad_clip))

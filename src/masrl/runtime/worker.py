@@ -64,6 +64,7 @@ class PolicyWorker:
         # offload_weights: between this worker's generating and its update, its weights (and
         # EMA copies) wait in pinned CPU memory; the engine drops its device buffers meanwhile
         self.offload_weights = any(p.offload_weights for p in policies)
+        self.dp = None  # DataParallel: this worker is one rank of a data-parallel policy
         self._ema_stash = PinnedStash()
         self._weights_moved = (0.0, 0)  # (seconds, bytes) already reported in update metrics
 
@@ -95,6 +96,21 @@ class PolicyWorker:
             raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{policy}'; "
                               f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
         self.critics[policy] = critic
+
+    @staticmethod
+    def free_port() -> int:
+        """A TCP port free on this worker's host (rank 0's rendezvous)."""
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def join_ranks(self, init_method: str, rank: int, world: int, backend: str = "gloo") -> None:
+        """Become rank ``rank`` of ``world`` copies of this worker's policy (data parallel)."""
+        from masrl.runtime.data_parallel import init_ranks
+
+        self.dp = init_ranks(init_method, rank, world, backend)
 
     def get_tokenizer(self):
         return self.host.tokenizer
@@ -221,7 +237,7 @@ class PolicyWorker:
             m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
                              self.pad_id, seed=self.seed + self.step,
                              reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
-                             critic=self.critics.get(name))
+                             critic=self.critics.get(name), dp=self.dp)
             m["update_s"] = time.perf_counter() - t0
             m["shared_calls"] = float(len(extra))
             if self.host.ref_stash.moved_s > ref_moved:

@@ -63,6 +63,19 @@ class ScheduleConfig(Strict):
                                                             "evaluate with it")
 
 
+class EngineConfig(Strict):
+    """A frozen policy served by an OpenAI-compatible endpoint instead of a local model."""
+
+    kind: Literal["openai"] = "openai"
+    base_url: str = Field(..., description="e.g. http://127.0.0.1:8000/v1 (the part before /chat/completions)")
+    model: str = Field(..., description="the model name the server knows")
+    api_key_env: str | None = Field(None, description="environment variable holding the API key (never the key)")
+    max_concurrency: int = Field(8, ge=1, description="requests in flight at once for this policy")
+    timeout_s: float = Field(60.0, gt=0, description="per request")
+    retries: int = Field(3, ge=0, description="retries on connection errors, timeouts, 408/409/429/5xx")
+    backoff_s: float = Field(0.5, ge=0, description="first retry's wait, doubled each retry")
+
+
 class PolicyConfig(Strict):
     model: str | None = Field(None, description="model for this policy; default: the top-level `model`")
     device: str | None = Field(None, pattern=DEVICE, description="auto | cpu | cuda | cuda:N; default: the run's `device`")
@@ -91,6 +104,8 @@ class PolicyConfig(Strict):
                                                     "base's actor takes the largest of its policies')")
     num_gpus: float | None = Field(None, ge=0, description="runtime.placement ray: GPUs its actor reserves (fractions "
                                                            "share a GPU); default 1 on a cuda device, else 0")
+    engine: EngineConfig | None = Field(None, description="serve this (frozen) policy from an OpenAI-compatible "
+                                                          "endpoint; no local model is loaded")
     data_parallel: int = Field(1, ge=1, description="runtime.placement ray: this policy's model host runs as this "
                                                      "many ranks (one actor each, with num_cpus/num_gpus each), "
                                                      "calls split among them, gradients summed (torch.distributed: "

@@ -4,8 +4,9 @@ Callers ``await batcher.submit(item)``. A background task takes the first waitin
 keeps collecting until the batch holds ``max_batch_size`` items or ``max_wait_ms`` has passed,
 and runs ``run_batch(items)`` in a worker thread, so the event loop keeps serving workflows
 while the model computes. While one batch runs, new items queue up and form the next batch.
-``run_batch`` returns one result per item, in order; each caller gets its own result (or the
-batch's exception). A caller that gave up (timeout, cancellation) is skipped.
+``run_batch`` returns one result per item, in order (an exception instance in an item's place
+fails that item alone); each caller gets its own result (or the batch's exception). A caller
+that gave up (timeout, cancellation) is skipped.
 """
 
 from __future__ import annotations
@@ -118,8 +119,11 @@ class Batcher:
             self.stats.largest = max(self.stats.largest, len(items))
             self.stats.sizes.append(len(items))
             for (_, fut), res in zip(batch, results):
-                if not fut.done():
-                    fut.set_result(res)
+                if not fut.done():  # an exception in place of one result fails that caller alone
+                    if isinstance(res, BaseException):
+                        fut.set_exception(res)
+                    else:
+                        fut.set_result(res)
 
     async def aclose(self) -> None:
         if self._task is not None:

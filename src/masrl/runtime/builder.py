@@ -48,12 +48,18 @@ def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
 def build_policies(cfg: RunConfig) -> list[PolicySpec]:
     specs = []
     for name, p in cfg.policies.items():
+        trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
+        if p.engine is not None:  # served over HTTP: nothing to load, nothing to train
+            if trainable:
+                raise ConfigError(f"policies.{name}.engine: an OpenAI-compatible endpoint only generates; set "
+                                  f"policies.{name}.frozen: true (or agents.<agent>.trainable: false for its agents)")
+            specs.append(PolicySpec(name, p.engine.model, trainable=False, engine=p.engine))
+            continue
         key = f"policies.{name}.model" if p.model else "model"
         try:
             resolve_model(cfg.policy_model(name), key=key)
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
-        trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
         key = f"policies.{name}.device" if p.device else "device"
         if cfg.runtime.placement == "ray":  # its actor sees the GPU Ray gave it as cuda:0; the driver may have none
             raw = cfg.policy_device(name)
@@ -236,6 +242,9 @@ class Runtime:
         if self.placement is not None:
             self.placement.close()
             self.placement = None
+        for w in self.workers:
+            if hasattr(w, "close"):
+                w.close()
 
 
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
@@ -255,7 +264,8 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
     engine_options = {}
     if r.engine != "hf":
         engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
-    hosts = group_hosts(policies)
+    served = [p for p in policies if p.engine is not None]
+    hosts = group_hosts([p for p in policies if p.engine is None])
     kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
                    engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, specs[0].device) else {})
               for i, (_, specs) in enumerate(hosts)]
@@ -273,8 +283,16 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         workers = placement.workers
     else:
         workers = [PolicyWorker(model, specs, **k) for (model, specs), k in zip(hosts, kwargs)]
+    if served:
+        from masrl.engines.openai_api import OpenAIWorker
+
+        for p in served:
+            log(f"[masrl] policy {p.name}: served by {p.engine.base_url} (model {p.engine.model})")
+        workers = list(workers) + [OpenAIWorker(p, p.engine) for p in served]
     for i, w in enumerate(workers):
-        lock = locks.setdefault(w.specs[w.policy_names[0]].device, threading.Lock()) if placement is None else None
+        spec = w.specs[w.policy_names[0]]
+        elsewhere = placement is not None or spec.engine is not None  # not on this process's cores
+        lock = None if elsewhere else locks.setdefault(spec.device, threading.Lock())
         batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
                                 compute_lock=lock, name=f"worker{i}"))
     tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}

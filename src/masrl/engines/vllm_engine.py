@@ -1,0 +1,157 @@
+"""VLLMEngine: the Engine interface over vLLM (``rollout.engine: vllm``; ``pip install 'masrl[vllm]'``).
+
+vLLM holds its own copy of the weights, made from the trainer's model at start (written once to a
+temporary directory, so random-weight and converted models work as well as hub directories), and
+runs in the trainer's process (vLLM's in-process engine core), so new weights reach it without
+a restart or a copy through a socket:
+
+* a full model: after every update, the trainer's parameters go to vLLM's in-place
+  ``reload_weights`` (which fuses q/k/v and gate/up and redoes the backend's weight processing,
+  such as the CPU backend's repacking), then its prefix cache is reset;
+* LoRA: every adapter is served at once (``enable_lora``, one ``LoRARequest`` per row); after an
+  update the changed adapters are written to new directories under new ids, so vLLM loads the new
+  weights and never serves a cached old copy.
+
+Logprobs are vLLM's ``processed_logprobs``: the sampled token's log-probability after temperature
+(masrl's convention) and after top-p when ``top_p < 1`` (vLLM renormalises over the nucleus; masrl's
+own engines report it before top-p); greedy rows under softmax(logits), as masrl's engines. Sampling
+is seeded per row when the request has a seed, but vLLM's random stream is its own: the same seed
+gives other tokens than masrl's engines do.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from masrl.messages import GenOutput, GenRequest
+
+
+def _core(model):
+    return model.get_base_model() if hasattr(model, "peft_config") else model
+
+
+class VLLMEngine:
+    def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, max_model_len: int = 4096,
+                 gpu_memory_utilization: float = 0.4, kv_cache_gb: int = 1, **_ignored):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are handed over directly
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
+        from vllm import LLM
+
+        self.model, self.tok = model, tokenizer
+        self.device = device
+        self.stop_ids = [int(s) for s in stop_ids]
+        self.is_peft = hasattr(model, "peft_config")
+        self.dir = Path(tempfile.mkdtemp(prefix="masrl-vllm-"))
+        core = _core(model)
+        with torch.no_grad():
+            if self.is_peft:  # the frozen base, without LoRA layers
+                with model.disable_adapter():
+                    state = {k.replace("base_layer.", ""): v for k, v in core.state_dict().items() if "lora_" not in k}
+                core.save_pretrained(self.dir / "base", state_dict=state)
+            else:
+                core.save_pretrained(self.dir / "base")
+        tokenizer.save_pretrained(self.dir / "base")
+        dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
+            next(core.parameters()).dtype]
+        kwargs = dict(model=str(self.dir / "base"), dtype=dtype, seed=seed, max_model_len=max_model_len,
+                      logprobs_mode="processed_logprobs", enforce_eager=not device.startswith("cuda"))
+        if device.startswith("cuda"):
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        self._adapters = list(model.peft_config) if self.is_peft else []
+        if self._adapters:
+            kwargs.update(enable_lora=True, max_loras=len(self._adapters),
+                          max_lora_rank=max(max(8, model.peft_config[a].r) for a in self._adapters))
+        self.llm = LLM(**kwargs)
+        self.version = {a: 0 for a in self._adapters}
+        self.lora_ids: dict[str, int] = {}
+        self._next_id = 1
+        for a in self._adapters:
+            self._write_adapter(a)
+        self.stats = {"weight_syncs": 0, "adapter_writes": len(self._adapters)}
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _write_adapter(self, name: str) -> None:
+        path = self.dir / f"lora-{name}-{self.version[name]}"
+        self.model.save_pretrained(str(path), selected_adapters=[name])
+        src = path / name if (path / name).is_dir() else path  # PEFT nests non-default adapters
+        old = self.lora_ids.get(name)
+        self.lora_ids[name] = self._next_id
+        self._next_id += 1
+        self._paths = getattr(self, "_paths", {})
+        self._paths[name] = str(src)
+        if old is not None:
+            try:
+                self.llm.llm_engine.remove_lora(old)
+            except Exception:  # not loaded yet: nothing to drop
+                pass
+
+    def weights_updated(self, policies: list[str] | None = None) -> None:
+        if self.is_peft:
+            for name in (policies or self._adapters):
+                if name in self.version:
+                    self.version[name] += 1
+                    self._write_adapter(name)
+                    self.stats["adapter_writes"] += 1
+            return
+        weights = [(n, p.detach()) for n, p in _core(self.model).named_parameters()]
+
+        def load(worker, weights=weights):  # in place, re-running the loader's post-processing (CPU repacking)
+            worker.model_runner.reload_weights(weights_iterator=iter(weights))
+            return len(weights)
+
+        self.llm.collective_rpc(load)
+        self.llm.reset_prefix_cache()
+        self.stats["weight_syncs"] += 1
+
+    def adapters(self) -> list[str]:
+        return list(self._adapters)
+
+    def release(self) -> None:  # vLLM keeps its own memory; sleep mode is a GPU feature left to a later step
+        return None
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
+        if not requests:
+            return []
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.lora.request import LoRARequest
+
+        prompts, params, loras = [], [], []
+        for r in requests:
+            s = r.sampling
+            prompts.append(TokensPrompt(prompt_token_ids=list(r.prompt_ids)))
+            params.append(SamplingParams(
+                temperature=s.temperature, top_p=s.top_p, max_tokens=r.max_new_tokens, seed=r.seed, logprobs=0,
+                stop=list(s.stop) if s.stop else None, include_stop_str_in_output=True, ignore_eos=s.ignore_eos,
+                stop_token_ids=[] if s.ignore_eos else self.stop_ids, skip_special_tokens=True))
+            loras.append(LoRARequest(r.adapter, self.lora_ids[r.adapter], self._paths[r.adapter])
+                         if r.adapter else None)
+        if self.is_peft and any(lr is None for lr in loras) and any(lr is not None for lr in loras):
+            # rows without an adapter go in a call of their own: vLLM 0.32's CPU backend gave a plain row
+            # in a batch with LoRA rows the previous row's adapter (tests/integration/test_vllm_engine.py)
+            plain = [i for i, lr in enumerate(loras) if lr is None]
+            lora = [i for i, lr in enumerate(loras) if lr is not None]
+            outs = [None] * len(requests)
+            for rows, lr in ((plain, None), (lora, [loras[i] for i in lora])):
+                got = self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], lora_request=lr,
+                                        use_tqdm=False)
+                for i, o in zip(rows, got):
+                    outs[i] = o
+        else:
+            outs = self.llm.generate(prompts, params, lora_request=loras if self.is_peft else None, use_tqdm=False)
+        results = []
+        for r, out in zip(requests, outs):
+            o = out.outputs[0]
+            ids = list(o.token_ids)
+            lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]
+            results.append(GenOutput(ids, lps, o.text, "length" if o.finish_reason == "length" else "stop"))
+        return results
+
+    def __del__(self):
+        shutil.rmtree(getattr(self, "dir", ""), ignore_errors=True)

@@ -257,7 +257,8 @@ class RolloutConfig(Strict):
 
 class RewardConfig(Strict):
     type: str = Field(description="outcome | format | turn_delta | credit (what the workflow credits each call) | "
-                                  "'module:factory'")
+                                  "judge (a model behind an OpenAI-compatible endpoint scores the final answer; "
+                                  "options: base_url, model, ...) | 'module:factory'")
     weight: float = 1.0
     per_agent: dict[str, float] = Field(default_factory=dict, description="format: weight per agent")
     penalty: float = Field(0.0, ge=0, description="format: subtracted when an output has no usable tag")
@@ -265,8 +266,8 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
-        if self.type not in ("outcome", "format", "turn_delta", "credit") and ":" not in self.type:
-            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta, credit or "
+        if self.type not in ("outcome", "format", "turn_delta", "credit", "judge") and ":" not in self.type:
+            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta, credit, judge or "
                              "'module:factory'")
         if self.type != "format":
             unused = [k for k, v in (("per_agent", self.per_agent), ("penalty", self.penalty)) if v]

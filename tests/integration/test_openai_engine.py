@@ -71,6 +71,27 @@ def test_a_frozen_agent_on_a_dead_endpoint_drops_its_traces_and_trains_on_nothin
         tr.rt.close()
 
 
+def test_an_unreachable_judge_drops_its_traces_instead_of_scoring_them(tmp_path):
+    from tinycfg import prepared_trainer, tiny_config
+
+    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data["rewards"].append({"type": "judge", "weight": 0.5,
+                            "options": {"base_url": f"http://127.0.0.1:{_free_port()}/v1", "model": "m", "retries": 1,
+                                        "backoff_s": 0.01}})
+    data["rollout"]["max_failed_fraction"] = 1.0
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    try:
+        rec = asyncio.run(tr.train_step())
+        traces = tr._last_traces
+        assert rec["rollout"]["failed"] == len(traces) > 0
+        assert all(t.error.startswith("reward: ") and "after 2 attempt(s)" in t.error for t in traces)
+        assert all(c.reward is None for t in traces for c in t.calls)
+        assert workers["shared"].fingerprint("shared") == before["shared"]
+    finally:
+        asyncio.run(tr.rt.controller.aclose())
+        tr.rt.close()
+
+
 VLLM = os.environ.get("MASRL_VLLM_PYTHON")
 
 
@@ -85,7 +106,8 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
     log = open(tmp_path / "server.log", "w")
     server = subprocess.Popen([VLLM, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                                "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-                               "--max-model-len", "2048", "--dtype", "float32"], stdout=log, stderr=subprocess.STDOUT)
+                               "--max-model-len", "2048", "--dtype", "float32", "--gpu-memory-utilization", "0.25"],
+                              stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     try:
         deadline = time.time() + 600
         while True:
@@ -101,6 +123,8 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
         data["policies"]["judge"] = {"frozen": True, "engine": {"base_url": f"http://127.0.0.1:{port}/v1",
                                                                "model": "smollm2", "max_concurrency": 4}}
         data["rollout"]["max_failed_fraction"] = 1.0
+        data["rewards"].append({"type": "judge", "weight": 0.5, "options": {"base_url": f"http://127.0.0.1:{port}/v1",
+                                                                          "model": "smollm2"}})
         tr, workers, before = prepared_trainer(data, tmp_path / "run")
         try:
             rec = asyncio.run(tr.train_step())
@@ -110,6 +134,10 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
                   f"({ver[0].n_prompt_tokens} prompt / {ver[0].n_completion_tokens} completion tokens)")
             assert rec["rollout"]["failed"] == 0 and all(c.completion and c.n_completion_tokens > 0 for c in ver)
             assert "reasoner" in rec["policies"] and "judge" not in rec["policies"]
+            judged = [t.metrics.get("judge") for t in traces]
+            print(f"judge scores from the same server: {judged}")
+            assert all(j is not None and 0 <= j <= 1 for j in judged)
+            assert all("judge" in c.reward_parts for t in traces for c in t.calls if c.trainable)
             server.terminate()  # the server goes away mid-run: the next step's traces fail as infrastructure
             server.wait(60)
             rec2 = asyncio.run(tr.train_step())

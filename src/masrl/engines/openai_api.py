@@ -26,6 +26,50 @@ from masrl.runtime.context import InfraError
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
+def post_chat(url: str, headers: dict, body: dict, *, timeout_s: float, retries: int, backoff_s: float,
+              stats: dict | None = None) -> dict:
+    """POST one chat completion; retry connection errors, timeouts, 408/409/429/5xx with doubling
+    waits. Returns the parsed JSON; raises ``InfraError`` (naming the URL, model and last error)."""
+    stats = stats if stats is not None else {}
+    for k in ("requests", "retries", "failures"):
+        stats.setdefault(k, 0)
+    data = json.dumps(body).encode()
+    last = ""
+    attempt = 0
+    for attempt in range(retries + 1):
+        if attempt:
+            stats["retries"] += 1
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+        stats["requests"] += 1
+        req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            last = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+            if exc.code not in RETRY_STATUS:
+                break
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        except ValueError as exc:
+            last = f"unreadable response ({exc})"
+            break
+    stats["failures"] += 1
+    raise InfraError(f"{url} (model {body.get('model')!r}): {last} after {attempt + 1} attempt(s)")
+
+
+def auth_headers(api_key_env: str | None, where: str) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            from masrl.errors import ConfigError
+
+            raise ConfigError(f"{where}.api_key_env: ${api_key_env} is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
 class OpenAIWorker:
     remote = False
 
@@ -37,14 +81,7 @@ class OpenAIWorker:
         self.tokenizer = None  # the server tokenizes
         self.step = 0
         self.url = engine.base_url.rstrip("/") + "/chat/completions"
-        self.headers = {"Content-Type": "application/json"}
-        if engine.api_key_env:
-            key = os.environ.get(engine.api_key_env)
-            if not key:
-                from masrl.errors import ConfigError
-
-                raise ConfigError(f"policies.{spec.name}.engine.api_key_env: ${engine.api_key_env} is not set")
-            self.headers["Authorization"] = f"Bearer {key}"
+        self.headers = auth_headers(engine.api_key_env, f"policies.{spec.name}.engine")
         self.pool = ThreadPoolExecutor(engine.max_concurrency, thread_name_prefix=f"openai-{spec.name}")
         self.stats = {"requests": 0, "retries": 0, "failures": 0}
 
@@ -65,34 +102,19 @@ class OpenAIWorker:
         return body
 
     def _one(self, c: GenCall):
-        data = json.dumps(self._body(c)).encode()
-        last = ""
-        for attempt in range(self.cfg.retries + 1):
-            if attempt:
-                self.stats["retries"] += 1
-                time.sleep(self.cfg.backoff_s * 2 ** (attempt - 1))
-            self.stats["requests"] += 1
-            req = urllib.request.Request(self.url, data=data, headers=self.headers, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                    out = json.loads(resp.read())
-                choice = out["choices"][0]
-                usage = out.get("usage") or {}
-                return GenResult(c.call_id, choice["message"].get("content") or "", int(usage.get("prompt_tokens", 0)),
-                                 int(usage.get("completion_tokens", 0)),
-                                 "length" if choice.get("finish_reason") == "length" else "stop")
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
-                if exc.code not in RETRY_STATUS:
-                    break
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-            except (KeyError, IndexError, ValueError) as exc:
-                last = f"unreadable response ({type(exc).__name__}: {exc})"
-                break
-        self.stats["failures"] += 1
-        return InfraError(f"policy '{self.spec.name}' at {self.url} (model {self.cfg.model!r}): {last} "
-                          f"after {attempt + 1} attempt(s)")
+        try:
+            out = post_chat(self.url, self.headers, self._body(c), timeout_s=self.cfg.timeout_s, retries=self.cfg.retries,
+                            backoff_s=self.cfg.backoff_s, stats=self.stats)
+            choice = out["choices"][0]
+            usage = out.get("usage") or {}
+            return GenResult(c.call_id, choice["message"].get("content") or "", int(usage.get("prompt_tokens", 0)),
+                             int(usage.get("completion_tokens", 0)),
+                             "length" if choice.get("finish_reason") == "length" else "stop")
+        except InfraError as exc:
+            return InfraError(f"policy '{self.spec.name}' at {exc}")
+        except (KeyError, IndexError, TypeError) as exc:
+            self.stats["failures"] += 1
+            return InfraError(f"policy '{self.spec.name}' at {self.url}: unreadable response ({type(exc).__name__}: {exc})")
 
     # -- the rest of the worker interface: nothing to train, keep or save ----------------------
     def commit_rewards(self, rewards) -> int:

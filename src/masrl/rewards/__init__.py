@@ -5,9 +5,12 @@ from __future__ import annotations
 from masrl.rewards.base import RewardAllocator, combine
 from masrl.rewards.credit import CreditReward
 from masrl.rewards.format import FormatReward
+from masrl.rewards.judge import JudgeReward
 from masrl.rewards.outcome import OutcomeReward
 from masrl.rewards.turn_delta import TurnDeltaReward
 
-REGISTRY = {"outcome": OutcomeReward, "format": FormatReward, "turn_delta": TurnDeltaReward, "credit": CreditReward}
+REGISTRY = {"outcome": OutcomeReward, "format": FormatReward, "turn_delta": TurnDeltaReward, "credit": CreditReward,
+            "judge": JudgeReward}
 
-__all__ = ["REGISTRY", "RewardAllocator", "combine", "OutcomeReward", "FormatReward", "TurnDeltaReward", "CreditReward"]
+__all__ = ["REGISTRY", "RewardAllocator", "combine", "OutcomeReward", "FormatReward", "TurnDeltaReward", "CreditReward",
+           "JudgeReward"]

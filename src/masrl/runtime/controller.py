@@ -103,7 +103,14 @@ class Controller:
                 for c in tr.calls:
                     drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
                 continue
-            totals = combine(tr, tasks[tr.task_id], self.allocators)
+            try:
+                totals = combine(tr, tasks[tr.task_id], self.allocators)
+            except InfraError as exc:  # a reward service (a judge) failed: dropped like any infrastructure failure
+                tr.error = f"reward: {exc}"
+                for c in tr.calls:
+                    c.reward, c.reward_parts = None, {}
+                    drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
+                continue
             for c in tr.calls:
                 if c.call_id in totals:
                     per_worker.setdefault(self.worker_of[c.policy], {})[c.call_id] = totals[c.call_id]

@@ -20,6 +20,7 @@ from masrl.rewards import combine
 from masrl.runtime import checkpoint as ckpt
 from masrl.runtime import faults
 from masrl.runtime.builder import Runtime, build_runtime, build_tasks
+from masrl.runtime.context import InfraError
 from masrl.seeding import stable_seed
 from masrl.runtime.loggers import build_loggers
 from masrl.runtime.metrics import comparison_table, sample_metrics, step_line, summarize_traces
@@ -134,7 +135,10 @@ class Trainer:
         by_id = {t.id: t for t in self.eval_tasks}
         for tr in traces:
             if not tr.failed:
-                combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
+                try:
+                    combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
+                except InfraError as exc:  # a reward service (a judge) failed: counted as a failed trace
+                    tr.error = f"reward: {exc}"
         summary = summarize_traces(traces)
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))

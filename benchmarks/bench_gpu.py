@@ -238,7 +238,6 @@ def grpo_prompts(n):
 
 
 def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
-    import torch
 
     from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
@@ -319,7 +318,6 @@ def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) 
 def child_team(steps: int, tasks: int, samples: int) -> dict:
     import asyncio
 
-    import torch
 
     from masrl.config import load_config
     from masrl.runtime.loop import Trainer

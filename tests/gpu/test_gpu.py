@@ -305,8 +305,8 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
         seen = {}
         orig = workers["reasoner"].train_step
 
-        def spy(shared=None, _orig=orig, _seen=seen):  # while the reasoner updates: where is the writer?
-            _seen["writer_device"] = next(workers["writer"].host.model.parameters()).device.type
+        def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"]):  # where is the writer meanwhile?
+            _seen["writer_device"] = next(_writer.host.model.parameters()).device.type
             _seen["mem"] = torch.cuda.memory_allocated() - base_mem
             return _orig(shared)
 

@@ -169,7 +169,6 @@ def test_tools_get_a_schema_checked_arguments_and_a_timeout():
                 ticks += 1
                 await asyncio.sleep(0.01)
 
-        from masrl.tools.base import ToolInfraError
 
         results = await asyncio.gather(run_tool(slow, {"x": 1}), ticker(), return_exceptions=True)
         return results, ticks, time.perf_counter() - t0

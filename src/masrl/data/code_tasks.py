@@ -10,7 +10,6 @@ import gzip
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 from masrl.data import fields
 from masrl.data.loader import read_rows, source_meta, task_id, where_of

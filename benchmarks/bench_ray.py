@@ -58,11 +58,10 @@ def child(n: int, placement: str, model: str, steps: int, out: str) -> None:
             rec = asyncio.run(tr.train_step())
             row = {"step_s": time.perf_counter() - t0, "rollout_s": rec["rollout_s"], "update_s": rec["update_s"],
                    "calls": sum(a["calls"] for a in rec["rollout"]["agents"].values())}
-            if placement == "ray":
-                t = [w.take_traffic() for w in tr.rt.workers]
-                row["sent"] = sum(v[1] for x in t for v in x.values())
-                row["received"] = sum(v[2] for x in t for v in x.values())
-                row["round_trips"] = sum(v[0] for x in t for v in x.values())
+            if placement == "ray":  # the loop's per-step account of driver <-> actor traffic
+                t = rec["transfer"]
+                row["sent"], row["received"], row["round_trips"] = (t["bytes_to_actors"], t["bytes_from_actors"],
+                                                                    t["round_trips"])
             rows.append(row)
         asyncio.run(tr.rt.controller.aclose())
     finally:

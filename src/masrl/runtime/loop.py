@@ -170,6 +170,11 @@ class Trainer:
                "policies": policies}
         if kl is not None:
             rec["policy_kl"] = kl
+        moved = [w.take_traffic() for w in self.rt.workers if hasattr(w, "take_traffic")]
+        if moved:  # runtime.placement ray: what crossed between the driver and the actors this step
+            per = [v for m in moved for v in m.values()]
+            rec["transfer"] = {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),
+                               "bytes_from_actors": sum(v[2] for v in per), "remote_call_s": sum(v[3] for v in per)}
         self._last_traces = traces
         return rec
 

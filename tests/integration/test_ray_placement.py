@@ -21,9 +21,6 @@ def _run(tmp_path, placement, steps=2):
     tr, workers, before = prepared_trainer(_config(tmp_path, placement), tmp_path / placement)
     try:
         recs, traffic = [], []
-        if placement == "ray":  # set-up (each actor's tokenizer, once) is not a step's traffic
-            setup = {w.name: w.take_traffic() for w in tr.rt.workers}
-            print("set-up traffic:", setup)
         for _ in range(steps):
             recs.append(asyncio.run(tr.train_step()))
         after = {p: w.fingerprint(p) for p, w in workers.items()}

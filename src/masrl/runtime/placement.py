@@ -117,6 +117,8 @@ class RayPlacement:
                 self.workers.append(group[0])
         for w in self.workers:  # construction errors (a bad model, no GPU) surface here, by name
             w.tokenizer  # noqa: B018
+        setup = sum(v[2] for w in self.workers for v in w.take_traffic().values())  # not a step's traffic
+        log(f"[masrl] {len(bundles)} actor(s) ready; set-up sent {setup / 2**20:.1f} MiB to the driver (tokenizers)")
 
     def _join(self, group: list, backend: str, first_bundle: int) -> None:
         """Rendezvous the ranks of one data-parallel host at rank 0's node."""

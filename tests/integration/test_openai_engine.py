@@ -48,48 +48,49 @@ def test_a_refused_endpoint_fails_each_call_as_infrastructure_after_its_retries(
     w.close()
 
 
+def _one_step(data, tmp_path):
+    """One training step of ``data`` (failed traces allowed); its record, traces, workers and the
+    weights' fingerprints before it."""
+    from tinycfg import prepared_trainer
+
+    data["rollout"]["max_failed_fraction"] = 1.0
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    try:
+        rec = asyncio.run(tr.train_step())
+        return rec, tr._last_traces, workers, before
+    finally:
+        asyncio.run(tr.rt.controller.aclose())
+        tr.rt.close()
+
+
 def test_a_frozen_agent_on_a_dead_endpoint_drops_its_traces_and_trains_on_nothing_from_them(tmp_path):
     """End to end: the verifier served by a refused endpoint: every trace fails as infrastructure
     (counted, not scored), so no call is rewarded."""
-    from tinycfg import prepared_trainer, tiny_config
+    from tinycfg import tiny_config
 
     data = tiny_config("math_team_two_policies", tmp_path, steps=1)
     data["agents"]["verifier"]["policy"] = "judge"
     data["policies"]["judge"] = {"frozen": True, "engine": {"base_url": f"http://127.0.0.1:{_free_port()}/v1",
                                                            "model": "m", "retries": 1, "backoff_s": 0.01}}
-    data["rollout"]["max_failed_fraction"] = 1.0
-    tr, workers, before = prepared_trainer(data, tmp_path)
-    try:
-        rec = asyncio.run(tr.train_step())
-        traces = tr._last_traces
-        assert rec["rollout"]["failed"] == len(traces) > 0
-        assert all("127.0.0.1" in t.error for t in traces)
-        assert rec["policies"] == {} or all(m.get("n_seqs", 0) == 0 for m in rec["policies"].values())
-        assert workers["reasoner"].fingerprint("reasoner") == before["reasoner"]
-    finally:
-        asyncio.run(tr.rt.controller.aclose())
-        tr.rt.close()
+    rec, traces, workers, before = _one_step(data, tmp_path)
+    assert rec["rollout"]["failed"] == len(traces) > 0
+    assert all("127.0.0.1" in t.error for t in traces)
+    assert rec["policies"] == {} or all(m.get("n_seqs", 0) == 0 for m in rec["policies"].values())
+    assert workers["reasoner"].fingerprint("reasoner") == before["reasoner"]
 
 
 def test_an_unreachable_judge_drops_its_traces_instead_of_scoring_them(tmp_path):
-    from tinycfg import prepared_trainer, tiny_config
+    from tinycfg import tiny_config
 
     data = tiny_config("math_team_shared", tmp_path, steps=1)
     data["rewards"].append({"type": "judge", "weight": 0.5,
                             "options": {"base_url": f"http://127.0.0.1:{_free_port()}/v1", "model": "m", "retries": 1,
                                         "backoff_s": 0.01}})
-    data["rollout"]["max_failed_fraction"] = 1.0
-    tr, workers, before = prepared_trainer(data, tmp_path)
-    try:
-        rec = asyncio.run(tr.train_step())
-        traces = tr._last_traces
-        assert rec["rollout"]["failed"] == len(traces) > 0
-        assert all(t.error.startswith("reward: ") and "after 2 attempt(s)" in t.error for t in traces)
-        assert all(c.reward is None for t in traces for c in t.calls)
-        assert workers["shared"].fingerprint("shared") == before["shared"]
-    finally:
-        asyncio.run(tr.rt.controller.aclose())
-        tr.rt.close()
+    rec, traces, workers, before = _one_step(data, tmp_path)
+    assert rec["rollout"]["failed"] == len(traces) > 0
+    assert all(t.error.startswith("reward: ") and "after 2 attempt(s)" in t.error for t in traces)
+    assert all(c.reward is None for t in traces for c in t.calls)
+    assert workers["shared"].fingerprint("shared") == before["shared"]
 
 
 VLLM = os.environ.get("MASRL_VLLM_PYTHON")

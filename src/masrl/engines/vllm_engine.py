@@ -69,6 +69,7 @@ class VLLMEngine:
         self.llm = LLM(**kwargs)
         self.version = {a: 0 for a in self._adapters}
         self.lora_ids: dict[str, int] = {}
+        self._paths: dict[str, str] = {}  # adapter -> the directory of its current version
         self._next_id = 1
         for a in self._adapters:
             self._write_adapter(a)
@@ -82,7 +83,6 @@ class VLLMEngine:
         old = self.lora_ids.get(name)
         self.lora_ids[name] = self._next_id
         self._next_id += 1
-        self._paths = getattr(self, "_paths", {})
         self._paths[name] = str(src)
         if old is not None:
             try:

@@ -325,10 +325,6 @@ def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[Poli
         log(f"[masrl] loading critic {name} ({model}) on {served[0].device} for {', '.join(s.name for s in served)}")
         critic = Critic(name, model, c.optim, device=served[0].device, seed=cfg.seed + 1000 + i)
         for s in served:
-            tok = host_of[s.name].tokenizer
-            if tok.get_vocab() != critic.tokenizer.get_vocab():
-                raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{s.name}'; "
-                                  f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
             host_of[s.name].attach_critic(s.name, critic)
         out[name] = critic
     return out

@@ -19,6 +19,7 @@ import os
 import pickle
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 from masrl.errors import ConfigError, MasrlError
@@ -225,13 +226,19 @@ class RemoteWorker:
     def build_critic(self, policy, name, model, optim, seed):
         return self._call("build_critic", policy, name, model, optim, seed)
 
+    def begin_eval(self):
+        return self._call("begin_eval")
+
+    def end_eval(self):
+        return self._call("end_eval")
+
     @contextmanager
     def evaluating(self):
-        self._call("begin_eval")
+        self.begin_eval()
         try:
             yield
         finally:
-            self._call("end_eval")
+            self.end_eval()
 
     def take_traffic(self) -> dict[str, list[float]]:
         """Per method: calls, bytes sent, bytes received, seconds, since the last take."""
@@ -251,12 +258,10 @@ class RankedWorker:
         self.ranks = ranks
         self.name = ranks[0].name.rsplit("-rank", 1)[0]
         self.specs, self.policy_names, self.trainable_names = ranks[0].specs, ranks[0].policy_names, ranks[0].trainable_names
+        self.pool = ThreadPoolExecutor(len(ranks), thread_name_prefix=self.name)  # one thread per rank, kept
 
     def _all(self, method: str, *args, **kwargs) -> list:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(len(self.ranks)) as pool:
-            return list(pool.map(lambda w: getattr(w, method)(*args, **kwargs), self.ranks))
+        return list(self.pool.map(lambda w: getattr(w, method)(*args, **kwargs), self.ranks))
 
     @property
     def tokenizer(self):
@@ -267,13 +272,10 @@ class RankedWorker:
         return self.ranks[0].step
 
     def generate(self, calls):
-        from concurrent.futures import ThreadPoolExecutor
-
         n = len(self.ranks)
         size = -(-len(calls) // n)
         parts = [calls[i * size:(i + 1) * size] for i in range(n)]
-        with ThreadPoolExecutor(n) as pool:
-            outs = list(pool.map(lambda wp: wp[0].generate(wp[1]) if wp[1] else [], zip(self.ranks, parts)))
+        outs = self.pool.map(lambda wp: wp[0].generate(wp[1]) if wp[1] else [], zip(self.ranks, parts))
         return [r for out in outs for r in out]
 
     def commit_rewards(self, rewards):
@@ -318,11 +320,14 @@ class RankedWorker:
 
     @contextmanager
     def evaluating(self):
-        self._all("_call", "begin_eval")
+        self._all("begin_eval")
         try:
             yield
         finally:
-            self._all("_call", "end_eval")
+            self._all("end_eval")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
 
     def take_traffic(self) -> dict[str, list[float]]:
         out: dict[str, list[float]] = {}

@@ -81,21 +81,23 @@ class PolicyWorker:
         return self.host.tokenizer
 
     def attach_critic(self, policy: str, critic) -> None:
-        """``policy``'s separate value model (``Critic``), which other policies may share."""
+        """``policy``'s separate value model (``Critic``), which other policies may share; it scores
+        this worker's token ids, so it must have this worker's tokenizer."""
+        if critic.tokenizer.get_vocab() != self.host.tokenizer.get_vocab():
+            from masrl.errors import ConfigError
+
+            raise ConfigError(f"critics.{critic.name}: its model '{critic.model_name}' has another tokenizer than "
+                              f"policy '{policy}'; the critic scores the policy's token ids, so give it a model on "
+                              f"the same tokenizer")
         self.critics[policy] = critic
 
     def build_critic(self, policy: str, name: str, model: str, optim, seed: int) -> None:
         """Build critic ``name`` here (once; a second policy of this worker shares it) for ``policy``:
         what a remote worker does instead of receiving a model."""
-        from masrl.errors import ConfigError
         from masrl.runtime.critic import Critic
 
         built = {c.name: c for c in self.critics.values()}
-        critic = built.get(name) or Critic(name, model, optim, device=self.device, seed=seed)
-        if critic.tokenizer.get_vocab() != self.host.tokenizer.get_vocab():
-            raise ConfigError(f"critics.{name}: its model '{model}' has another tokenizer than policy '{policy}'; "
-                              f"the critic scores the policy's token ids, so give it a model on the same tokenizer")
-        self.critics[policy] = critic
+        self.attach_critic(policy, built.get(name) or Critic(name, model, optim, device=self.device, seed=seed))
 
     @staticmethod
     def free_port() -> int:

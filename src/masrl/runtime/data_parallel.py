@@ -49,7 +49,9 @@ class DataParallel:
 
 
 def init_ranks(init_method: str, rank: int, world: int, backend: str = "gloo") -> DataParallel:
-    """Join the process group of one data-parallel policy (``tcp://HOST:PORT`` of rank 0)."""
+    """Join the process group of one data-parallel policy (``tcp://HOST:PORT`` of rank 0).
+    ``backend``: ``gloo`` on CPUs; ``cpu:gloo,cuda:nccl`` on GPUs (NCCL sums the gradients, gloo
+    carries the pickled samples and the CPU scalars)."""
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     return DataParallel(rank, world)

@@ -112,7 +112,9 @@ class RayPlacement:
                 group.append(RemoteWorker(actor, specs, name))
                 bundle += 1
             if len(group) > 1:
-                self._join(group, "nccl" if specs[0].device.startswith("cuda") else "gloo", bundle - len(group))
+                # NCCL for the gradients on GPUs, gloo for the samples exchanged as pickled objects
+                backend = "cpu:gloo,cuda:nccl" if specs[0].device.startswith("cuda") else "gloo"
+                self._join(group, backend, bundle - len(group))
                 self.workers.append(RankedWorker(group))
             else:
                 self.workers.append(group[0])

@@ -102,6 +102,10 @@ class PolicyConfig(Strict):
                                                      "many ranks (one actor each, with num_cpus/num_gpus each), "
                                                      "calls split among them, gradients summed (torch.distributed: "
                                                      "NCCL on cuda, gloo on cpu)")
+    shard_optimizer: bool = Field(False, description="with data_parallel N: each rank keeps the AdamW moments of "
+                                                      "1/N of the parameters (torch.distributed's "
+                                                      "ZeroRedundancyOptimizer, ZeRO stage 1); the updated weights "
+                                                      "are broadcast from the rank that owns them")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

@@ -29,6 +29,7 @@ class PolicySpec:
     num_cpus: float = 1.0  # runtime.placement ray: what its actor reserves
     num_gpus: float | None = None
     data_parallel: int = 1  # ranks (runtime.placement ray)
+    shard_optimizer: bool = False  # ZeRO-1 over the ranks
     engine: object | None = None  # EngineConfig: served by an OpenAI-compatible endpoint
 
     @property

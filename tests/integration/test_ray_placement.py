@@ -67,16 +67,18 @@ def test_a_killed_actor_stops_the_run_by_name(tmp_path):
 
 def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
     """policies.X.data_parallel: 2 under ray: two actors (gloo), calls split between them, the
-    update's gradient summed; two steps end at the weights of one local process."""
+    update's gradient summed, the optimizer state sharded; two steps end at the weights of one
+    local process, and each step's checkpoint holds both ranks' optimizer shares."""
     out = {}
     for placement in ("local", "ray"):
         data = tiny_config("math_team_shared", tmp_path / placement, steps=2, threads=1, seed=0)
         data["runtime"] = {"placement": placement, "address": "local"}
-        if placement == "ray":
-            data["policies"]["shared"]["data_parallel"] = 2
+        if placement == "ray":  # ZeRO-1 too: each rank steps its share, and both write the checkpoints
+            data["policies"]["shared"].update(data_parallel=2, shard_optimizer=True)
         tr, workers, before = prepared_trainer(data, tmp_path / placement)
         try:
             recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+            saved = tr.save_checkpoint()
             after = workers["shared"].fingerprint("shared")
             ranks = [r.fingerprint("shared") for r in getattr(tr.rt.workers[0], "ranks", [])]
             asyncio.run(tr.rt.controller.aclose())
@@ -90,3 +92,5 @@ def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
     assert [r["rollout"]["reward"] for r in rr] == [r["rollout"]["reward"] for r in lr]
     assert [r["policies"]["shared"]["n_seqs"] for r in rr] == [r["policies"]["shared"]["n_seqs"] for r in lr]
     assert ra != rb and ra == pytest.approx(la, rel=1e-6)
+    shares = sorted(p.name for p in (saved / "shared").glob("optimizer*.pt"))
+    assert shares == ["optimizer.pt", "optimizer.rank1.pt"], (saved, shares)

@@ -127,3 +127,15 @@ def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
     cfg = load_config(data=copy.deepcopy(BASE), overrides=[f"policies.p.{key}=true", "device=cpu", "algorithm.kl_coef=0.1"])
     with pytest.raises(ConfigError, match=f"policies.p.{key}: offloading moves state off a GPU"):
         build_policies(cfg)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["policies.p.shard_optimizer=true"], "policies.p.shard_optimizer: shards the optimizer state over data-parallel"),
+    (["policies.p.shard_optimizer=true", "policies.p.data_parallel=2", "runtime.placement=ray", "device=cuda",
+      "policies.p.offload_optimizer=true"], "shard_optimizer and offload_optimizer"),
+    (["policies.p.data_parallel=2"], "policies.p.data_parallel: ranks run as Ray actors"),
+])
+def test_data_parallel_switches_are_refused_with_the_key_and_the_fix(overrides, message):
+    cfg = load_config(data=copy.deepcopy(BASE), overrides=overrides)
+    with pytest.raises(ConfigError, match=message):
+        build_policies(cfg)

@@ -84,7 +84,14 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
                                 offload_weights=p.offload_weights,
                                 share_from=dict(p.share_from),
                                 share_is_cap=p.share_is_cap, critic=p.critic, num_cpus=p.num_cpus,
-                                num_gpus=p.num_gpus, data_parallel=p.data_parallel))
+                                num_gpus=p.num_gpus, data_parallel=p.data_parallel,
+                                shard_optimizer=p.shard_optimizer))
+        if p.shard_optimizer and p.data_parallel < 2:
+            raise ConfigError(f"policies.{name}.shard_optimizer: shards the optimizer state over data-parallel ranks; "
+                              f"set policies.{name}.data_parallel to 2 or more (and runtime.placement: ray)")
+        if p.shard_optimizer and p.offload_optimizer:
+            raise ConfigError(f"policies.{name}: shard_optimizer and offload_optimizer both shrink the optimizer's "
+                              f"GPU memory; choose one")
         if p.data_parallel > 1:
             _check_data_parallel(cfg, name, p)
     shared: dict[str, set[str]] = {}

@@ -74,7 +74,7 @@ def save_policy(host, policy: str, optimizer, directory: Path) -> None:
         save_file({k: v.detach().cpu() for k, v in host.value_heads[policy].state_dict().items()},
                   str(directory / "value_head.safetensors"))
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(optimizer.state_dict(), directory / optimizer.file_name)
 
 
 def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer: bool = True) -> None:
@@ -107,7 +107,7 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
     if optimizer is None:
         return
     optimizer.sync_from_params()  # fp32 masters follow the loaded weights, then the saved masters win
-    opt = directory / "optimizer.pt"
+    opt = directory / optimizer.file_name
     if with_optimizer and opt.is_file():
         # saved on any device, loaded on this one (AdamW moves its state to its parameters' device)
         optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=False))

@@ -306,7 +306,7 @@ class RankedWorker:
         self._all("park")
 
     def save(self, directory):
-        return self.ranks[0].save(directory)  # identical weights on every rank
+        self._all("save", directory)  # rank 0 writes the weights; other ranks only their optimizer shares
 
     def load(self, directory, *, with_optimizer=True):
         self._all("load", directory, with_optimizer=with_optimizer)

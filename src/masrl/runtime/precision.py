@@ -59,8 +59,31 @@ class MasterWeightsAdamW:
             self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulate_into(m)))
         fused = bool(self.params) and all(m.is_cuda for m in self.masters)
         self._stash = PinnedStash()
-        self.opt = torch.optim.AdamW(self.masters, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                                     fused=fused or None)
+        self._defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                          "fused": fused or None}
+        self.opt = torch.optim.AdamW(self.masters, **self._defaults)
+        self.shard_of: tuple[int, int] | None = None  # (rank, ranks) once sharded
+
+    def shard(self, rank: int, world: int) -> None:
+        """ZeRO stage 1 over the data-parallel process group (already joined): from here on this
+        rank keeps the AdamW moments of its share of the masters only, steps that share, and
+        receives the rest from their owners after each step (torch.distributed's
+        ``ZeroRedundancyOptimizer``). Call before the first step: state so far is dropped."""
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.opt = ZeroRedundancyOptimizer(self.masters, optimizer_class=torch.optim.AdamW, **self._defaults)
+        self.shard_of = (rank, world)
+
+    @property
+    def file_name(self) -> str:
+        """This optimizer's checkpoint file: a sharded rank writes and reads its own share."""
+        return "optimizer.pt" if self.shard_of is None or self.shard_of[0] == 0 else f"optimizer.rank{self.shard_of[0]}.pt"
+
+    def moment_bytes(self) -> int:
+        """Bytes of AdamW state this process holds (its share, when sharded)."""
+        local = getattr(self.opt, "optim", self.opt)
+        return sum(v.numel() * v.element_size() for st in local.state.values() for v in st.values()
+                   if isinstance(v, torch.Tensor))
 
     @staticmethod
     def _accumulate_into(master: torch.Tensor):
@@ -95,15 +118,35 @@ class MasterWeightsAdamW:
             torch._foreach_copy_([p for p, _ in low], [m for _, m in low])
 
     def state_dict(self) -> dict:
-        return {"adamw": self.opt.state_dict(),
-                "masters": [m.detach().cpu() for p, m in zip(self.params, self.masters) if p is not m]}
+        if self.shard_of is not None:  # this rank's share of the moments, without a collective
+            out = {"adamw_shard": self.opt.optim.state_dict(), "shard_of": list(self.shard_of)}
+            if self.shard_of[0] > 0:
+                return out  # the masters are the same on every rank: rank 0 writes them
+        else:
+            out = {"adamw": self.opt.state_dict()}
+        out["masters"] = [m.detach().cpu() for p, m in zip(self.params, self.masters) if p is not m]
+        return out
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        if "adamw" not in state:  # an optimizer state saved before master weights existed
+        saved_shard = tuple(state["shard_of"]) if "shard_of" in state else None
+        if saved_shard != self.shard_of:
+            from masrl.errors import MasrlError
+
+            raise MasrlError(f"optimizer state saved {'as share %d of %d' % saved_shard if saved_shard else 'whole'}"
+                                  f" cannot load {'as share %d of %d' % self.shard_of if self.shard_of else 'whole'}: "
+                                  f"resume with the same data_parallel and shard_optimizer, or load the weights "
+                                  f"without the optimizer state")
+        if saved_shard is not None:
+            self.opt.optim.load_state_dict(state["adamw_shard"])
+            if saved_shard[0] > 0:  # masters: rank 0's file; the parameters were loaded from the weights
+                self.sync_from_params()
+                return
+        elif "adamw" not in state:  # an optimizer state saved before master weights existed
             self.opt.load_state_dict(state)
             return
-        self.opt.load_state_dict(state["adamw"])
+        else:
+            self.opt.load_state_dict(state["adamw"])
         low = [(p, m) for p, m in zip(self.params, self.masters) if p is not m]
         saved = state.get("masters", [])
         if len(saved) != len(low):
@@ -118,7 +161,7 @@ class MasterWeightsAdamW:
     def _tensors(self) -> list[torch.Tensor]:
         """What offloading moves: fp32 masters of low-precision parameters and the AdamW state."""
         out = [m for p, m in zip(self.params, self.masters) if p is not m]
-        for st in self.opt.state.values():
+        for st in getattr(self.opt, "optim", self.opt).state.values():
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
         return out
 

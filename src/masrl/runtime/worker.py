@@ -113,6 +113,9 @@ class PolicyWorker:
         from masrl.runtime.data_parallel import init_ranks
 
         self.dp = init_ranks(init_method, rank, world, backend)
+        for name, opt in self.optimizers.items():
+            if self.host.policies[name].shard_optimizer:
+                opt.shard(rank, world)
 
     def get_tokenizer(self):
         return self.host.tokenizer
@@ -250,6 +253,7 @@ class PolicyWorker:
                 m["offload_s"] = (t0 - t_in) + (time.perf_counter() - t1)
                 m["offload_gb"] = moved / 2**30
             m["lr"] = lr
+            m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
             self.updates[name] += 1
             if name in self.emas:
                 self.emas[name].update()
@@ -278,6 +282,12 @@ class PolicyWorker:
     def save(self, directory: str) -> None:
         """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
         d = Path(directory)
+        if self.dp is not None and self.dp.rank > 0:  # rank 0 writes the state all ranks share
+            for name, opt in self.optimizers.items():
+                if opt.shard_of is not None:  # its own share of the optimizer state
+                    (d / name).mkdir(parents=True, exist_ok=True)
+                    torch.save(opt.state_dict(), d / name / opt.file_name)
+            return
         for name in self.trainable_names:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
         for name, ema in self.emas.items():

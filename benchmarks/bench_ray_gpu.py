@@ -35,6 +35,7 @@ SIDES = {  # name: (config, placement, data_parallel)
     "two policies, ray": ("math_team_two_policies", "ray", 1),
     "one policy, local": ("math_team_shared", "local", 1),
     "one policy, ray, data_parallel 2": ("math_team_shared", "ray", 2),
+    "one policy, ray, data_parallel 2, shard_optimizer": ("math_team_shared", "ray", 2),
 }
 
 
@@ -75,6 +76,7 @@ def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -
         if placement == "ray":
             p["num_gpus"] = (1.0 if gpus >= 2 else 0.5) if device == "cuda" else 0.0
             p["data_parallel"] = ranks
+            p["shard_optimizer"] = "shard_optimizer" in side
     for a in data["agents"].values():
         a.update(max_new_tokens=64 if device == "cuda" else 12, ignore_eos=True, temperature=1.0)
     data["rollout"] = {"tasks_per_step": 8, "samples_per_task": 4}
@@ -95,6 +97,8 @@ def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -
             row = {"step_s": time.perf_counter() - t0, "rollout_s": rec["rollout_s"], "update_s": rec["update_s"],
                    "reward": rec["rollout"]["reward"],
                    "loss": {p: m["loss"] for p, m in sorted(rec["policies"].items())},
+                   "adam_gb": sum(m.get("optimizer_state_gb", 0) for m in rec["policies"].values()),
+                   "peak_gb": max(m.get("gpu_peak_gb", 0) for m in rec["policies"].values()),
                    "calls": sum(a["calls"] for a in rec["rollout"]["agents"].values())}
             if "transfer" in rec:
                 row.update(rec["transfer"])
@@ -147,16 +151,18 @@ def main() -> None:
           f"machine: {gpus} x {names[0]} GPU(s), {os.cpu_count()} CPU cores, Python {platform.python_version()}"
           + ("" if gpus >= 2 or a.device != "cuda" else "; ONE GPU: the ray sides share it (num_gpus 0.5 each)") + "\n")
     print("| side | setup s | step | step s | rollout s | update s | round trips | bytes driver->actors | "
-          "bytes actors->driver | moving s (echo-timed) | loss per policy |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "bytes actors->driver | moving s (echo-timed) | AdamW state GB per process | peak GPU GB per process | "
+          "loss per policy |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for side, r in res.items():
         for i, s in enumerate(r["steps"], 1):
             ray_cols = (f"{s['round_trips']} | {s['bytes_to_actors']} | {s['bytes_from_actors']} | {s['moving_s']:.3f}"
                         if "round_trips" in s else "- | - | - | -")
             loss = ", ".join(f"{p} {v:.3g}" for p, v in s["loss"].items())
             print(f"| {side} | {r['setup_s']:.1f} | {i} | {s['step_s']:.2f} | {s['rollout_s']:.2f} | {s['update_s']:.2f} | "
-                  f"{ray_cols} | {loss} |")
-    for a_, b_ in (("two policies, local", "two policies, ray"), ("one policy, local", "one policy, ray, data_parallel 2")):
+                  f"{ray_cols} | {s['adam_gb']:.2f} | {s['peak_gb']:.2f} | {loss} |")
+    for a_, b_ in (("two policies, local", "two policies, ray"), ("one policy, local", "one policy, ray, data_parallel 2"),
+                   ("one policy, ray, data_parallel 2", "one policy, ray, data_parallel 2, shard_optimizer")):
         if a_ in res and b_ in res:
             fa, fb = res[a_]["fingerprints"], res[b_]["fingerprints"]
             ra = [s["reward"] for s in res[a_]["steps"]]

@@ -337,3 +337,46 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
     assert a["seen"]["writer_device"] == "cuda" and b["seen"]["writer_device"] == "cpu"
     assert pol["reasoner"]["weights_offload_gb"] > 0 and b["stats"]["releases"] >= 2
     assert b["mem"] < a["mem"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_ray_places_two_policies_on_two_gpus_and_a_sharded_nccl_policy_matches_one_gpu(tmp_path):
+    """placement: ray on a two-GPU host: two policies in two actors (one GPU each) train a step
+    like one process on one GPU; a data-parallel policy on two GPUs (NCCL gradients, ZeRO-1 shards)
+    ends its step at the one-GPU weights. Tiny model in fp32, so numbers can be compared."""
+    pytest.importorskip("ray")
+    from tinycfg import prepared_trainer, tiny_config
+
+    def run(name, config, placement, **policy):
+        data = tiny_config(config, tmp_path / name, steps=1, threads=1, seed=0)
+        data.update(device="cuda", precision="fp32")
+        data["runtime"] = {"placement": placement, "address": "local"}
+        for p in data["policies"].values():
+            p.update(policy)
+        tr, workers, before = prepared_trainer(data, tmp_path / name)
+        try:
+            rec = asyncio.run(tr.train_step())
+            after = {p: w.fingerprint(p) for p, w in workers.items()}
+            asyncio.run(tr.rt.controller.aclose())
+        finally:
+            tr.rt.close()
+        return rec, before, after
+
+    out = {"two local": run("two_local", "math_team_two_policies", "local"),
+           "two ray": run("two_ray", "math_team_two_policies", "ray", num_gpus=1),
+           "one local": run("one_local", "math_team_shared", "local"),
+           "one dp2": run("one_dp2", "math_team_shared", "ray", num_gpus=1, data_parallel=2, shard_optimizer=True)}
+    for name, (rec, _, after) in out.items():
+        pol = {p: (round(m["loss"], 6), round(m.get("gpu_peak_gb", 0), 3), round(m["optimizer_state_gb"], 4))
+               for p, m in rec["policies"].items()}
+        print(f"[gpu] ray {name}: reward {rec['rollout']['reward']:.4f}, (loss, peak GB, AdamW GB) {pol}, "
+              f"transfer {rec.get('transfer')}, weights {after}")
+    for local, ray_ in (("two local", "two ray"), ("one local", "one dp2")):
+        (lr, lb, la), (rr, rb, ra) = out[local], out[ray_]
+        assert rb == lb and ra != rb
+        assert rr["rollout"]["reward"] == pytest.approx(lr["rollout"]["reward"], abs=1e-6)
+        for p in la:
+            assert ra[p] == pytest.approx(la[p], rel=1e-5)
+        assert all(m["gpu_peak_gb"] > 0 for m in rr["policies"].values())  # the actors ran on GPUs
+    assert out["one dp2"][0]["policies"]["shared"]["optimizer_state_gb"] < \
+        out["one local"][0]["policies"]["shared"]["optimizer_state_gb"]

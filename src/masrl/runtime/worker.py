@@ -254,6 +254,8 @@ class PolicyWorker:
                 m["offload_gb"] = moved / 2**30
             m["lr"] = lr
             m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
+            if self.device.startswith("cuda"):  # this process's peak so far (a rank's own, under ray)
+                m["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             self.updates[name] += 1
             if name in self.emas:
                 self.emas[name].update()

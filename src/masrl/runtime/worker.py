@@ -345,7 +345,8 @@ class PolicyWorker:
             self.engine.weights_updated(list(self.emas))
 
     def fingerprint(self, policy: str) -> list[float]:
-        """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed."""
+        """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed;
+        summed on the CPU, so that equal weights give equal numbers wherever they are kept."""
         with torch.no_grad():
-            params = self.host.policy_parameters(policy)
-            return [float(sum(p.double().sum() for p in params)), float(sum((p.double() ** 2).sum() for p in params))]
+            params = [p.detach().to("cpu", torch.float64) for p in self.host.policy_parameters(policy)]
+            return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]

@@ -39,7 +39,9 @@ def test_train_joins_a_cluster_started_with_ray_start(tmp_path):
     port = _free_port()
     # token authentication off on both sides, as the README says for a trusted network
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers: the tiny config's rewards
+    # and Ray's single-machine mode, so that the head listens on 127.0.0.1 only (README)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
     env.pop("RAY_ADDRESS", None)
     head = subprocess.run(RAY + ["start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=4",
@@ -55,6 +57,7 @@ def test_train_joins_a_cluster_started_with_ray_start(tmp_path):
             print(f"--- {name}: rc {p.returncode}\n" + "\n".join(line for line in out.splitlines() if "[masrl]" in line))
             assert p.returncode == 0, out[-4000:]
             assert "joined the Ray cluster" in out and "started a local Ray cluster" not in out
+            assert "node 127.0.0.1," in out  # the actors ran on the head's node
             rows = (tmp_path / name.replace(" ", "_") / "metrics.jsonl").read_text().splitlines()
             rec = next(r for r in map(json.loads, rows) if "transfer" in r)  # the step's record
             assert rec["step"] == 1 and rec["transfer"]["round_trips"] >= 10

@@ -20,7 +20,7 @@ def _config(tmp_path, placement):
 def _run(tmp_path, placement, steps=2):
     tr, workers, before = prepared_trainer(_config(tmp_path, placement), tmp_path / placement)
     try:
-        recs, traffic = [], []
+        recs, traffic = [], [asyncio.run(tr.evaluate()).get("transfer")]  # an evaluation's traffic is its own
         for _ in range(steps):
             recs.append(asyncio.run(tr.train_step()))
         after = {p: w.fingerprint(p) for p, w in workers.items()}
@@ -31,7 +31,7 @@ def _run(tmp_path, placement, steps=2):
 
 
 def test_two_policies_in_two_ray_actors_train_like_one_process(tmp_path):
-    local, _, before_l, after_l = _run(tmp_path, "local")
+    local, local_traffic, before_l, after_l = _run(tmp_path, "local")
     ray_recs, traffic, before_r, after_r = _run(tmp_path, "ray")
     losses = lambda recs: [(p, m["loss"], m["grad_norm"]) for r in recs for p, m in sorted(r["policies"].items())]  # noqa: E731
     print("local:", losses(local), "\nray:  ", losses(ray_recs))
@@ -39,7 +39,11 @@ def test_two_policies_in_two_ray_actors_train_like_one_process(tmp_path):
     assert losses(ray_recs) == losses(local)
     assert [r["rollout"]["reward"] for r in ray_recs] == [r["rollout"]["reward"] for r in local]
     assert after_r == after_l and after_r != before_r
-    assert all("transfer" not in r for r in local)
+    assert all("transfer" not in r for r in local) and local_traffic == [None]
+    print("evaluation:", traffic[0])
+    assert traffic[0]["round_trips"] >= 4 and traffic[0]["bytes_to_actors"] > 0
+    b1, b2 = (r["transfer"]["bytes_to_actors"] for r in ray_recs)
+    assert b1 < 1.3 * b2  # step 1 carries no evaluation traffic (it would add ~65%)
     for step, rec in enumerate(ray_recs, 1):
         t = rec["transfer"]
         print(f"step {step}: {t}")
@@ -48,13 +52,37 @@ def test_two_policies_in_two_ray_actors_train_like_one_process(tmp_path):
         assert 0 < t["bytes_to_actors"] < 1_000_000 and 0 < t["bytes_from_actors"] < 1_000_000
 
 
-def test_a_killed_actor_stops_the_run_by_name(tmp_path):
+def _external_ip():
+    """This machine's address on its default route, or None (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_the_local_cluster_listens_on_loopback_only_and_a_killed_actor_stops_the_run_by_name(tmp_path):
+    import socket
+
     import ray
 
     from masrl.runtime.placement import WorkerLost
 
     tr, workers, _ = prepared_trainer(_config(tmp_path, "ray"), tmp_path / "ray")
     try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+        gcs_host, gcs_port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+        assert gcs_host == "127.0.0.1"
+        with socket.create_connection((gcs_host, int(gcs_port)), timeout=5):
+            pass  # reachable here
+        ext = _external_ip()
+        if ext is not None:  # and not from the machine's other interface
+            with pytest.raises(OSError):
+                socket.create_connection((ext, int(gcs_port)), timeout=5).close()
         asyncio.run(tr.train_step())
         path = tr.save_checkpoint()
         ray.kill(workers["writer"].actor)

@@ -121,8 +121,18 @@ class Trainer:
                                                       on_done=done)
         return traces
 
+    def _take_transfer(self) -> dict | None:
+        """Driver <-> actor traffic since the last take (``placement: ray``; None when local)."""
+        moved = [w.take_traffic() for w in self.rt.workers if hasattr(w, "take_traffic")]
+        if not moved:
+            return None
+        per = [v for m in moved for v in m.values()]
+        return {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),
+                "bytes_from_actors": sum(v[2] for v in per), "remote_call_s": sum(v[3] for v in per)}
+
     async def evaluate(self, label: str = "eval") -> dict:
         assert self.rt is not None
+        self._take_transfer()  # a checkpoint's calls since the last step or evaluation: not this one's
         e = self.cfg.eval
         temp = e.temperature
         # every evaluation samples with the same seed: before/after differ by the weights alone;
@@ -148,12 +158,16 @@ class Trainer:
             for tr in traces:
                 groups.setdefault(str(sources.get(tr.task_id) or "unknown"), []).append(tr)
             summary["by_source"] = {src: summarize_traces(trs) for src, trs in sorted(groups.items())}
+        moved = self._take_transfer()
+        if moved is not None:
+            summary["transfer"] = moved
         return summary
 
     async def train_step(self) -> dict:
         assert self.rt is not None
         r = self.cfg.rollout
         tasks = step_tasks(self.train_tasks, self.step, r.tasks_per_step, self.cfg.seed)
+        self._take_transfer()  # an evaluation's or a checkpoint's calls are not this step's
         t0 = time.perf_counter()
         traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
                                      seed=stable_seed(self.cfg.seed, "train", self.step),
@@ -170,11 +184,9 @@ class Trainer:
                "policies": policies}
         if kl is not None:
             rec["policy_kl"] = kl
-        moved = [w.take_traffic() for w in self.rt.workers if hasattr(w, "take_traffic")]
-        if moved:  # runtime.placement ray: what crossed between the driver and the actors this step
-            per = [v for m in moved for v in m.values()]
-            rec["transfer"] = {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),
-                               "bytes_from_actors": sum(v[2] for v in per), "remote_call_s": sum(v[3] for v in per)}
+        moved = self._take_transfer()
+        if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
+            rec["transfer"] = moved
         self._last_traces = traces
         return rec
 

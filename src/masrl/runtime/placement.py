@@ -54,10 +54,36 @@ def connect(address: str, *, cpus_needed: float, log=print) -> bool:
         except ConnectionError:
             pass
     # logical CPUs: at least what the actors ask for, so a small machine still places them
+    loopback_only(True)
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(cpus_needed + 0.999)), include_dashboard=False,
              _node_ip_address="127.0.0.1", runtime_env=env, log_to_driver=True)
     log(f"[masrl] started a local Ray cluster on 127.0.0.1: {_resources(ray)}")
     return True
+
+
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def loopback_only(on: bool) -> None:
+    """A local cluster reachable from this machine only. Ray replaces a node address of 127.0.0.1
+    with the machine's external one, and its GCS, raylets and workers then listen on every
+    interface, unless Ray's single-machine mode is on (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+    the mode Ray uses on laptops): then they listen on 127.0.0.1 only. Ray reads the variable at
+    import, so its module constant is set too; both are put back when the cluster stops."""
+    from ray._private import ray_constants
+
+    if on:
+        loopback_only.saved = (os.environ.get(_LOOPBACK_ENV), ray_constants.ENABLE_RAY_CLUSTER)
+        os.environ[_LOOPBACK_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    elif hasattr(loopback_only, "saved"):
+        env, const = loopback_only.saved
+        if env is None:
+            os.environ.pop(_LOOPBACK_ENV, None)
+        else:
+            os.environ[_LOOPBACK_ENV] = env
+        ray_constants.ENABLE_RAY_CLUSTER = const
+        del loopback_only.saved
 
 
 def _resources(ray) -> str:
@@ -120,6 +146,11 @@ class RayPlacement:
                 self.workers.append(group[0])
         for w in self.workers:  # construction errors (a bad model, no GPU) surface here, by name
             w.tokenizer  # noqa: B018
+        nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        for w in [r for w in self.workers for r in getattr(w, "ranks", [w])]:
+            at = w._call("where")
+            log(f"[masrl] {w.name}: node {nodes.get(at['node_id'], at['node_id'])}, pid {at['pid']}, "
+                f"GPU {', '.join(at['gpus']) or 'none'}")
         setup = sum(v[2] for w in self.workers for v in w.take_traffic().values())  # not a step's traffic
         log(f"[masrl] {len(bundles)} actor(s) ready; set-up sent {setup / 2**20:.1f} MiB to the driver (tokenizers)")
 
@@ -149,6 +180,7 @@ class RayPlacement:
             pass
         if self.started:
             ray.shutdown()
+            loopback_only(False)
 
 
 class RemoteWorker:

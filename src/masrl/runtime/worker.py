@@ -120,6 +120,16 @@ class PolicyWorker:
     def get_tokenizer(self):
         return self.host.tokenizer
 
+    def where(self) -> dict:
+        """Where this worker runs (logged at start under ``placement: ray``): Ray node id, process
+        id, and the GPUs Ray gave it (it sees them as cuda:0, cuda:1, ...)."""
+        import os
+
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
     def get_step(self) -> int:
         return self.step
 

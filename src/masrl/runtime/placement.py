@@ -149,7 +149,7 @@ class RayPlacement:
         nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for w in [r for w in self.workers for r in getattr(w, "ranks", [w])]:
             at = w._call("where")
-            log(f"[masrl] {w.name}: node {nodes.get(at['node_id'], at['node_id'])}, pid {at['pid']}, "
+            log(f"[masrl] {w.name}: node {nodes.get(at['node_id'], '?')} ({at['node_id'][:8]}), pid {at['pid']}, "
                 f"GPU {', '.join(at['gpus']) or 'none'}")
         setup = sum(v[2] for w in self.workers for v in w.take_traffic().values())  # not a step's traffic
         log(f"[masrl] {len(bundles)} actor(s) ready; set-up sent {setup / 2**20:.1f} MiB to the driver (tokenizers)")

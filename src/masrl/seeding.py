@@ -8,10 +8,15 @@ to run, on any device, after a resume, and whichever calls the batcher happens t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy
+
 _GOLDEN, _M1, _M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
-def counter_uniforms(seeds: list[int], n: int) -> "numpy.ndarray":
+def counter_uniforms(seeds: list[int], n: int) -> numpy.ndarray:
     """``[len(seeds), n]`` uniforms in [0, 1): entry ``[r, t]`` depends only on ``seeds[r]`` and ``t``
     (splitmix64 of the pair, in numpy's wrapping uint64 arithmetic).
 

@@ -58,7 +58,7 @@ def test_train_joins_a_cluster_started_with_ray_start(tmp_path):
             print(f"--- {name}: rc {p.returncode}\n" + "\n".join(line for line in out.splitlines() if "[masrl]" in line))
             assert p.returncode == 0, out[-4000:]
             assert "joined the Ray cluster" in out and "started a local Ray cluster" not in out
-            assert "node 127.0.0.1," in out  # the actors ran on the head's node
+            assert "node 127.0.0.1 (" in out  # the actors ran on the head's node
             rows = (tmp_path / name.replace(" ", "_") / "metrics.jsonl").read_text().splitlines()
             rec = next(r for r in map(json.loads, rows) if "transfer" in r)  # the step's record
             assert rec["step"] == 1 and rec["transfer"]["round_trips"] >= 10

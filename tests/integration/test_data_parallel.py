@@ -120,3 +120,39 @@ def test_sharded_optimizer_holds_half_the_state_steps_like_one_process_and_resum
     assert gap1 < 1e-5 and gap2 < 1e-5 and across == 0.0
     assert (tmp_path / "ckpt" / "p" / "optimizer.pt").is_file() and (tmp_path / "ckpt" / "p" / "optimizer.rank1.pt").is_file()
     assert ranks[0]["metrics2"]["p"]["loss"] == pytest.approx(m2["p"]["loss"], abs=1e-6)
+
+
+def _bf16_rank(rank: int, world: int, port: int, parts, out: str) -> None:
+    from masrl.runtime.worker import PolicyWorker
+
+    spec = PolicySpec("p", "tiny-random", optim=OptimConfig(lr=1e-2), shard_optimizer=True)
+    make = lambda: PolicyWorker("tiny-random", [spec], _algo(), seed=0, threads=1, precision="bf16")  # noqa: E731
+    w = make()
+    w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
+    w.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+    w.train_step()
+    w.save(f"{out}/ckpt")
+    torch.distributed.barrier()
+    w2 = make()
+    w2.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
+    w2.load(f"{out}/ckpt")
+    opt1, opt2 = w.optimizers["p"], w2.optimizers["p"]
+    low = [i for i, p in enumerate(opt1.params) if p.dtype == torch.bfloat16]  # those with fp32 masters
+    gap = max((opt1.masters[i] - opt2.masters[i]).abs().max().item() for i in low) if low else -1.0
+    # what the masters would be if rebuilt from the bf16 weights instead
+    rounding = max((opt1.masters[i] - opt1.params[i].float()).abs().max().item() for i in low) if low else 0.0
+    torch.save({"gap": gap, "rounding": rounding, "n_low": len(low)}, f"{out}/bf16_rank{rank}.pt")
+
+
+def test_a_resumed_sharded_rank_gets_the_fp32_masters_not_the_bf16_weights(tmp_path):
+    """bf16 weights with fp32 masters: a rank's own optimizer file holds only its share of the
+    moments; its masters come back from rank 0's file, exactly, not rounded through bf16."""
+    _, samples = _samples()
+    parts = [copy.deepcopy(samples[:6]), copy.deepcopy(samples[6:])]
+    mp.start_processes(_bf16_rank, args=(2, _free_port(), parts, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    res = [torch.load(tmp_path / f"bf16_rank{r}.pt") for r in range(2)]
+    print(f"masters after resume vs before: {[r['gap'] for r in res]}; bf16 rounding they would carry: "
+          f"{[r['rounding'] for r in res]} over {res[0]['n_low']} bf16 parameters")
+    assert all(r["n_low"] > 0 and r["rounding"] > 0 for r in res)  # the update left sub-bf16 bits in the masters
+    assert all(r["gap"] == 0.0 for r in res)

@@ -110,7 +110,13 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
     opt = directory / optimizer.file_name
     if with_optimizer and opt.is_file():
         # saved on any device, loaded on this one (AdamW moves its state to its parameters' device)
-        optimizer.load_state_dict(torch.load(opt, map_location="cpu", weights_only=False))
+        state = torch.load(opt, map_location="cpu", weights_only=False)
+        if "masters" not in state and (directory / "optimizer.pt").is_file():
+            # a sharded rank's own file holds its moments only; the fp32 masters, the same on
+            # every rank, are in rank 0's
+            first = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False, mmap=True)
+            state["masters"] = first.get("masters", [])
+        optimizer.load_state_dict(state)
 
 
 def write_atomically(target: Path, fill) -> Path:

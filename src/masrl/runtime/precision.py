@@ -134,14 +134,11 @@ class MasterWeightsAdamW:
             from masrl.errors import MasrlError
 
             raise MasrlError(f"optimizer state saved {'as share %d of %d' % saved_shard if saved_shard else 'whole'}"
-                                  f" cannot load {'as share %d of %d' % self.shard_of if self.shard_of else 'whole'}: "
-                                  f"resume with the same data_parallel and shard_optimizer, or load the weights "
-                                  f"without the optimizer state")
-        if saved_shard is not None:
+                             f" cannot load {'as share %d of %d' % self.shard_of if self.shard_of else 'whole'}: "
+                             f"resume with the same data_parallel and shard_optimizer, or load the weights "
+                             f"without the optimizer state")
+        if saved_shard is not None:  # the masters come with it (rank 0's, read by checkpoint.load_policy)
             self.opt.optim.load_state_dict(state["adamw_shard"])
-            if saved_shard[0] > 0:  # masters: rank 0's file; the parameters were loaded from the weights
-                self.sync_from_params()
-                return
         elif "adamw" not in state:  # an optimizer state saved before master weights existed
             self.opt.load_state_dict(state)
             return

@@ -48,10 +48,7 @@ def child(n: int, placement: str, model: str, steps: int, out: str) -> None:
     t0 = time.perf_counter()
     tr.prepare(resume=False)
     setup_s = time.perf_counter() - t0
-    if placement == "ray":
-        for w in tr.rt.workers:
-            w.take_traffic()
-    rows = []
+    rows = []  # each step's record counts that step's driver <-> actor traffic only
     try:
         for _ in range(steps):
             t0 = time.perf_counter()

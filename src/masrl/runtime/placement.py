@@ -20,10 +20,10 @@ import pickle
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 from masrl.errors import ConfigError, MasrlError
 from masrl.policies import PolicySpec
+from masrl.runtime.worker import Evaluating
 
 
 class WorkerLost(MasrlError):
@@ -148,7 +148,7 @@ class RayPlacement:
             w.tokenizer  # noqa: B018
         nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         for w in [r for w in self.workers for r in getattr(w, "ranks", [w])]:
-            at = w._call("where")
+            at = w.where()
             log(f"[masrl] {w.name}: node {nodes.get(at['node_id'], '?')} ({at['node_id'][:8]}), pid {at['pid']}, "
                 f"GPU {', '.join(at['gpus']) or 'none'}")
         setup = sum(v[2] for w in self.workers for v in w.take_traffic().values())  # not a step's traffic
@@ -183,7 +183,7 @@ class RayPlacement:
             loopback_only(False)
 
 
-class RemoteWorker:
+class RemoteWorker(Evaluating):
     """The driver's handle on a ``PolicyWorker`` in a Ray actor: the same methods, called remotely."""
 
     remote = True  # the controller updates remote workers concurrently
@@ -266,13 +266,8 @@ class RemoteWorker:
     def end_eval(self):
         return self._call("end_eval")
 
-    @contextmanager
-    def evaluating(self):
-        self.begin_eval()
-        try:
-            yield
-        finally:
-            self.end_eval()
+    def where(self):
+        return self._call("where")
 
     def take_traffic(self) -> dict[str, list[float]]:
         """Per method: calls, bytes sent, bytes received, seconds, since the last take."""
@@ -281,7 +276,7 @@ class RemoteWorker:
         return out
 
 
-class RankedWorker:
+class RankedWorker(Evaluating):
     """The ranks of one data-parallel model host, as one worker: calls are split among the ranks
     in contiguous shares, rewards go to every rank (each keeps its own calls'), and the ranks
     update together (their gradients summed over torch.distributed), so rank 0 speaks for all."""
@@ -352,13 +347,11 @@ class RankedWorker:
     def score(self, policy, samples):
         raise MasrlError("a data-parallel policy's calls are spread over its ranks (policy_kl is refused at build)")
 
-    @contextmanager
-    def evaluating(self):
+    def begin_eval(self):
         self._all("begin_eval")
-        try:
-            yield
-        finally:
-            self._all("end_eval")
+
+    def end_eval(self):
+        self._all("end_eval")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)

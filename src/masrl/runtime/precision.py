@@ -79,10 +79,14 @@ class MasterWeightsAdamW:
         """This optimizer's checkpoint file: a sharded rank writes and reads its own share."""
         return "optimizer.pt" if self.shard_of is None or self.shard_of[0] == 0 else f"optimizer.rank{self.shard_of[0]}.pt"
 
+    @property
+    def _local(self) -> torch.optim.Optimizer:
+        """The AdamW that holds this process's moments (the shard's own when sharded)."""
+        return self.opt.optim if self.shard_of is not None else self.opt
+
     def moment_bytes(self) -> int:
         """Bytes of AdamW state this process holds (its share, when sharded)."""
-        local = getattr(self.opt, "optim", self.opt)
-        return sum(v.numel() * v.element_size() for st in local.state.values() for v in st.values()
+        return sum(v.numel() * v.element_size() for st in self._local.state.values() for v in st.values()
                    if isinstance(v, torch.Tensor))
 
     @staticmethod
@@ -119,7 +123,7 @@ class MasterWeightsAdamW:
 
     def state_dict(self) -> dict:
         if self.shard_of is not None:  # this rank's share of the moments, without a collective
-            out = {"adamw_shard": self.opt.optim.state_dict(), "shard_of": list(self.shard_of)}
+            out = {"adamw_shard": self._local.state_dict(), "shard_of": list(self.shard_of)}
             if self.shard_of[0] > 0:
                 return out  # the masters are the same on every rank: rank 0 writes them
         else:
@@ -138,7 +142,7 @@ class MasterWeightsAdamW:
                              f"resume with the same data_parallel and shard_optimizer, or load the weights "
                              f"without the optimizer state")
         if saved_shard is not None:  # the masters come with it (rank 0's, read by checkpoint.load_policy)
-            self.opt.optim.load_state_dict(state["adamw_shard"])
+            self._local.load_state_dict(state["adamw_shard"])
         elif "adamw" not in state:  # an optimizer state saved before master weights existed
             self.opt.load_state_dict(state)
             return
@@ -158,7 +162,7 @@ class MasterWeightsAdamW:
     def _tensors(self) -> list[torch.Tensor]:
         """What offloading moves: fp32 masters of low-precision parameters and the AdamW state."""
         out = [m for p, m in zip(self.params, self.masters) if p is not m]
-        for st in getattr(self.opt, "optim", self.opt).state.values():
+        for st in self._local.state.values():
             out += [v for v in st.values() if isinstance(v, torch.Tensor)]
         return out
 

@@ -29,7 +29,22 @@ from masrl.runtime.precision import MasterWeightsAdamW, param_dtype
 from masrl.runtime.training import Sample, train_policy
 
 
-class PolicyWorker:
+class Evaluating:
+    """``evaluating()`` from a class's ``begin_eval``/``end_eval``: one definition for the local
+    worker, its remote handle and a data-parallel group (a block cannot cross a process, two
+    calls can)."""
+
+    @contextmanager
+    def evaluating(self):
+        """Policies with a weight EMA serve their EMA weights inside this block."""
+        self.begin_eval()
+        try:
+            yield
+        finally:
+            self.end_eval()
+
+
+class PolicyWorker(Evaluating):
     def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
                  device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
                  engine_options: dict | None = None, threads: int | None = None):
@@ -291,6 +306,10 @@ class PolicyWorker:
         return metrics
 
     # -- state ---------------------------------------------------------------------------------
+    def _distinct_critics(self) -> list:
+        """Each critic once (policies of this worker may share one)."""
+        return list({id(c): c for c in self.critics.values()}.values())
+
     def save(self, directory: str) -> None:
         """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
         d = Path(directory)
@@ -304,7 +323,7 @@ class PolicyWorker:
             ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
         for name, ema in self.emas.items():
             torch.save(ema.state_dict(), d / name / "ema.pt")
-        for critic in {id(c): c for c in self.critics.values()}.values():  # a shared one is written by each holder
+        for critic in self._distinct_critics():  # a shared one is written by each holder
             (d / "critics").mkdir(parents=True, exist_ok=True)
             torch.save(critic.state_dict(), d / "critics" / f"{critic.name}.pt")
         (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
@@ -316,7 +335,7 @@ class PolicyWorker:
         for name in self.trainable_names:
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
         self.engine.weights_updated()
-        for critic in {id(c): c for c in self.critics.values()}.values():
+        for critic in self._distinct_critics():
             f = d / "critics" / f"{critic.name}.pt"
             if f.is_file():
                 critic.load_state_dict(torch.load(f, weights_only=True), with_optimizer=with_optimizer)
@@ -329,15 +348,6 @@ class PolicyWorker:
         for name, ema in self.emas.items():
             if (d / name / "ema.pt").is_file():
                 ema.load_state_dict(torch.load(d / name / "ema.pt", weights_only=True))
-
-    @contextmanager
-    def evaluating(self):
-        """Policies with a weight EMA serve their EMA weights inside this block."""
-        self.begin_eval()
-        try:
-            yield
-        finally:
-            self.end_eval()
 
     def begin_eval(self) -> None:
         """``evaluating`` in two calls (what a remote caller can make)."""

@@ -5,12 +5,33 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
+
+from masrl.errors import MasrlError
+
+
+def existing_file(path: str, what: str) -> Path:
+    """``path`` as a Path, or a MasrlError naming the option when there is no such file."""
+    p = Path(path)
+    if not p.is_file():
+        raise MasrlError(f"{what} {path}: no such file" + (" (it is a directory)" if p.is_dir() else ""))
+    return p
+
+
+def output_file(path: str, what: str) -> Path:
+    """``path`` as a Path whose folder exists (created when missing); refused when it is a folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise MasrlError(f"{what} {path}: that is a directory; give a file name, e.g. {p / 'tasks.jsonl'}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
 
 
 def _serve(args) -> int:
     from masrl.tools.retrieval.index import BM25Index
     from masrl.tools.retrieval.server import RetrieverServer
 
+    existing_file(args.corpus, "--corpus")
     t0 = time.time()
     print(f"[masrl] loading index for {args.corpus} (built on first use)...", flush=True)
     index = BM25Index.load(args.corpus)
@@ -32,6 +53,7 @@ def _serve(args) -> int:
 def _index(args) -> int:
     from masrl.tools.retrieval.index import BM25Index
 
+    existing_file(args.corpus, "--corpus")
     t0 = time.time()
     index = BM25Index.build(args.corpus)
     print(f"[masrl] indexed {len(index)} documents in {time.time() - t0:.1f}s -> {BM25Index.index_dir(args.corpus)}")
@@ -41,6 +63,10 @@ def _index(args) -> int:
 def _query(args) -> int:
     from masrl.tools.retrieval import LocalRetriever, RetrieverClient
 
+    if not args.endpoint and not args.corpus:
+        raise MasrlError("retriever query: give --endpoint URL (a running server) or --corpus FILE (a local index)")
+    if not args.endpoint:
+        existing_file(args.corpus, "--corpus")
     retriever = RetrieverClient(args.endpoint) if args.endpoint else LocalRetriever(args.corpus)
     result = retriever.retrieve(args.queries, args.topk, True)
     print(json.dumps({"result": result}, indent=2))
@@ -60,8 +86,9 @@ def _qa_world(args) -> int:
 def _arithmetic(args) -> int:
     from masrl.data.arithmetic import generate
 
+    out = output_file(args.out, "--out")
     tasks = generate(args.n, seed=args.seed, levels=args.levels)
-    with open(args.out, "w") as f:
+    with open(out, "w") as f:
         for t in tasks:
             f.write(json.dumps({"id": t.id, "question": t.question, "answer": t.answer, "level": t.meta["level"]}) + "\n")
     print(f"[masrl] wrote {len(tasks)} problems to {args.out}")

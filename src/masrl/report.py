@@ -86,6 +86,7 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Pa
         raise MasrlError(f"run directory '{run_dir}' does not exist")
     data = json.dumps(collect(run_dir, **kw), default=str).replace("</", "<\\/")
     path = Path(out) if out else run_dir / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(_PAGE.replace("__DATA__", data), encoding="utf-8")
     return path
 

@@ -85,8 +85,13 @@ def _run(workflow, task, outputs, tools):
     return trace
 
 
+def _linear_task():
+    """The first generated task of the form add_k / times_k / minus_k (its solution is one expression)."""
+    return next(t for t in generate(40, seed=1, levels=[1]) if t.meta["fn_name"].partition("_")[0] in ("add", "times", "minus"))
+
+
 def test_credit_follows_the_pass_rate_turn_by_turn():
-    task = generate(1, seed=1, levels=[1])[0]
+    task = _linear_task()
     fn = task.meta["fn_name"]
     wrong = f"<code>def {fn}(x):\n    return 0</code>"
     ref = {"add": "x + {k}", "times": "x * {k}", "minus": "x - {k}"}
@@ -114,7 +119,7 @@ def test_credit_follows_the_pass_rate_turn_by_turn():
 
 
 def test_the_loop_stops_once_every_test_passes():
-    task = generate(1, seed=1, levels=[1])[0]
+    task = _linear_task()
     fn = task.meta["fn_name"]
     kind, _, k = fn.partition("_")
     expr = {"add": "x + {k}", "times": "x * {k}", "minus": "x - {k}"}[kind].format(k=k)

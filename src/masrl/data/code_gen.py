@@ -19,8 +19,11 @@ Family = tuple[str, str, Callable[..., object], Callable[[random.Random], list]]
 
 
 def _families(rng: random.Random, level: int) -> list[Family]:
-    k = rng.randint(2, 9)
-    c = rng.choice("aeiost")
+    """The task families of ``level``, with their constants drawn from ``rng``. The constants
+    (``k``, ``c``) vary the question text itself, so a seed's held-out questions leave thousands
+    of others to train on (tasks that repeated a question with other tests left none)."""
+    k = rng.randint(2, 60)
+    c = rng.choice("abcdeilnorst")
     ints = lambda r: [r.randint(-20, 40)]  # noqa: E731
     pair = lambda r: [r.randint(-20, 40), r.randint(-20, 40)]  # noqa: E731
     nums = lambda r: [[r.randint(-9, 30) for _ in range(r.randint(1, 6))]]  # noqa: E731
@@ -35,6 +38,9 @@ def _families(rng: random.Random, level: int) -> list[Family]:
             ("is_even", "returns True if x is even and False otherwise", lambda x: x % 2 == 0, ints),
             ("difference", "returns a minus b", lambda a, b: a - b, pair),
             (f"minus_{k}", f"returns x minus {k}", lambda x: x - k, ints),
+            (f"above_{k}", f"returns True if x is greater than {k} and False otherwise", lambda x: x > k, ints),
+            (f"divisible_by_{k}", f"returns True if x is divisible by {k} and False otherwise",
+             lambda x: x % k == 0, lambda r: [r.choice([r.randint(-20, 40), k * r.randint(-3, 5)])]),
         ]
     return [
         ("total", "returns the sum of the numbers in the list xs", lambda xs: sum(xs), nums),
@@ -47,6 +53,9 @@ def _families(rng: random.Random, level: int) -> list[Family]:
         ("length", "returns the number of elements in the list xs", lambda xs: len(xs), nums),
         ("count_positive", "returns how many numbers in the list xs are greater than 0",
          lambda xs: sum(1 for x in xs if x > 0), nums),
+        (f"count_above_{k}", f"returns how many numbers in the list xs are greater than {k}",
+         lambda xs: sum(1 for x in xs if x > k), nums),
+        (f"total_plus_{k}", f"returns the sum of the numbers in the list xs plus {k}", lambda xs: sum(xs) + k, nums),
     ]
 
 

@@ -45,6 +45,21 @@ def latest_checkpoint(root: Path) -> Path | None:
     return best[max(best)] if best else None
 
 
+def resolve_checkpoint(given: str | Path) -> Path:
+    """The checkpoint folder ``given`` names: a ``step_NNNNNN`` folder, or a run directory (its
+    latest checkpoint). Checked before any model loads; the error says what was expected."""
+    path = Path(given)
+    if (path / "state.json").is_file():
+        return path
+    if not path.exists():
+        raise MasrlError(f"--checkpoint {given}: no such file or directory")
+    latest = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+    if latest is None:
+        raise MasrlError(f"--checkpoint {given}: no checkpoint there (expected a step_NNNNNN folder with state.json, "
+                         f"or a run directory holding checkpoints/)")
+    return latest
+
+
 def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
     if host.is_lora:
         from peft import get_peft_model_state_dict

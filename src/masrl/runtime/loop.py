@@ -278,16 +278,10 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
 
 
 def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console | None = None) -> dict:
+    path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
     trainer = Trainer(cfg, console=console)
     trainer.rt = build_runtime(cfg, log=trainer.log)
-    if checkpoint:
-        path = Path(checkpoint)
-        if not (path / "state.json").is_file():
-            latest = ckpt.latest_checkpoint(path / "checkpoints") or ckpt.latest_checkpoint(path)
-            if latest is None:
-                raise MasrlError(f"--checkpoint {checkpoint}: no checkpoint there (expected a step_NNNNNN folder "
-                                 f"with state.json, or a run directory holding checkpoints/)")
-            path = latest
+    if path is not None:
         trainer.load_checkpoint(path, with_optimizer=False)
         trainer.log(f"[masrl] evaluating {path}")
 

@@ -70,7 +70,7 @@ def adapter_logprobs(peft_model, adapter, prompt, completion, temperature=0.0):
     return full_logprobs(peft_model, prompt, completion, temperature)
 
 
-def centered_advantage(rewards, group_ids, scale: float = 1.0):
+def centered_advantage(batch, scale: float = 1.0):
     """A user's advantage estimator (used from a config as 'helpers:centered_advantage'):
     the reward minus the batch mean, scaled."""
-    return (rewards - rewards.mean()) * scale
+    return (batch.rewards - batch.rewards.mean()) * scale

@@ -12,6 +12,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
+from masrl.algorithms.estimators import BUILTIN_NEEDS_CRITIC
+from masrl.algorithms.estimators import BUILTINS as BUILTIN_ESTIMATORS
 from masrl.config_errors import format_validation_error
 from masrl.config_policy import (  # noqa: F401 - re-exported: masrl.config is where configs are imported from
     DEVICE,
@@ -193,17 +195,16 @@ class RewardConfig(Strict):
 class AlgorithmConfig(Strict):
     @model_validator(mode="after")
     def _check_estimator(self) -> "AlgorithmConfig":
-        if self.advantage not in ("grpo", "rloo", "reinforce_pp", "gae") and ":" not in self.advantage:
-            raise ValueError(f"unknown advantage estimator {self.advantage!r}: use grpo, rloo, reinforce_pp, gae or "
+        if self.advantage not in BUILTIN_ESTIMATORS and ":" not in self.advantage:
+            raise ValueError(f"unknown advantage estimator {self.advantage!r}: use {', '.join(BUILTIN_ESTIMATORS)} or "
                              f"'module:function'")
-        if self.advantage_options and ":" not in self.advantage:
-            raise ValueError("advantage_options apply to a 'module:function' estimator only")
         return self
 
     advantage: str = Field("grpo", description="grpo | rloo | reinforce_pp | gae | 'module:function' (your own: "
-                                               "f(rewards [N], group_ids [N], **advantage_options) -> advantages [N])")
-    advantage_options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of a "
-                                                                                "'module:function' estimator")
+                                               "f(batch: EstimatorBatch, **options), see algorithms/estimators.py)")
+    advantage_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the estimator, "
+                                                                                "over the ones it takes from this "
+                                                                                "section (std_normalize, gamma, ...)")
     group_key: list[Literal["task_id", "agent", "turn", "policy", "sample_idx"]] = Field(
         default_factory=lambda: ["task_id", "agent", "turn"]
     )
@@ -318,9 +319,10 @@ class RunConfig(Strict):
                 if p.critic not in self.critics:
                     raise ValueError(f"policies.{name}.critic: '{p.critic}' is not defined under `critics` "
                                      f"(critics: {', '.join(self.critics) or 'none'})")
-                if self.algorithm.advantage != "gae":
+                if self.algorithm.advantage in BUILTIN_ESTIMATORS and self.algorithm.advantage not in BUILTIN_NEEDS_CRITIC:
                     raise ValueError(f"policies.{name}.critic is set but algorithm.advantage is "
-                                     f"'{self.algorithm.advantage}'; a critic serves gae only")
+                                     f"'{self.algorithm.advantage}'; a critic serves gae only, or a 'module:function' "
+                                     f"estimator marked needs_critic")
             for src, share in p.share_from.items():
                 if src not in self.policies or src == name:
                     raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from masrl.algorithms.estimators import EstimatorBatch, estimator
+
 
 def gae_advantages(
     token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, lam: float = 0.95
@@ -45,3 +47,13 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     mean = (x * m).sum() / n
     var = (((x - mean) * m) ** 2).sum() / n
     return (x - mean) * torch.rsqrt(var + eps) * m
+
+
+@estimator(needs_critic=True, config=("gamma", "lam"))
+def gae_estimator(batch: EstimatorBatch, *, gamma: float = 1.0, lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the whole batch, with each call's reward on its last token; the advantages are
+    whitened over all the batch's tokens."""
+    rewards = batch.rewards.to(batch.values.dtype)
+    adv, returns = gae_advantages(place_sequence_rewards(rewards, batch.mask), batch.values, batch.mask,
+                                  gamma=gamma, lam=lam)
+    return whiten(adv, batch.mask), returns

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from masrl.algorithms.grouping import group_mean_std
+from masrl.algorithms.estimators import EstimatorBatch, estimator
 
 
 def grpo_advantages(rewards: torch.Tensor, gid: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -17,3 +18,8 @@ def grpo_advantages(rewards: torch.Tensor, gid: torch.Tensor, *, std_normalize: 
     if std_normalize:
         adv = adv / (std + eps)
     return adv
+
+
+@estimator(config=("std_normalize",))
+def grpo_estimator(batch: EstimatorBatch, *, std_normalize: bool = True) -> torch.Tensor:
+    return grpo_advantages(batch.rewards, batch.group_ids, std_normalize=std_normalize)

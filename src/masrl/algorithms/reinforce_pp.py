@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from masrl.algorithms.grouping import group_mean_std
+from masrl.algorithms.estimators import EstimatorBatch, estimator
 
 
 def reinforce_pp_advantages(
@@ -25,3 +26,8 @@ def reinforce_pp_advantages(
     if adv.numel() < 2:
         return adv - adv.mean()
     return (adv - adv.mean()) / (adv.std() + eps)
+
+
+@estimator(config=("baseline",))
+def reinforce_pp_estimator(batch: EstimatorBatch, *, baseline: str = "none") -> torch.Tensor:
+    return reinforce_pp_advantages(batch.rewards, batch.group_ids, baseline=baseline)

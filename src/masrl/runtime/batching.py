@@ -36,7 +36,7 @@ class Sample:
     reward: float | None = None
     train_reward: float | None = None  # the reward the estimator used (after ``algorithm.reward_norm``)
     advantage: float = 0.0
-    token_adv: list[float] | None = None  # GAE
+    token_adv: list[float] | None = None  # token-level estimators (GAE)
     returns: list[float] | None = None
     old_values: list[float] | None = None
     ref_logprobs: list[float] | None = None

@@ -10,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 
 from masrl.agents import AgentSpec
+from masrl.algorithms.estimators import check_estimator, needs_critic
 from masrl.config import DataSourceConfig, RunConfig, WorldConfig
 from masrl.data import arithmetic, code_gen
 from masrl.data.loader import load_math_tasks
@@ -23,7 +24,8 @@ from masrl.runtime.controller import Controller
 from masrl.runtime.precision import resolve_device
 from masrl.runtime.services import Services
 from masrl.runtime.worker import PolicyWorker
-from masrl.workflows import build_workflow, load_object
+from masrl.loading import load_object
+from masrl.workflows import build_workflow
 
 
 def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
@@ -110,9 +112,10 @@ def _check_data_parallel(cfg: RunConfig, name: str, p) -> None:
     if cfg.runtime.placement != "ray":
         raise ConfigError(f"{key}: ranks run as Ray actors; set runtime.placement: ray (a local cluster starts on "
                           f"127.0.0.1 when there is none)")
-    if cfg.algorithm.advantage == "gae":
-        raise ConfigError(f"{key}: not with algorithm.advantage gae yet (values and critics are per rank); use grpo, "
-                          f"rloo or reinforce_pp")
+    if needs_critic(cfg.algorithm):
+        raise ConfigError(f"{key}: not with an estimator that needs a critic (algorithm.advantage "
+                          f"'{cfg.algorithm.advantage}') yet: values and critics are per rank; use grpo, rloo or "
+                          f"reinforce_pp")
     sharing = [n for n, q in cfg.policies.items() if name in q.share_from] + ([name] if p.share_from else [])
     if sharing or cfg.train.policy_kl:
         raise ConfigError(f"{key}: not with share_from or train.policy_kl (they read calls across workers, and a "
@@ -254,10 +257,21 @@ class Runtime:
                 w.close()
 
 
+def _check_critics(cfg: RunConfig) -> None:
+    """A critic serves an estimator that reads values (a 'module:function' one is known only once imported)."""
+    if needs_critic(cfg.algorithm):
+        return
+    for name, p in cfg.policies.items():
+        if p.critic is not None:
+            raise ConfigError(f"policies.{name}.critic is set but algorithm.advantage '{cfg.algorithm.advantage}' "
+                              f"reads no values; a critic serves gae only, or a 'module:function' estimator marked "
+                              f"needs_critic (@estimator(needs_critic=True))")
+
+
 def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
-    if ":" in cfg.algorithm.advantage and not callable(load_object(cfg.algorithm.advantage, "algorithm.advantage")):
-        raise ConfigError(f"algorithm.advantage: '{cfg.algorithm.advantage}' is not a function")
+    check_estimator(cfg.algorithm)
+    _check_critics(cfg)
     agents = build_agents(cfg, workflow)
     policies = build_policies(cfg)
     allocators = build_allocators(cfg)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import sys
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from masrl.algorithms import SEQUENCE_ESTIMATORS
-from masrl.algorithms.gae import gae_advantages, place_sequence_rewards, whiten
+from masrl.algorithms.estimators import EstimatorBatch, estimator_options, get_estimator, needs_critic, needs_reference
 from masrl.algorithms.normalize import normalize_rewards
 from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.algorithms.grouping import group_ids
@@ -142,23 +143,32 @@ def train_rewards(samples: list[Sample], algo, stats=None) -> None:
 
 
 def compute_advantages(samples: list[Sample], algo) -> None:
-    """Set ``advantage`` on each sample (sequence estimators); GAE is done in ``_prepare``."""
-    if algo.advantage == "gae":
-        return
+    """Set each sample's ``advantage`` (a sequence estimator) or ``token_adv`` (a token-level one;
+    with ``returns`` when it needs a critic, whose values ``_prepare`` put in ``old_values``)."""
+    est = get_estimator(algo.advantage)
     keys = [tuple(s.key.get(k) if k != "policy" else s.policy for k in algo.group_key) for s in samples]
     rewards = torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward) for s in samples],
                            dtype=torch.float64)
-    gid = group_ids(keys)
-    if algo.advantage in SEQUENCE_ESTIMATORS:
-        adv = SEQUENCE_ESTIMATORS[algo.advantage](rewards, gid, algo)
-    else:  # a user's estimator, 'module:function'
-        from masrl.workflows import load_object
-
-        adv = torch.as_tensor(load_object(algo.advantage, "algorithm.advantage")(rewards, gid, **algo.advantage_options),
-                              dtype=torch.float64)
-        if adv.shape != rewards.shape:
-            raise ValueError(f"algorithm.advantage '{algo.advantage}' returned shape {tuple(adv.shape)} for "
-                             f"{len(samples)} samples; return one advantage per sample")
+    T = max(len(s.completion_ids) for s in samples)
+    mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
+    values = pad_rows([s.old_values for s in samples], T) if est.needs_critic else None
+    out = est.fn(EstimatorBatch(rewards, group_ids(keys), mask, values), **estimator_options(est, algo))
+    if est.needs_critic:
+        adv, returns = out
+        for i, s in enumerate(samples):
+            n = len(s.completion_ids)
+            s.token_adv, s.returns = adv[i, :n].tolist(), returns[i, :n].tolist()
+        return
+    adv = torch.as_tensor(out, dtype=torch.float64)
+    want = (len(samples), T) if est.token_level else (len(samples),)
+    if tuple(adv.shape) != want:
+        raise ValueError(f"algorithm.advantage '{algo.advantage}' returned shape {tuple(adv.shape)} for "
+                         f"{len(samples)} samples; return {'[N, T] (token-level)' if est.token_level else '[N]'}: "
+                         f"{list(want)}")
+    if est.token_level:
+        for i, s in enumerate(samples):
+            s.token_adv = adv[i, : len(s.completion_ids)].tolist()
+        return
     if algo.whiten_advantages:
         adv = whiten_adv(adv)
     for s, a in zip(samples, adv.tolist()):
@@ -170,7 +180,7 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
              critic=None) -> None:
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
-    need_ref, need_values = algo.kl_coef > 0, algo.advantage == "gae"
+    need_ref, need_values = needs_reference(algo), needs_critic(algo)
     need_old = algo.tis_cap is not None or any(s.is_cap is not None for s in samples)
     if critic is not None and need_values:  # a separate value model scores the calls
         for s, v in zip(samples, critic.values(samples, algo.micro_batch_size)):
@@ -179,8 +189,8 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
         return
     with host.reference_resident() if need_ref else contextlib.nullcontext():
         _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old)
-    if need_values:  # GAE over the whole batch, whitened over all its tokens
-        _gae(samples, algo)
+    if need_values:  # an estimator that reads values runs once they are known
+        compute_advantages(samples, algo)
 
 
 def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old) -> None:
@@ -203,47 +213,42 @@ def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_re
                     s.old_logprobs = lp[i, :n].tolist()
 
 
-def _gae(samples: list[Sample], algo) -> None:
-    """GAE over the whole batch, whitened over all its tokens."""
-    T = max(len(s.completion_ids) for s in samples)
-    mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
-    values = pad_rows([s.old_values for s in samples], T)
-    rewards = place_sequence_rewards(torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward)
-                                                   for s in samples]), mask)
-    adv, ret = gae_advantages(rewards, values, mask, gamma=algo.gamma, lam=algo.lam)
-    adv = whiten(adv, mask)
-    for i, s in enumerate(samples):
-        n = len(s.completion_ids)
-        s.token_adv, s.returns = adv[i, :n].tolist(), ret[i, :n].tolist()
+@dataclass
+class UpdateStats:
+    """What one policy update accumulates for its metrics."""
+
+    sums: dict[str, float] = field(default_factory=dict)  # per-token sums from the micro-batches
+    mismatch_max: float = 0.0
+    grad_norms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    skipped: int = 0  # sequences with zero advantage whose forward and backward were skipped
+    nonfinite: int = 0  # optimizer steps skipped for a NaN/inf loss or gradient
+
+    def add(self, stats: dict[str, float], first: bool) -> float:
+        """Fold one micro-batch's sums in; returns its loss. ``first``: the first mini-batch of the
+        first epoch, on the weights that sampled (the logprob gap there is numerics)."""
+        loss = stats.pop("loss")
+        mx = stats.pop("mismatch_max")
+        for name, v in stats.items():
+            self.sums[name] = self.sums.get(name, 0.0) + v
+        if first:
+            self.sums["mismatch_tokens"] = self.sums.get("mismatch_tokens", 0.0) + stats["tokens"]
+            self.sums["mismatch_first"] = self.sums.get("mismatch_first", 0.0) + stats["mismatch_sum"]
+            self.mismatch_max = max(self.mismatch_max, mx)
+        return loss
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
                  pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
-    reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model."""
-    critic_model = critic
-    critic = algo.advantage == "gae"
+    reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model;
+    ``dp``: this process is one rank of a data-parallel policy."""
     layout = choose_layout(host, algo)
-    # data-parallel (``dp``): statistics, advantages and the mini-batch order over every rank's
-    # calls; forward and backward over this rank's own
-    everyone = dp.gather(samples) if dp is not None else samples
+    everyone = _advantages_of_everyone(samples, algo, reward_stats, dp)
+    _prepare(host, policy, samples, algo, pad_id, layout, critic)
     own = {s.call_id: s for s in samples}
-    train_rewards(everyone, algo, reward_stats)
-    compute_advantages(everyone, algo)
-    if dp is not None:
-        for s in everyone:
-            if s.call_id in own:
-                own[s.call_id].train_reward, own[s.call_id].advantage = s.train_reward, s.advantage
-    _prepare(host, policy, samples, algo, pad_id, layout, critic_model)
-    zero_grad_possible = algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0 and not critic
-    value_head = host.value_heads.get(policy)
+    step = _MiniBatchStep(host, policy, optimizer, algo, grad_clip, pad_id, layout, dp, own)
     rng = random.Random(seed)
-    sums: dict[str, float] = {}
-    mismatch_max = 0.0
-    grad_norms: list[float] = []
-    losses: list[float] = []
-    skipped = 0
-    nonfinite = 0
     host.train_mode(True)
     try:
         with host.active(policy):
@@ -252,65 +257,96 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                 rng.shuffle(order)
                 n_mb = min(algo.mini_batches, len(order))
                 for k in range(n_mb):
-                    mini = order[k::n_mb]
-                    n_tokens = float(sum(len(s.completion_ids) for s in mini))
-                    todo = mini
-                    if zero_grad_possible:
-                        todo = [s for s in mini if s.advantage != 0.0]
-                        skipped += len(mini) - len(todo)
-                    mine = [own[s.call_id] for s in todo if s.call_id in own] if dp is not None else todo
-                    optimizer.zero_grad(set_to_none=True)
-                    loss = 0.0
-                    for mb in micro_batches(mine, algo.micro_batch_size, layout=layout,
-                                            token_budget=algo.micro_batch_tokens):
-                        stats = _micro_step(host, mb, algo, value_head, pad_id, n_tokens, float(len(mini)), layout)
-                        loss += stats.pop("loss")
-                        mx = stats.pop("mismatch_max")
-                        for name, v in stats.items():
-                            sums[name] = sums.get(name, 0.0) + v
-                        if epoch == 0 and k == 0:  # same weights that sampled: the gap is numerics
-                            sums["mismatch_tokens"] = sums.get("mismatch_tokens", 0.0) + stats["tokens"]
-                            sums["mismatch_first"] = sums.get("mismatch_first", 0.0) + stats["mismatch_sum"]
-                            mismatch_max = max(mismatch_max, mx)
-                    if dp is not None and todo:  # the whole mini-batch's gradient, on every rank
-                        dp.sum_grads(optimizer.grads())
-                        loss = dp.sum(loss)
-                    losses.append(loss)
-                    if todo:
-                        norm = float(torch.nn.utils.clip_grad_norm_(optimizer.grads(), grad_clip))
-                        if math.isfinite(norm) and math.isfinite(loss):
-                            grad_norms.append(norm)
-                            optimizer.step()
-                        else:  # a NaN/inf loss or gradient: skip this update, count it, say so
-                            nonfinite += 1
-                            import sys
-
-                            print(f"[masrl] warning: policy '{policy}': non-finite loss ({loss}) or gradient norm "
-                                  f"({norm}); this optimizer step was skipped", file=sys.stderr)
-                    optimizer.zero_grad(set_to_none=True)
+                    step.run(order[k::n_mb], first=epoch == 0 and k == 0)
     finally:
         host.train_mode(False)
+    return _update_metrics(samples, step.stats, algo, critic)
+
+
+def _advantages_of_everyone(samples: list[Sample], algo, reward_stats, dp) -> list[Sample]:
+    """Training rewards and (unless the estimator needs values, which come later) advantages.
+    Data parallel: statistics and advantages over every rank's calls, copied back to this rank's
+    own; the mini-batch order is drawn over all of them too. Returns every rank's calls."""
+    everyone = dp.gather(samples) if dp is not None else samples
+    train_rewards(everyone, algo, reward_stats)
+    if not needs_critic(algo):
+        compute_advantages(everyone, algo)
+    if dp is not None:
+        own = {s.call_id: s for s in samples}
+        for s in everyone:
+            if s.call_id in own:
+                mine = own[s.call_id]
+                mine.train_reward, mine.advantage, mine.token_adv = s.train_reward, s.advantage, s.token_adv
+    return everyone
+
+
+class _MiniBatchStep:
+    """One optimizer step over a mini-batch: forward and backward per micro-batch (this rank's
+    calls only), the gradient summed over ranks, clipped, and stepped unless it is not finite."""
+
+    def __init__(self, host, policy, optimizer, algo, grad_clip, pad_id, layout, dp, own):
+        self.host, self.policy, self.optimizer, self.algo = host, policy, optimizer, algo
+        self.grad_clip, self.pad_id, self.layout, self.dp, self.own = grad_clip, pad_id, layout, dp, own
+        self.value_head = host.value_heads.get(policy)
+        # sequences whose advantage is exactly 0 add no gradient unless a KL, entropy or value term does
+        self.skip_zero = (algo.skip_zero_advantage and algo.kl_coef == 0 and algo.entropy_coef == 0
+                          and not get_estimator(algo.advantage).token_level)
+        self.stats = UpdateStats()
+
+    def run(self, mini: list[Sample], first: bool) -> None:
+        algo, opt = self.algo, self.optimizer
+        n_tokens = float(sum(len(s.completion_ids) for s in mini))
+        todo = [s for s in mini if s.advantage != 0.0] if self.skip_zero else mini
+        self.stats.skipped += len(mini) - len(todo)
+        mine = [self.own[s.call_id] for s in todo if s.call_id in self.own] if self.dp is not None else todo
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for mb in micro_batches(mine, algo.micro_batch_size, layout=self.layout, token_budget=algo.micro_batch_tokens):
+            stats = _micro_step(self.host, mb, algo, self.value_head, self.pad_id, n_tokens, float(len(mini)),
+                                self.layout)
+            loss += self.stats.add(stats, first)
+        if self.dp is not None and todo:  # the whole mini-batch's gradient, on every rank
+            self.dp.sum_grads(opt.grads())
+            loss = self.dp.sum(loss)
+        self.stats.losses.append(loss)
+        if todo:
+            self._step(loss)
+        opt.zero_grad(set_to_none=True)
+
+    def _step(self, loss: float) -> None:
+        norm = float(torch.nn.utils.clip_grad_norm_(self.optimizer.grads(), self.grad_clip))
+        if math.isfinite(norm) and math.isfinite(loss):
+            self.stats.grad_norms.append(norm)
+            self.optimizer.step()
+            return
+        self.stats.nonfinite += 1  # a NaN/inf loss or gradient: skip this update, count it, say so
+        print(f"[masrl] warning: policy '{self.policy}': non-finite loss ({loss}) or gradient norm ({norm}); this "
+              f"optimizer step was skipped", file=sys.stderr)
+
+
+def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict[str, float]:
+    sums = st.sums
     ntok = max(1.0, sums.get("tokens", 0.0))
     rewards = [float(s.reward) for s in samples]
     out = {
-        "loss": sum(losses) / max(1, len(losses)),
+        "loss": sum(st.losses) / max(1, len(st.losses)),
         "pg_loss": sums.get("pg_sum", 0.0) / ntok,
         "kl": sums.get("kl_sum", 0.0) / ntok,
         "entropy": sums.get("ent_sum", 0.0) / max(1.0, sums.get("ent_tokens", 0.0)),
         "clip_frac": sums.get("clip_sum", 0.0) / ntok,
         "ratio": sums.get("ratio_sum", 0.0) / ntok if sums.get("tokens") else 1.0,
-        "grad_norm": (sum(grad_norms) / len(grad_norms)) if grad_norms else 0.0,
-        "optimizer_steps": float(len(grad_norms)),
-        "nonfinite_skipped": float(nonfinite),
+        "grad_norm": (sum(st.grad_norms) / len(st.grad_norms)) if st.grad_norms else 0.0,
+        "optimizer_steps": float(len(st.grad_norms)),
+        "nonfinite_skipped": float(st.nonfinite),
         "n_seqs": float(len(samples)),
         "n_tokens": float(sum(len(s.completion_ids) for s in samples)),
         "trained_tokens": sums.get("tokens", 0.0),
-        "skipped_zero_adv": float(skipped),
+        "skipped_zero_adv": float(st.skipped),
         "reward_mean": sum(rewards) / len(rewards),
         "adv_abs_mean": sum((sum(map(abs, s.token_adv)) / max(1, len(s.token_adv))) if s.token_adv else abs(s.advantage)
-                            for s in samples) / len(samples),  # per token under GAE
+                            for s in samples) / len(samples),  # per token for token-level estimators
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
-        "lp_mismatch_max": mismatch_max,
+        "lp_mismatch_max": st.mismatch_max,
     }
     if algo.tis_cap is not None:  # the trainer's own old logprobs against the rollout's, all samples
         gaps = [abs(a - b) for s in samples for a, b in zip(s.old_logprobs, s.logprobs)]
@@ -322,9 +358,9 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
         ratios = [(math.exp(a - b), x.is_cap) for x in shared for a, b in zip(x.old_logprobs, x.logprobs)]
         out["shared_is_weight"] = sum(min(r, c) for r, c in ratios) / max(1, len(ratios))
         out["shared_is_capped"] = sum(r >= c for r, c in ratios) / max(1, len(ratios))
-    if critic_model is not None:  # the separate critic learns from this policy's calls and their returns
-        out.update(critic_model.fit(samples, algo.micro_batch_size, algo.value_clip))
-    elif critic:
+    if critic is not None:  # the separate critic learns from this policy's calls and their returns
+        out.update(critic.fit(samples, algo.micro_batch_size, algo.value_clip))
+    elif needs_critic(algo):
         out["value_loss"] = sums.get("vl_sum", 0.0) / ntok
     return out
 
@@ -342,7 +378,7 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
     caps = [s.is_cap if s.is_cap is not None else algo.tis_cap for s in mb]
     tis = any(c is not None for c in caps)
     old = pad_rows([s.old_logprobs if c is not None else s.logprobs for s, c in zip(mb, caps)], T, dev) if tis else rollout
-    if algo.advantage == "gae":
+    if get_estimator(algo.advantage).token_level:
         adv = pad_rows([s.token_adv for s in mb], T, dev)
     else:
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=dev).unsqueeze(-1).expand(-1, T)

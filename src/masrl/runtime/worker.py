@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from masrl.algorithms.estimators import needs_critic, needs_reference
 from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
@@ -54,7 +55,7 @@ class PolicyWorker(Evaluating):
         self.seed = seed
         self.device = device
         self.host = ModelHost(model_name, policies, device=device, dtype=param_dtype(precision, device), seed=seed,
-                              need_reference=self.algo.kl_coef > 0, need_critic=self.algo.advantage == "gae")
+                              need_reference=needs_reference(self.algo), need_critic=needs_critic(self.algo))
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
         self.engine: Engine = make_engine(engine, self.host.model, tok, stop_token_ids(tok, self.host.core),

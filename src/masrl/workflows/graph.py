@@ -128,7 +128,7 @@ def tool_factory(name: str):
 
         return lambda services: code_tools(services)["run_tests"]
     if ":" in name:
-        from masrl.workflows import load_object
+        from masrl.loading import load_object
 
         return load_object(name, "graph tool")
     raise ConfigError(f"graph tool '{name}' is unknown; use search, search_many, run_tests or 'module:factory'")
@@ -266,7 +266,7 @@ class Graph:
             return lambda trace, task: {"outcome": float(trace.final_answer is not None and answers_equivalent(
                 str(trace.final_answer), task.answer))}
         if ":" in name:
-            from masrl.workflows import load_object
+            from masrl.loading import load_object
 
             return load_object(name, "graph score")
         raise ConfigError(f"{self.where}: score '{name}' is unknown; use qa, math or 'module:function'")

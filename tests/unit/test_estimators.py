@@ -1,0 +1,107 @@
+"""One registry, one signature: built-in and plugin estimators of every kind, worked by hand."""
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from masrl.algorithms.estimators import (EstimatorBatch, check_estimator, estimator_options, get_estimator,
+                                         needs_critic, needs_reference)
+from masrl.config import AlgorithmConfig
+from masrl.errors import ConfigError
+from masrl.runtime import training
+from masrl.runtime.batching import Sample
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+def batch(rewards, groups, lengths, values=None):
+    T = max(lengths)
+    mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
+    return EstimatorBatch(torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups), mask, values)
+
+
+def test_builtins_are_registered_with_their_traits_and_config_options():
+    grpo, gae = get_estimator("grpo"), get_estimator("gae")
+    assert not grpo.needs_critic and not grpo.token_level and grpo.config == ("std_normalize",)
+    assert gae.needs_critic and gae.token_level and gae.config == ("gamma", "lam")
+    algo = AlgorithmConfig(advantage="grpo", std_normalize=False)
+    assert estimator_options(grpo, algo) == {"std_normalize": False}
+    b = batch([1.0, 0.0, 3.0, 3.0], [0, 0, 1, 1], [2, 2, 2, 2])
+    assert grpo.fn(b, **estimator_options(grpo, algo)).tolist() == [0.5, -0.5, 0.0, 0.0]
+    assert needs_critic(AlgorithmConfig(advantage="gae")) and not needs_critic(algo)
+    assert needs_reference(AlgorithmConfig(kl_coef=0.1)) and not needs_reference(algo)
+
+
+def test_options_a_plugin_does_not_take_are_refused_by_name():
+    algo = AlgorithmConfig(advantage="custom_estimator:tail_weighted", advantage_options={"tial": 4})
+    with pytest.raises(ConfigError, match="tial is not an option of estimator 'custom_estimator:tail_weighted' "
+                                          r"\(it takes: tail, std_normalize\)"):
+        check_estimator(algo)
+    with pytest.raises(ConfigError, match="not an option of estimator 'grpo'"):
+        check_estimator(AlgorithmConfig(advantage="grpo", advantage_options={"gamma": 0.5}))
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
+        check_estimator(AlgorithmConfig(advantage="custom_estimator:nope"))
+
+
+def test_a_group_plugin_by_hand():
+    est = get_estimator("custom_estimator:group_rank")
+    assert not est.token_level and not est.needs_critic
+    out = est.fn(batch([0.2, 0.9, 0.2, 5.0, 1.0], [0, 0, 0, 1, 2], [1] * 5))
+    # group 0: ranks 0.5, 2, 0.5 of 0..2 -> 2*r/2 - 1; group 1 and 2 are singletons
+    assert out.tolist() == pytest.approx([-0.5, 1.0, -0.5, 0.0, 0.0])
+
+
+def test_a_token_level_plugin_by_hand():
+    est = get_estimator("custom_estimator:tail_weighted")
+    assert est.token_level and not est.needs_critic
+    out = est.fn(batch([1.0, 0.0], [0, 0], [3, 1]), tail=1, std_normalize=False)
+    assert out.tolist() == [[0.5, 0.5, 1.0], [-1.0, 0.0, 0.0]]
+
+
+def test_a_critic_plugin_by_hand():
+    est = get_estimator("custom_estimator:td0")
+    assert est.needs_critic and est.token_level
+    values = torch.tensor([[0.5, 0.25], [0.4, 9.0]])
+    adv, target = est.fn(batch([1.0, 2.0], [0, 0], [2, 1], values), gamma=0.5)
+    # row 0: t0: 0 + 0.5*0.25 - 0.5; t1 (last): 1 + 0 - 0.25. row 1: t0 (last): 2 - 0.4
+    assert torch.allclose(adv, torch.tensor([[-0.375, 0.75], [1.6, 0.0]]))
+    assert torch.allclose(target, torch.tensor([[0.125, 1.0], [2.0, 0.0]]))
+
+
+def _samples(n=4):
+    return [Sample(f"c{i}", "p", [1, 2], [3] * (2 + i), [-1.0] * (2 + i), 1.0, {"task_id": 0, "agent": "a", "turn": 0},
+                   reward=float(i)) for i in range(n)]
+
+
+def test_compute_advantages_fills_what_each_kind_returns():
+    seq = _samples()
+    training.compute_advantages(seq, AlgorithmConfig(advantage="custom_estimator:group_rank"))
+    assert [s.advantage for s in seq] == pytest.approx([-1, -1 / 3, 1 / 3, 1]) and seq[0].token_adv is None
+    tok = _samples()
+    training.compute_advantages(tok, AlgorithmConfig(advantage="custom_estimator:tail_weighted",
+                                                     advantage_options={"tail": 1}))
+    assert [len(s.token_adv) for s in tok] == [2, 3, 4, 5] and tok[3].token_adv[-1] == 2 * tok[3].token_adv[0]
+    crit = _samples()
+    for s in crit:
+        s.old_values = [0.5] * len(s.completion_ids)
+    training.compute_advantages(crit, AlgorithmConfig(advantage="custom_estimator:td0"))
+    assert crit[1].token_adv == pytest.approx([0.0, 0.0, 0.5]) and crit[1].returns == pytest.approx([0.5, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("name", ["custom_estimator:tail_weighted", "custom_estimator:td0"])
+def test_a_plugin_estimator_trains_a_team_step(name, tmp_path):
+    from tinycfg import prepared_trainer, tiny_config
+
+    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data["algorithm"].update({"advantage": name})
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    assert bool(workers["shared"].host.value_heads) == name.endswith("td0")  # a value head only where values are read
+    rec = asyncio.run(tr.train_step())
+    m = rec["policies"]["shared"]
+    assert m["optimizer_steps"] == 1 and m["adv_abs_mean"] > 0
+    assert ("value_loss" in m) == name.endswith("td0")
+    assert workers["shared"].fingerprint("shared") != before["shared"]

@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 CONFIG ?= configs/math_team_shared.yaml
 
-.PHONY: venv demo train test bench bench-tools clean
+.PHONY: venv demo train test lint bench bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +27,11 @@ demo: $(STAMP)
 train: $(STAMP)
 	$(VENV)/bin/masrl train $(CONFIG) $(ARGS)
 
-test: $(STAMP)
+# the lint gate (ruff: pyflakes, pycodestyle, bugbear, import order, McCabe complexity <= 10; pyproject.toml)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP) lint
 	$(PY) -m pytest tests -p no:cacheprovider
 
 bench: $(STAMP)

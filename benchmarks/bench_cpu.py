@@ -55,7 +55,7 @@ def child_ours_step(repeats: int) -> dict:
     from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
-    from masrl.runtime.worker import PolicyWorker
+    from masrl.worker.policy_worker import PolicyWorker
 
     torch.manual_seed(0)
     w = PolicyWorker("smollm2-135m-instruct", [PolicySpec("p", "smollm2-135m-instruct", optim=OptimConfig(lr=1e-6))],
@@ -162,7 +162,7 @@ def child_generate(batch: int, repeats: int) -> dict:
 
 def child_rss(config: str) -> dict:
     from masrl.config import load_config
-    from masrl.runtime.loop import train
+    from masrl.driver.loop import train
 
     cfg = load_config(ROOT / "configs" / f"{config}.yaml", [
         "train.steps=1", "train.eval_before=false", "train.eval_after=false", "train.save_every=0",
@@ -199,7 +199,8 @@ def machine() -> str:
         pass
     import torch
 
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, Python {platform.python_version()}"
+    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+            f"Python {platform.python_version()}")
 
 
 def median(xs):
@@ -233,7 +234,8 @@ def main() -> None:
     report["ours"] = ours
     o_step = median([s["step_s"] for s in ours["steps"]])
     rows = [("masrl GRPO step (rollout + update)", f"{o_step:.1f} s",
-             f"rollout {median([s['rollout_s'] for s in ours['steps']]):.1f} s, update {median([s['update_s'] for s in ours['steps']]):.1f} s")]
+             f"rollout {median([s['rollout_s'] for s in ours['steps']]):.1f} s, "
+             f"update {median([s['update_s'] for s in ours['steps']]):.1f} s")]
     if not a.skip_trl:
         trl = run_child("trl", str(a.repeats))
         report["trl"] = trl

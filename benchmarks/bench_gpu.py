@@ -109,7 +109,7 @@ def decode_profile(eng, batches) -> dict:
     import torch
 
     res = {}
-    for B, S in [(b, 384) for b in batches]:
+    for B in batches:
         key = next((k for k in eng.graphs if k[0] == B), None)
         if key is None:
             continue
@@ -133,7 +133,7 @@ def update_workload(n=32, lo=256, hi=1024, prompt=32, seed=0):
         n, lo, hi = 8, 64, 128
     rng = random.Random(seed)
     rows = []
-    for i in range(n):
+    for _ in range(n):
         L = rng.randint(lo, hi)
         ids = [rng.randrange(100, 49000) for _ in range(L)]
         rows.append((ids[:prompt], ids[prompt:]))
@@ -141,10 +141,10 @@ def update_workload(n=32, lo=256, hi=1024, prompt=32, seed=0):
 
 
 def useful_flops(cfg, rows) -> float:
-    D, L, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    D, L, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
     H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
     hd = D // H
-    linear = L * (D * H * hd + 2 * D * Hkv * hd + H * hd * D + 3 * D * I)
+    linear = L * (D * H * hd + 2 * D * Hkv * hd + H * hd * D + 3 * D * inter)
     tokens = sum(len(p) + len(c) for p, c in rows)
     comp = sum(len(c) for _, c in rows)
     attn = sum(6 * L * (len(p) + len(c)) ** 2 * H * hd for p, c in rows)  # causal: half of 4 S^2 H hd, x3
@@ -160,10 +160,10 @@ def child_update(side: str, repeats: int) -> dict:
     if side == "ours":
         from masrl.config import AlgorithmConfig, OptimConfig
         from masrl.policies import PolicySpec
-        from masrl.runtime.batching import Sample
-        from masrl.runtime.hosting import ModelHost
-        from masrl.runtime.precision import MasterWeightsAdamW
-        from masrl.runtime.training import choose_layout, train_policy
+        from masrl.worker.batching import Sample
+        from masrl.worker.hosting import ModelHost
+        from masrl.worker.precision import MasterWeightsAdamW
+        from masrl.worker.training import choose_layout, train_policy
 
         host = ModelHost(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                          device=DEV, dtype=torch.bfloat16)
@@ -242,7 +242,7 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int)
     from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
-    from masrl.runtime.worker import PolicyWorker
+    from masrl.worker.policy_worker import PolicyWorker
 
     w = PolicyWorker(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6), device=DEV)],
                      AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384), device=DEV, precision="bf16",
@@ -318,9 +318,8 @@ def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) 
 def child_team(steps: int, tasks: int, samples: int) -> dict:
     import asyncio
 
-
     from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
+    from masrl.driver.loop import Trainer
 
     sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
     cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [
@@ -399,60 +398,74 @@ def main() -> None:
     report: dict = {"header": header()}
     print(report["header"], flush=True)
     rows: list[tuple[str, str, str, str]] = []
-    if "rollout" in only:
-        batches = "1,64" if a.quick else "1,64,256"
-        for shape in ("135m",) if a.quick else ("135m", "0.5b"):
-            r = run_child("rollout", shape, batches, "256", "128")
-            report[f"rollout_{shape}"] = r
-            for B in batches.split(","):
-                x = r.get(B) or r.get(int(B))
-                if x:
-                    bar = 20 if B == "1" else (10 if B == "256" else None)
-                    ratio = x["ours_tps"] / x["hf_tps"]
-                    rows.append((f"rollout tok/s, {shape} shape, batch {B}", f"{x['ours_tps']:,.0f}",
-                                 f"generate {x['hf_tps']:,.0f}",
-                                 f"{ratio:.1f}x" + (f" (bar {bar}x: {'met' if ratio >= bar else 'missed'})" if bar else "")))
-            if "step_ms" in r:
-                rows.append((f"  decode step (graph replay), {shape}", ", ".join(f"b{k}: {v:.3f} ms" for k, v in r["step_ms"].items()),
-                             "", ""))
-    if "update" in only:
-        ours, hf = run_child("update", "ours", "3"), run_child("update", "hf", "3")
-        report["update"] = {"ours": ours, "hf": hf}
-        if "mfu" in ours and "mfu" in hf:
-            rows.append(("update MFU, 0.5B shape, 32 seqs 256-1024 tok", f"{ours['mfu']:.2f} ({ours['s']:.2f} s)",
-                         f"plain HF {hf['mfu']:.2f} ({hf['s']:.2f} s)",
-                         f"{hf['s'] / ours['s']:.2f}x faster (bar MFU 0.40: {'met' if ours['mfu'] >= 0.40 else 'missed'})"))
-    if "grpo" in only:
-        args = ("16", "8", "128", "1") if a.quick else ("64", "8", "256", "2")
-        ours, trl = run_child("grpo_ours", *args), run_child("grpo_trl", *args, timeout=1500)
-        report["grpo"] = {"ours": ours, "trl": trl}
-        if "steps" in ours:
-            o = min(s["step_s"] for s in ours["steps"])
-            mm = ours["steps"][-1]
-            note = f"rollout {ours['steps'][-1]['rollout_s']:.1f} s, update {ours['steps'][-1]['update_s']:.1f} s"
-            if "steps" in trl and trl["steps"]:
-                t = min(s["step_s"] for s in trl["steps"])
-                rows.append((f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok", f"{o:.1f} s ({note})", f"TRL {t:.1f} s",
-                             f"{o / t:.2f}x TRL's time (bar 0.33: {'met' if o / t <= 0.33 else 'missed'})"))
-            else:
-                rows.append((f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok", f"{o:.1f} s ({note})",
-                             f"TRL failed: {trl.get('error', '?')[:60]}", ""))
-            rows.append(("  rollout/trainer logprob gap (bf16)", f"mean {mm['lp_mismatch']:.2e}, max {mm['lp_mismatch_max']:.2e}",
-                         "", ""))
-    if "team" in only:
-        args = ("2", "8", "4") if a.quick else ("3", "32", "8")
-        r = run_child("team", *args)
-        report["team"] = r
-        if "steps" in r:
-            for i, s in enumerate(r["steps"]):
-                rows.append((f"math team, 4 LoRA on 0.5B, step {i + 1} ({s['calls']} calls)",
-                             f"{s['step_s']:.1f} s (rollout {s['rollout_s']:.1f}, update {s['update_s']:.1f})", "",
-                             f"peak GPU memory {r['peak_gb']:.1f} GiB" if i == 0 else ""))
+    for part, measure in (("rollout", measure_rollout), ("update", measure_update), ("grpo", measure_grpo),
+                          ("team", measure_team)):
+        if part in only:
+            rows += measure(report, a.quick)
     print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")
     if a.json:
         Path(a.json).write_text(json.dumps(report, indent=2, default=str))
+
+
+def measure_rollout(report: dict, quick: bool) -> list[tuple]:
+    rows = []
+    batches = "1,64" if quick else "1,64,256"
+    for shape in ("135m",) if quick else ("135m", "0.5b"):
+        r = run_child("rollout", shape, batches, "256", "128")
+        report[f"rollout_{shape}"] = r
+        for B in batches.split(","):
+            x = r.get(B) or r.get(int(B))
+            if x:
+                bar = 20 if B == "1" else (10 if B == "256" else None)
+                ratio = x["ours_tps"] / x["hf_tps"]
+                rows.append((f"rollout tok/s, {shape} shape, batch {B}", f"{x['ours_tps']:,.0f}",
+                             f"generate {x['hf_tps']:,.0f}",
+                             f"{ratio:.1f}x" + (f" (bar {bar}x: {'met' if ratio >= bar else 'missed'})" if bar else "")))
+        if "step_ms" in r:
+            rows.append((f"  decode step (graph replay), {shape}",
+                         ", ".join(f"b{k}: {v:.3f} ms" for k, v in r["step_ms"].items()), "", ""))
+    return rows
+
+
+def measure_update(report: dict, quick: bool) -> list[tuple]:
+    ours, hf = run_child("update", "ours", "3"), run_child("update", "hf", "3")
+    report["update"] = {"ours": ours, "hf": hf}
+    if "mfu" not in ours or "mfu" not in hf:
+        return []
+    return [("update MFU, 0.5B shape, 32 seqs 256-1024 tok", f"{ours['mfu']:.2f} ({ours['s']:.2f} s)",
+             f"plain HF {hf['mfu']:.2f} ({hf['s']:.2f} s)",
+             f"{hf['s'] / ours['s']:.2f}x faster (bar MFU 0.40: {'met' if ours['mfu'] >= 0.40 else 'missed'})")]
+
+
+def measure_grpo(report: dict, quick: bool) -> list[tuple]:
+    args = ("16", "8", "128", "1") if quick else ("64", "8", "256", "2")
+    ours, trl = run_child("grpo_ours", *args), run_child("grpo_trl", *args, timeout=1500)
+    report["grpo"] = {"ours": ours, "trl": trl}
+    if "steps" not in ours:
+        return []
+    o = min(s["step_s"] for s in ours["steps"])
+    mm = ours["steps"][-1]
+    note = f"rollout {mm['rollout_s']:.1f} s, update {mm['update_s']:.1f} s"
+    name = f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok"
+    if "steps" in trl and trl["steps"]:
+        t = min(s["step_s"] for s in trl["steps"])
+        row = (name, f"{o:.1f} s ({note})", f"TRL {t:.1f} s",
+               f"{o / t:.2f}x TRL's time (bar 0.33: {'met' if o / t <= 0.33 else 'missed'})")
+    else:
+        row = (name, f"{o:.1f} s ({note})", f"TRL failed: {trl.get('error', '?')[:60]}", "")
+    return [row, ("  rollout/trainer logprob gap (bf16)",
+                  f"mean {mm['lp_mismatch']:.2e}, max {mm['lp_mismatch_max']:.2e}", "", "")]
+
+
+def measure_team(report: dict, quick: bool) -> list[tuple]:
+    args = ("2", "8", "4") if quick else ("3", "32", "8")
+    r = run_child("team", *args)
+    report["team"] = r
+    return [(f"math team, 4 LoRA on 0.5B, step {i + 1} ({s['calls']} calls)",
+             f"{s['step_s']:.1f} s (rollout {s['rollout_s']:.1f}, update {s['update_s']:.1f})", "",
+             f"peak GPU memory {r['peak_gb']:.1f} GiB" if i == 0 else "") for i, s in enumerate(r.get("steps", []))]
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def child(side: int, out: str) -> None:
     import yaml
 
     from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
+    from masrl.driver.loop import Trainer
 
     data = yaml.safe_load((ROOT / "configs" / "math_team_four_policies.yaml").read_text())
     data.update(model="random-qwen2.5-0.5b", device="cuda", precision="bf16", output_dir=out)
@@ -104,7 +104,8 @@ def main() -> None:
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)  # each side as it finishes
     by_side = dict(zip(sides, rows))
-    print(f"command: python3 benchmarks/bench_offload.py {' '.join(sys.argv[1:])}\nmachine: {torch.cuda.get_device_name(0)}, torch "
+    print(f"command: python3 benchmarks/bench_offload.py {' '.join(sys.argv[1:])}\n"
+          f"machine: {torch.cuda.get_device_name(0)}, torch "
           f"{torch.__version__}\nworkload: math team, 4 full policies of Qwen2.5-0.5B's shape, bf16 + fp32 masters, "
           f"a reference model each (kl_coef 0.01), 8 tasks x 4 samples x 4 agents, 64 new tokens; second of 2 steps\n")
     print("| side | peak GPU memory (GB): rollout / update | rollout s | update s | moving optimizer + reference s "

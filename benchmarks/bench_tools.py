@@ -76,7 +76,7 @@ def bench_retrieval(docs: int, seconds: float) -> dict:
         n += 1
     out["local_qps"] = n / (time.perf_counter() - t0)
 
-    for mode, batch in (("batched", True), ("unbatched", False)):
+    for batch in (True, False):
         out["server" if batch else "server_unbatched"] = _serve_clients(index, queries, seconds, batch)
     return out
 
@@ -92,7 +92,7 @@ def _serve_clients(index, queries, seconds: float, batch: bool) -> dict:
             count = [0] * clients
             stop = time.perf_counter() + seconds
 
-            def work(k):
+            def work(k, stop=stop, count=count):
                 c = RetrieverClient([server.url], timeout_s=30, retries=0)
                 rng = random.Random(k)
                 while time.perf_counter() < stop:

@@ -82,10 +82,10 @@ def decode(shape: str, batch: int) -> None:
 def update() -> None:
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.runtime.batching import Sample
-    from masrl.runtime.hosting import ModelHost
-    from masrl.runtime.precision import MasterWeightsAdamW
-    from masrl.runtime.training import train_policy
+    from masrl.worker.batching import Sample
+    from masrl.worker.hosting import ModelHost
+    from masrl.worker.precision import MasterWeightsAdamW
+    from masrl.worker.training import train_policy
 
     rows = B.update_workload()
     host = ModelHost(B.SHAPES["0.5b"], [PolicySpec("p", B.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
@@ -94,7 +94,7 @@ def update() -> None:
     for budget in (16384, 32768):
         algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=budget)
 
-        def step():
+        def step(algo=algo):
             samples = [Sample(f"s{i}", "p", p, c, [-10.0] * len(c), 1.0, {"task_id": i % 4}, reward=float(i % 5))
                        for i, (p, c) in enumerate(rows)]
             return train_policy(host, "p", samples, opt, algo, 1.0, 0)

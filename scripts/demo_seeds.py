@@ -49,8 +49,9 @@ def main() -> None:
     print(f"| all agents | {cell(lambda s: s['outcome'])} | {cell(fmt)} | {cell(lambda s: s['reward'])} |")
     first = next(iter(runs.values()))["after"]["agents"]
     for agent in first:
-        print(f"| {agent} | {cell(lambda s: s['agents'][agent]['accuracy'])} | "
-              f"{cell(lambda s: s['agents'][agent]['format_rate'])} | {cell(lambda s: s['agents'][agent]['reward'])} |")
+        print(f"| {agent} | {cell(lambda s, a=agent: s['agents'][a]['accuracy'])} | "
+              f"{cell(lambda s, a=agent: s['agents'][a]['format_rate'])} | "
+              f"{cell(lambda s, a=agent: s['agents'][a]['reward'])} |")
     calls = lambda s: sum(a["calls"] for a in s["agents"].values()) / max(1, s["traces"])  # noqa: E731
     train_calls = []
     for seed in runs:

@@ -15,6 +15,6 @@ with zipfile.ZipFile(src) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED
             continue
         data = zin.read(info)
         if info.filename.endswith(".dist-info/RECORD"):
-            data = b"".join(l for l in data.splitlines(keepends=True) if not l.decode().startswith(prefixes))
+            data = b"".join(ln for ln in data.splitlines(keepends=True) if not ln.decode().startswith(prefixes))
         zout.writestr(info, data)  # keeps external_attr: the executables stay executable
 print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB")

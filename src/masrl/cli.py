@@ -33,7 +33,7 @@ def _train(args) -> int:
     import signal
 
     from masrl.config import load_config
-    from masrl.runtime.loop import train
+    from masrl.driver.loop import train
 
     cfg = load_config(args.config, args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler())
@@ -48,7 +48,7 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from masrl.config import load_config
-    from masrl.runtime.loop import evaluate
+    from masrl.driver.loop import evaluate
 
     cfg = load_config(args.config, args.overrides)
     evaluate(cfg, checkpoint=args.checkpoint)

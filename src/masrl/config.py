@@ -315,21 +315,12 @@ class RunConfig(Strict):
             raise ValueError(f"critics {', '.join(sorted(unused))}: no policy uses it; set policies.<name>.critic "
                              f"or remove it")
         for name, p in self.policies.items():
-            if p.critic is not None:
-                if p.critic not in self.critics:
-                    raise ValueError(f"policies.{name}.critic: '{p.critic}' is not defined under `critics` "
-                                     f"(critics: {', '.join(self.critics) or 'none'})")
-                if self.algorithm.advantage in BUILTIN_ESTIMATORS and self.algorithm.advantage not in BUILTIN_NEEDS_CRITIC:
-                    raise ValueError(f"policies.{name}.critic is set but algorithm.advantage is "
-                                     f"'{self.algorithm.advantage}'; a critic serves gae only, or a 'module:function' "
-                                     f"estimator marked needs_critic")
-            for src, share in p.share_from.items():
-                if src not in self.policies or src == name:
-                    raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "
-                                     f"{', '.join(n for n in self.policies if n != name)})")
-                if not 0 < share <= 1:
-                    raise ValueError(f"policies.{name}.share_from.{src}: {share} must be in (0, 1], the share of "
-                                     f"{src}'s calls to learn from")
+            self._check_policy_links(name, p)
+        self._check_agents()
+        return self
+
+    def _check_agents(self) -> None:
+        """Every agent maps to a policy that can play it, and every policy plays some agent."""
         if not self.agents:
             raise ValueError("`agents` is empty: map at least one agent to a policy")
         for name, agent in self.agents.items():
@@ -346,7 +337,24 @@ class RunConfig(Strict):
         for name in self.policies:
             if name not in used:
                 raise ValueError(f"policies.{name} is not used by any agent; map an agent to it or remove it")
-        return self
+
+    def _check_policy_links(self, name: str, p: PolicyConfig) -> None:
+        """A policy's critic and ``share_from`` sources exist and fit."""
+        adv = self.algorithm.advantage
+        if p.critic is not None:
+            if p.critic not in self.critics:
+                raise ValueError(f"policies.{name}.critic: '{p.critic}' is not defined under `critics` "
+                                 f"(critics: {', '.join(self.critics) or 'none'})")
+            if adv in BUILTIN_ESTIMATORS and adv not in BUILTIN_NEEDS_CRITIC:
+                raise ValueError(f"policies.{name}.critic is set but algorithm.advantage is '{adv}'; a critic serves "
+                                 f"gae only, or a 'module:function' estimator marked needs_critic")
+        for src, share in p.share_from.items():
+            if src not in self.policies or src == name:
+                raise ValueError(f"policies.{name}.share_from: '{src}' is not another policy (policies: "
+                                 f"{', '.join(n for n in self.policies if n != name)})")
+            if not 0 < share <= 1:
+                raise ValueError(f"policies.{name}.share_from.{src}: {share} must be in (0, 1], the share of "
+                                 f"{src}'s calls to learn from")
 
     def policy_model(self, policy: str) -> str:
         return self.policies[policy].model or self.model

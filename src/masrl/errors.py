@@ -1,4 +1,12 @@
-"""The one exception type users see for bad input: it says what, where, and how to fix."""
+"""Every exception masrl raises on purpose, by class of failure (DESIGN.md, "failed call").
+
+- ``MasrlError`` and its kinds: bad input (config, data, model, a bug in user code, a lost
+  worker). The CLI prints the message alone, without a traceback; it says what, where, and how
+  to fix.
+- ``InfraError`` and ``ToolError``: an infrastructure failure inside one trace (an engine or an
+  endpoint that failed, a call or tool past its timeout). The trace is dropped from training and
+  counted; past ``rollout.max_failed_fraction`` of a step the run stops.
+"""
 
 from __future__ import annotations
 
@@ -17,3 +25,21 @@ class DataError(MasrlError):
 
 class ModelError(MasrlError):
     """A model name or path cannot be resolved or loaded."""
+
+
+class WorkflowBug(MasrlError):
+    """A workflow, parser, scorer or reward raised something that is not an infrastructure failure:
+    training on it would hide a bug, so the run stops with the traceback and the task."""
+
+
+class WorkerLost(MasrlError):
+    """A worker hosting policies (a Ray actor) died or could not be reached."""
+
+
+class InfraError(RuntimeError):
+    """An infrastructure failure (timeout, engine crash): the trace is excluded from training."""
+
+
+class ToolError(InfraError):
+    """A tool failed for a reason the model did not cause: the trace is dropped, as for InfraError.
+    (A failure the model caused comes back from ``ctx.tool`` as ``ToolResult(ok=False)``.)"""

@@ -60,29 +60,7 @@ def parse_tags(text: str, specs: list[TagSpec], *, strict_outside: bool = True) 
     spans: list[tuple[int, int]] = []
     for spec in specs:
         total += 2
-        open_t, close_t = f"<{spec.name}>", f"</{spec.name}>"
-        n_open, n_close = text.count(open_t), text.count(close_t)
-        start = text.find(open_t)
-        if start < 0:
-            errors.append(f"missing {open_t}")
-            continue
-        body_start = start + len(open_t)
-        end = text.find(close_t, body_start)
-        content = text[body_start:] if end < 0 else text[body_start:end]
-        if end < 0:  # lenient: an unclosed last tag still yields its content up to the next tag
-            nxt = content.find("<")
-            content = content if nxt < 0 else content[:nxt]
-        fields[spec.name] = content.strip()
-        if n_open == 1 and n_close == 1 and end >= 0:
-            passed += 1
-            spans.append((start, end + len(close_t)))
-        else:
-            errors.append(f"{open_t} must open and close exactly once")
-        check = spec.validate or nonempty
-        if check(content):
-            passed += 1
-        else:
-            errors.append(f"content of {open_t} is not valid: {content.strip()[:40]!r}")
+        passed += _check_tag(text, spec, fields, errors, spans)
     if len(specs) > 1:
         total += 1
         if len(spans) == len(specs) and all(a[1] <= b[0] for a, b in zip(spans, spans[1:])):
@@ -100,6 +78,34 @@ def parse_tags(text: str, specs: list[TagSpec], *, strict_outside: bool = True) 
             errors.append("text outside the tags")
     score = passed / total if total else 1.0
     return ParseResult(ok=passed == total, score=score, fields=fields, errors=errors)
+
+
+def _check_tag(text: str, spec: TagSpec, fields: dict, errors: list, spans: list) -> int:
+    """The two checks of one tag (opens and closes once; valid content): how many passed. Its
+    content goes in ``fields``, its span (when well formed) in ``spans``."""
+    open_t, close_t = f"<{spec.name}>", f"</{spec.name}>"
+    start = text.find(open_t)
+    if start < 0:
+        errors.append(f"missing {open_t}")
+        return 0
+    passed = 0
+    body_start = start + len(open_t)
+    end = text.find(close_t, body_start)
+    content = text[body_start:] if end < 0 else text[body_start:end]
+    if end < 0:  # lenient: an unclosed last tag still yields its content up to the next tag
+        nxt = content.find("<")
+        content = content if nxt < 0 else content[:nxt]
+    fields[spec.name] = content.strip()
+    if text.count(open_t) == 1 and text.count(close_t) == 1 and end >= 0:
+        passed += 1
+        spans.append((start, end + len(close_t)))
+    else:
+        errors.append(f"{open_t} must open and close exactly once")
+    if (spec.validate or nonempty)(content):
+        passed += 1
+    else:
+        errors.append(f"content of {open_t} is not valid: {content.strip()[:40]!r}")
+    return passed
 
 
 def parse_json_key(text: str, key: str, *, want: type | None = list) -> ParseResult:

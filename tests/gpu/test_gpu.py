@@ -118,9 +118,9 @@ def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
 def test_packed_layout_matches_padded_on_gpu():
     from masrl.config import OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.runtime import training
-    from masrl.runtime.batching import Sample, make_batch
-    from masrl.runtime.hosting import ModelHost
+    from masrl.worker import training
+    from masrl.worker.batching import Sample, make_batch
+    from masrl.worker.hosting import ModelHost
 
     host = ModelHost("random-smollm2-135m", [PolicySpec("p", "random-smollm2-135m", optim=OptimConfig())],
                      device="cuda:0", dtype=torch.bfloat16)
@@ -149,9 +149,10 @@ def test_packed_layout_matches_padded_on_gpu():
 
 
 def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):
-    from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
     from tinycfg import tiny_config
+
+    from masrl.config import load_config
+    from masrl.driver.loop import Trainer
 
     data = tiny_config("math_team_shared", tmp_path / f"{device}-{precision}", steps=steps, hash_agents=None)
     data.update(device=device, precision=precision, seed=0)
@@ -175,7 +176,7 @@ def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):
 
 def test_two_training_steps_on_cuda_move_reward_and_loss_like_the_cpu_run(tmp_path):
     runs = {key: _train(tmp_path, *key) for key in [("cpu", "fp32"), ("cuda", "fp32"), ("cuda", "bf16")]}
-    for key, (tr, recs, before, after) in runs.items():
+    for key, (_tr, recs, before, after) in runs.items():
         p = recs[0]["policies"]["shared"]
         print(f"[gpu] {key}: step rewards {[round(r['rollout']['reward'], 4) for r in recs]}, losses "
               f"{[round(r['policies']['shared']['loss'], 5) for r in recs]}, grad norm {p['grad_norm']:.4f}, "
@@ -191,14 +192,14 @@ def test_two_training_steps_on_cuda_move_reward_and_loss_like_the_cpu_run(tmp_pa
 
 def test_checkpoint_saved_on_gpu_loads_on_cpu_and_generates_the_same_greedy_text(tmp_path):
     from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
+    from masrl.driver.loop import Trainer
 
     tr, _, _, _ = _train(tmp_path, "cuda", "fp32", steps=1)
     ckpt_dir = tr.ckpt_root / "step_000001"
     cfg_cpu = load_config(data=dict(copy.deepcopy(tr.cfg.model_dump(mode="json")), device="cpu",
                                     output_dir=str(tmp_path / "cpu-load")))
     cpu = Trainer(cfg_cpu, run_dir=tmp_path / "cpu-load")
-    from masrl.runtime.builder import build_runtime
+    from masrl.driver.builder import build_runtime
 
     cpu.rt = build_runtime(cfg_cpu, log=lambda *_: None)
     cpu.load_checkpoint(ckpt_dir)
@@ -284,9 +285,9 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
     offload_weights each policy's weights wait in pinned CPU memory except while it generates or
     updates; the losses and weights are those of the run that keeps everything on the GPU, and
     while one policy updates the other's weights hold no GPU memory."""
-    from tinycfg import prepared_trainer, tiny_config
-
     import gc
+
+    from tinycfg import prepared_trainer, tiny_config
 
     runs = {}
     for off in (False, True):
@@ -298,14 +299,15 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
             a["temperature"] = 0.0
         data["algorithm"].update(group_key=["agent"])
         data["rewards"] = [{"type": "outcome"}, {"type": "helpers:task_hash_reward"}]
-        for name, p in data["policies"].items():
+        for p in data["policies"].values():
             p.update(optim={"lr": 1e-3}, offload_weights=off)
         data["policies"]["writer"]["schedule"] = {"ema": 0.5}
         tr, workers, before = prepared_trainer(data, tmp_path / str(off))
         seen = {}
         orig = workers["reasoner"].train_step
 
-        def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"]):  # where is the writer meanwhile?
+        # where is the writer meanwhile?
+        def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"], base_mem=base_mem):
             _seen["writer_device"] = next(_writer.host.model.parameters()).device.type
             _seen["mem"] = torch.cuda.memory_allocated() - base_mem
             return _orig(shared)

@@ -4,7 +4,6 @@ import asyncio
 import math
 
 import pytest
-
 from tinycfg import prepared_trainer, tiny_config
 
 VARIANTS = {

@@ -29,7 +29,8 @@ def test_data_commands_create_the_folder_they_write_into(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["eval", CONFIG, "--checkpoint", "/no/such/dir"], "--checkpoint /no/such/dir: no such file or directory"),
+    (["eval", CONFIG, "--checkpoint", "/no/such/dir"],
+     "--checkpoint /no/such/dir: no checkpoint there (no such file or directory)"),
     (["eval", CONFIG, "--checkpoint", "{tmp}"], "no checkpoint there"),
     (["train", "/no/such/config.yaml"], "config file '/no/such/config.yaml' does not exist"),
     (["report", "/no/such/run"], "run directory '/no/such/run' does not exist"),

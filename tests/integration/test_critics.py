@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 import torch
+from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
 from masrl.errors import ConfigError
-from tinycfg import prepared_trainer, tiny_config
 
 
 def _data(tmp_path, critics, mapping):

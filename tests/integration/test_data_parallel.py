@@ -21,7 +21,7 @@ def _algo():
 
 
 def _worker(shard: bool = False):
-    from masrl.runtime.worker import PolicyWorker
+    from masrl.worker.policy_worker import PolicyWorker
 
     spec = PolicySpec("p", "tiny-random", optim=OptimConfig(lr=1e-2), shard_optimizer=shard)
     return PolicyWorker("tiny-random", [spec], _algo(), seed=0, threads=1)
@@ -123,7 +123,7 @@ def test_sharded_optimizer_holds_half_the_state_steps_like_one_process_and_resum
 
 
 def _bf16_rank(rank: int, world: int, port: int, parts, out: str) -> None:
-    from masrl.runtime.worker import PolicyWorker
+    from masrl.worker.policy_worker import PolicyWorker
 
     spec = PolicySpec("p", "tiny-random", optim=OptimConfig(lr=1e-2), shard_optimizer=True)
     make = lambda: PolicyWorker("tiny-random", [spec], _algo(), seed=0, threads=1, precision="bf16")  # noqa: E731

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import yaml
-
 from tinycfg import ROOT, tiny_config
 
 

@@ -4,13 +4,11 @@ a bug in a workflow, parser, scorer or reward stops the run at once with its tra
 import asyncio
 
 import pytest
+from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.errors import ConfigError, MasrlError
-from masrl.runtime.context import InfraError
-from masrl.runtime.controller import WorkflowBug
-from masrl.runtime.loop import Trainer
-from tinycfg import tiny_config
+from masrl.driver.loop import Trainer
+from masrl.errors import ConfigError, InfraError, MasrlError, WorkflowBug
 
 
 class Flaky:

@@ -8,9 +8,10 @@ from verl_rows import gsm8k_row, math_row, nq_row, write
 
 def _trainer(tmp_path, train_rows, held_out_rows, stem):
     """A prepared one-step math_solver Trainer on tiny-random over two parquet files."""
-    from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
     from tinycfg import tiny_config
+
+    from masrl.config import load_config
+    from masrl.driver.loop import Trainer
 
     train = write(tmp_path / f"{stem}train.parquet", train_rows)
     held_out = write(tmp_path / f"{stem}test.parquet", held_out_rows)

@@ -3,10 +3,10 @@
 import asyncio
 
 import pytest
+from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
-from masrl.runtime.loop import Trainer
-from tinycfg import prepared_trainer, tiny_config
+from masrl.driver.loop import Trainer
 
 TWO = {
     "policies": {"A": {"optim": {"lr": 1e-2}}, "B": {"optim": {"lr": 1e-2}}},

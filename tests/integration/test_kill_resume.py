@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from masrl.runtime import checkpoint as ckpt
 from tinycfg import tiny_config
+
+from masrl.driver import checkpoints as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4

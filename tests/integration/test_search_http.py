@@ -5,14 +5,14 @@ import json
 import socket
 
 import pytest
+from tinycfg import tiny_config
 
 from masrl.config import load_config
 from masrl.data.qa_tasks import ensure_world
+from masrl.driver.loop import train
 from masrl.errors import MasrlError
-from masrl.runtime.loop import train
 from masrl.tools.retrieval import BM25Index
 from masrl.tools.retrieval.server import RetrieverServer
-from tinycfg import tiny_config
 
 
 def _free_port() -> int:

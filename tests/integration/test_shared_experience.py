@@ -5,10 +5,10 @@ refused at build."""
 import asyncio
 
 import pytest
+from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
 from masrl.errors import ConfigError
-from tinycfg import prepared_trainer, tiny_config
 
 
 def _calls_of(rec, policy, agents):

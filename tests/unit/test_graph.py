@@ -14,9 +14,9 @@ from masrl.agents import AgentSpec
 from masrl.config import WorldConfig
 from masrl.data.qa_tasks import ensure_world, world_tasks
 from masrl.data.tasks import Task
+from masrl.driver.context import WorkflowContext
+from masrl.driver.services import Services
 from masrl.errors import ConfigError
-from masrl.runtime.context import WorkflowContext
-from masrl.runtime.services import Services
 from masrl.trace import Trace
 from masrl.workflows.expr import EvalError, ExprError, compile_expr, compile_template
 from masrl.workflows.graph import Graph

@@ -9,6 +9,7 @@ from masrl.data.code_tasks import load_code_tasks
 from masrl.data.loader import load_math_tasks
 from masrl.errors import DataError
 
+
 def test_verl_math_rows_load_unchanged(tmp_path):
     path = write(tmp_path / "gsm8k.parquet", [gsm8k_row(0, "Tom has 3 apples and buys 4. How many?", 7),
                                               math_row(1, "What is $2^3$?", "8")])
@@ -79,7 +80,7 @@ def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
     import asyncio
 
     from masrl.config import dump_config, load_config
-    from masrl.runtime.builder import build_runtime
+    from masrl.driver.builder import build_runtime
 
     data = {"model": "tiny-random", "policies": {"p": {"chat_template_kwargs": {"enable_thinking": True, "style": "x"}}},
             "agents": {"solver": {"policy": "p", "chat_template_kwargs": {"enable_thinking": False}, "max_new_tokens": 2}},

@@ -4,9 +4,9 @@ falls back to the plain forward with a notice, never to different numbers."""
 
 import pytest
 import torch
+from helpers import full_logprobs
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from helpers import full_logprobs
 from masrl.config import SamplingParams
 from masrl.engines.base import make_engine
 from masrl.messages import GenRequest
@@ -47,7 +47,8 @@ def test_fast_path_matches_the_plain_forward(tiny, name, engine):
     assert lean.supports(model)
     eng = make_engine(engine, model, tok, [2], device="cpu", seed=0)
     prompts = [tok(f"Question {i}: what is {i} plus {i * 3}? Think.", add_special_tokens=False)["input_ids"] for i in range(3)]
-    outs = eng.generate([GenRequest(p, SamplingParams(temperature=t, max_new_tokens=6)) for p, t in zip(prompts, [1.0, 0.0, 0.7])])
+    outs = eng.generate([GenRequest(p, SamplingParams(temperature=t, max_new_tokens=6))
+                         for p, t in zip(prompts, [1.0, 0.0, 0.7])])
     for p, o, t in zip(prompts, outs, [1.0, 0.0, 0.7]):
         ref = full_logprobs(model, p, o.completion_ids, t)
         assert torch.allclose(ref, torch.tensor(o.logprobs), atol=1e-4), name
@@ -56,9 +57,9 @@ def test_fast_path_matches_the_plain_forward(tiny, name, engine):
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral-sliding"])
 def test_trainer_logprobs_match_the_plain_forward(tmp_path, tiny, name, capsys):
     from masrl.policies import PolicySpec
-    from masrl.runtime import training
-    from masrl.runtime.batching import Sample, make_batch
-    from masrl.runtime.hosting import ModelHost
+    from masrl.worker import training
+    from masrl.worker.batching import Sample, make_batch
+    from masrl.worker.hosting import ModelHost
 
     _, tok = tiny
     model = build(name.split("-")[0], tok)

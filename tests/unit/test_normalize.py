@@ -5,8 +5,8 @@ import torch
 
 from masrl.algorithms.normalize import RunningMoments, normalize_rewards, whiten
 from masrl.config import AlgorithmConfig
-from masrl.runtime.batching import Sample
-from masrl.runtime.training import compute_advantages, train_rewards
+from masrl.worker.batching import Sample
+from masrl.worker.training import compute_advantages, train_rewards
 
 
 def test_batch_and_running_normalisation_by_hand():
@@ -54,7 +54,7 @@ def test_options_change_the_advantages_the_policy_trains_on():
 
 
 def test_distinct_n_by_hand():
-    from masrl.runtime.metrics import distinct_n
+    from masrl.driver.metrics import distinct_n
 
     texts = ["a b a", "a b c"]  # unigrams a b a a b c: 3 distinct of 6; bigrams ab ba ab bc: 3 of 4
     assert distinct_n(texts, 1) == 0.5 and distinct_n(texts, 2) == 0.75

@@ -9,7 +9,7 @@ import torch
 
 from masrl.config import load_config
 from masrl.errors import ConfigError
-from masrl.runtime.precision import MasterWeightsAdamW, param_dtype, resolve_device
+from masrl.worker.precision import MasterWeightsAdamW, param_dtype, resolve_device
 
 BASE = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
 
@@ -28,7 +28,7 @@ def test_device_and_precision_settings_are_validated():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_asking_for_cuda_without_a_gpu_says_so_and_names_the_key():
-    from masrl.runtime.builder import build_policies
+    from masrl.driver.builder import build_policies
 
     assert resolve_device("auto") == "cpu"
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["policies.p.device=cuda:1"])
@@ -37,7 +37,7 @@ def test_asking_for_cuda_without_a_gpu_says_so_and_names_the_key():
 
 
 def test_lora_policies_on_one_base_must_share_a_device(monkeypatch):
-    import masrl.runtime.builder as builder
+    import masrl.driver.builder as builder
 
     data = {"policies": {"a": {"lora": {"r": 4}}, "b": {"lora": {"r": 4}, "device": "cpu"}},
             "agents": {"solver": {"policy": "a"}, "x": {"policy": "b"}}, "workflow": {"name": "math_solver"},

@@ -1,10 +1,10 @@
 """The real retrieval server on loopback, bad requests, client failover, the local retriever."""
 
+import http.client
 import json
 import socket
 import threading
 import time
-import http.client
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest

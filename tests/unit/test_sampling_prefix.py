@@ -1,7 +1,7 @@
 import torch
 
-from masrl.modeling.prefix import common_prefix_len, group_by_prefix
 from masrl.engines.sampling import inverse_cdf_sample, sample_tokens, top_p_filter
+from masrl.modeling.prefix import common_prefix_len, group_by_prefix
 
 
 def test_top_p_keeps_the_nucleus():

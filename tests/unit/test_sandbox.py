@@ -173,7 +173,8 @@ def test_pool_bounds_concurrency_and_returns_each_result():
 
 def test_the_calling_process_is_unharmed():
     before = (os.getcwd(), dict(os.environ), len(os.listdir("/proc")))
-    for code in ("import os\nos.chdir('/')\nos.environ['X']='1'", "import sys\nsys.exit(3)", "import os\nos.kill(os.getppid(), 9)"):
+    for code in ("import os\nos.chdir('/')\nos.environ['X']='1'", "import sys\nsys.exit(3)",
+                 "import os\nos.kill(os.getppid(), 9)"):
         r = run_python(code, limits=FAST)
         assert r.status in ("ok", "runtime_error")
     assert os.getcwd() == before[0] and dict(os.environ) == before[1]

@@ -47,7 +47,8 @@ def test_a_program_cannot_copy_expected_stdio_outputs(backend):
 
 
 def test_a_program_cannot_copy_expected_call_values(backend):
-    spec = parse_spec({"kind": "call", "fn_name": "f", "cases": [{"args": [1], "expected": 7919}, {"args": [2], "expected": 104729}]})
+    spec = parse_spec({"kind": "call", "fn_name": "f",
+                       "cases": [{"args": [1], "expected": 7919}, {"args": [2], "expected": 104729}]})
     cheat = COPY_ANSWERS + "def f(n):\n    return EXPECTED[n - 1]\n"
     assert verify(cheat, spec, FAST).pass_rate == 0.0
     honest = "def f(n):\n    return [7919, 104729][n - 1]\n"
@@ -56,7 +57,8 @@ def test_a_program_cannot_copy_expected_call_values(backend):
 
 @pytest.mark.parametrize("escape", ["import sys\nsys.exit(0)", "raise SystemExit", "import os\nos._exit(0)"])
 def test_leaving_before_the_asserts_run_does_not_pass(backend, escape):
-    spec = parse_spec({"kind": "assert", "entry_point": "add", "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"})
+    spec = parse_spec({"kind": "assert", "entry_point": "add",
+                       "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"})
     report = verify("def add(a, b):\n    return 0\n" + escape + "\n", spec, FAST)
     assert not report.all_passed and report.pass_rate == 0.0
     assert verify("def add(a, b):\n    return a + b\n", spec, FAST).all_passed

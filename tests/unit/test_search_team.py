@@ -8,12 +8,21 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.config import RetrieverConfig, WorldConfig
 from masrl.data.qa_tasks import ensure_world, world_tasks
+from masrl.driver.context import WorkflowContext
+from masrl.driver.services import Services
+from masrl.errors import InfraError
 from masrl.rewards import CreditReward, combine
-from masrl.runtime.context import InfraError, WorkflowContext
-from masrl.runtime.services import Services
 from masrl.trace import Trace
-from masrl.workflows.search_team import (SearchAgent, SearchTeam, parse_agent, parse_evidence, parse_plan,
-                                         parse_query, parse_subquestion, split_subquestions)
+from masrl.workflows.search_team import (
+    SearchAgent,
+    SearchTeam,
+    parse_agent,
+    parse_evidence,
+    parse_plan,
+    parse_query,
+    parse_subquestion,
+    split_subquestions,
+)
 
 
 def test_parsers_on_good_and_broken_outputs():

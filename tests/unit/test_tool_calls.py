@@ -4,9 +4,9 @@ import copy
 from types import SimpleNamespace
 
 from masrl.models import load_tokenizer
-from masrl.runtime.worker import PolicyWorker
 from masrl.tools.base import tool
 from masrl.tools.calls import parse_tool_calls, template_renders_tools, with_tools_in_text
+from masrl.worker.policy_worker import PolicyWorker
 
 
 @tool

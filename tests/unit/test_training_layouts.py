@@ -7,9 +7,9 @@ import torch
 
 from masrl.config import AlgorithmConfig, PolicyConfig
 from masrl.policies import PolicySpec
-from masrl.runtime import training
-from masrl.runtime.batching import Sample, make_batch, micro_batches
-from masrl.runtime.hosting import ModelHost
+from masrl.worker import training
+from masrl.worker.batching import Sample, make_batch, micro_batches
+from masrl.worker.hosting import ModelHost
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,9 @@ def test_token_budgets_bound_every_micro_batch(layout):
 def test_truncated_importance_sampling_weights_are_one_on_policy(host):
     """With the rollout's own logprobs (same weights, fp32), the IS weights are 1 and the measured
     mismatch is float noise; with shifted rollout logprobs the weights show the shift, capped."""
+    from masrl.config import SamplingParams
     from masrl.engines.hf import HFEngine
     from masrl.messages import GenRequest
-    from masrl.config import SamplingParams
 
     samples = samples_for(host, 4)
     eng = HFEngine(host.model, host.tokenizer, [2])
@@ -122,7 +122,7 @@ def test_a_nonfinite_loss_skips_the_update_and_is_counted(host, capsys):
         s.logprobs = [float("nan")] * len(s.completion_ids)  # a broken rollout: the ratio is NaN
     algo = AlgorithmConfig(group_key=["task_id"])
     before = [p.detach().clone() for p in host.policy_parameters("p")]
-    from masrl.runtime.precision import MasterWeightsAdamW
+    from masrl.worker.precision import MasterWeightsAdamW
 
     opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)

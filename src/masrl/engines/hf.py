@@ -12,6 +12,7 @@ other architecture runs the model's own forward with a ``DynamicCache``.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 
@@ -87,12 +88,38 @@ class HFEngine:
         if not requests:
             return []
         B = len(requests)
-        dev = self.dev
+        st = self._prefill(requests)
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        out_lp: list[list[float]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+        n_sampled = 0
+        while True:
+            tokens, lps = sample_tokens(st.logits, st.temps, st.top_ps, self.generator, st.flags,
+                                        None if st.U is None else st.U[:, n_sampled])
+            n_sampled += 1
+            self._take(requests, st.rows, tokens.tolist(), lps.tolist(), out_ids, out_lp, finish)
+            active = [b for b, i in enumerate(st.rows) if i is not None]
+            if not active:
+                break
+            if len(active) <= self.compact_ratio * len(st.rows):
+                tokens = st.compact(self.stepper, active, tokens)
+            st.key_valid[:, st.cur] = True
+            st.logits = self.stepper.forward(tokens.unsqueeze(-1), st.next_pos, st.cache, st.cur, st.key_valid,
+                                             st.adapters)
+            st.next_pos = st.next_pos + 1
+            st.cur += 1
+        return [GenOutput(completion_ids=out_ids[i], logprobs=out_lp[i],
+                          text=self.tok.decode(out_ids[i], skip_special_tokens=True), finish_reason=finish[i])
+                for i in range(B)]
+
+    def _prefill(self, requests: list[GenRequest]) -> "_Decoding":
+        """The KV cache over every prompt and the first logits. Slot layout per row: [shared prefix |
+        gap | left-padded rest of prompt | generated]; invalid slots are masked out, and positions
+        follow each row's own tokens, not slots."""
+        B, dev = len(requests), self.dev
         prompts = [list(r.prompt_ids) for r in requests]
         adapters = [r.adapter or "__base__" for r in requests] if self.is_peft else None
         max_new = max(r.max_new_tokens for r in requests)
-        # Slot layout per row: [shared prefix | gap | left-padded rest of prompt | generated].
-        # Invalid slots are masked out; positions follow each row's own tokens, not slots.
         groups, pre, pmax, smax = slot_layout(prompts, keys=adapters, min_prefix=self.min_prefix, share=self.share_prefix)
         total = pmax + smax + max_new
         cache = self.stepper.new_cache(B, total, self.dtype)
@@ -110,62 +137,32 @@ class HFEngine:
             valid[i, pmax + smax - n : pmax + smax] = True
         ids, positions = ids.to(dev), positions.to(dev)
         key_valid |= valid.to(dev)
-        temps = torch.tensor([r.sampling.temperature for r in requests], dtype=torch.float32, device=dev)
-        top_ps = torch.tensor([r.sampling.top_p for r in requests], dtype=torch.float32, device=dev)
-        flags = BatchFlags.of([r.sampling.temperature for r in requests], [r.sampling.top_p for r in requests])
-        U = _uniforms(requests, max_new, dev)  # [B, max_new] per-call random numbers, or None
-        n_sampled = 0
-
-        out_ids: list[list[int]] = [[] for _ in range(B)]
-        out_lp: list[list[float]] = [[] for _ in range(B)]
-        finish = ["length"] * B
-        # batch position -> request index, or None once that row finished (it rides along, ignored,
-        # until the next compaction drops it from the cache)
-        rows: list[int | None] = list(range(B))
+        temps = [r.sampling.temperature for r in requests]
+        top_ps = [r.sampling.top_p for r in requests]
         logits = self.stepper.forward(ids, positions, cache, pmax, key_valid, adapters)
-        next_pos = torch.tensor([[len(p)] for p in prompts], dtype=torch.long, device=dev)
-        cur = pmax + smax
-        while True:
-            tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags,
-                                        None if U is None else U[:, n_sampled])
-            n_sampled += 1
-            for b, (t, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
-                i = rows[b]
-                if i is None:
-                    continue
-                out_ids[i].append(t)
-                out_lp[i].append(lp)
-                req = requests[i].sampling
-                if (not req.ignore_eos and t in self.stop_set) or (req.stop and self._hit_stop(out_ids[i], req.stop)):
-                    finish[i], rows[b] = "stop", None
-                elif len(out_ids[i]) >= req.max_new_tokens:
-                    rows[b] = None
-            active = [b for b, i in enumerate(rows) if i is not None]
-            if not active:
-                break
-            if len(active) <= self.compact_ratio * len(rows):
-                idx = torch.tensor(active, dtype=torch.long, device=dev)
-                cache = self.stepper.select(cache, idx)
-                key_valid, tokens, next_pos = key_valid[idx], tokens[idx], next_pos[idx]
-                temps, top_ps = temps[idx], top_ps[idx]
-                if U is not None:
-                    U = U[idx]
-                rows = [rows[b] for b in active]
-                if adapters is not None:
-                    adapters = [adapters[b] for b in active]
-            key_valid[:, cur] = True
-            logits = self.stepper.forward(tokens.unsqueeze(-1), next_pos, cache, cur, key_valid, adapters)
-            next_pos = next_pos + 1
-            cur += 1
-        return [
-            GenOutput(
-                completion_ids=out_ids[i],
-                logprobs=out_lp[i],
-                text=self.tok.decode(out_ids[i], skip_special_tokens=True),
-                finish_reason=finish[i],
-            )
-            for i in range(B)
-        ]
+        return _Decoding(
+            cache=cache, key_valid=key_valid, logits=logits, cur=pmax + smax, adapters=adapters,
+            next_pos=torch.tensor([[len(p)] for p in prompts], dtype=torch.long, device=dev),
+            temps=torch.tensor(temps, dtype=torch.float32, device=dev),
+            top_ps=torch.tensor(top_ps, dtype=torch.float32, device=dev),
+            flags=BatchFlags.of(temps, top_ps),
+            U=_uniforms(requests, max_new, dev),  # [B, max_new] per-call random numbers, or None
+            rows=list(range(B)))
+
+    def _take(self, requests, rows, tokens, lps, out_ids, out_lp, finish) -> None:
+        """Append each live row's sampled token; a row that hit EOS, a stop string or its own limit
+        is marked finished (``rows[b] = None``): it rides along, ignored, until the next compaction."""
+        for b, (t, lp) in enumerate(zip(tokens, lps)):
+            i = rows[b]
+            if i is None:
+                continue
+            out_ids[i].append(t)
+            out_lp[i].append(lp)
+            req = requests[i].sampling
+            if (not req.ignore_eos and t in self.stop_set) or (req.stop and self._hit_stop(out_ids[i], req.stop)):
+                finish[i], rows[b] = "stop", None
+            elif len(out_ids[i]) >= req.max_new_tokens:
+                rows[b] = None
 
     def _fill_prefix(self, cache, key_valid, rows: list[int], prefix: list[int], adapter: str | None) -> None:
         """Run a shared prefix once (batch of 1) and copy its keys/values into every row of the group."""
@@ -186,6 +183,37 @@ class HFEngine:
     def _hit_stop(self, ids: list[int], stop: tuple[str, ...]) -> bool:
         tail = self.tok.decode(ids[-16:], skip_special_tokens=True)
         return any(s in tail for s in stop)
+
+
+@dataclass
+class _Decoding:
+    """The state of one batch between decode steps. ``rows``: batch position -> request index, or
+    None once that row finished."""
+
+    cache: object
+    key_valid: torch.Tensor
+    logits: torch.Tensor
+    cur: int
+    adapters: list[str] | None
+    next_pos: torch.Tensor
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+    flags: BatchFlags
+    U: torch.Tensor | None
+    rows: list[int | None]
+
+    def compact(self, stepper, active: list[int], tokens: torch.Tensor) -> torch.Tensor:
+        """Keep only the ``active`` batch positions (the cache too); returns their tokens."""
+        idx = torch.tensor(active, dtype=torch.long, device=self.key_valid.device)
+        self.cache = stepper.select(self.cache, idx)
+        self.key_valid, self.next_pos = self.key_valid[idx], self.next_pos[idx]
+        self.temps, self.top_ps = self.temps[idx], self.top_ps[idx]
+        if self.U is not None:
+            self.U = self.U[idx]
+        self.rows = [self.rows[b] for b in active]
+        if self.adapters is not None:
+            self.adapters = [self.adapters[b] for b in active]
+        return tokens[idx]
 
 
 def _uniforms(requests: list[GenRequest], n: int, device) -> torch.Tensor | None:

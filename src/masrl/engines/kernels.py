@@ -133,7 +133,8 @@ if triton is not None:
     def _decode_attn(q_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, S, scale, stride_kb, stride_kh, stride_ks, stride_bb,
                      HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
                      PREC: tl.constexpr):
-        # one program per (row, kv head); PREC: "tf32" (exact for bf16 inputs) or "ieee" (fp32 caches): its G query heads against the row's keys, online softmax
+        # one program per (row, kv head); PREC: "tf32" (exact for bf16 inputs) or "ieee" (fp32 caches):
+        # its G query heads against the row's keys, online softmax
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GP)

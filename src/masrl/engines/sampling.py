@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from masrl.seeding import counter_uniforms, stable_seed  # noqa: F401 - re-exported for the engines
-
 import torch
+
+from masrl.seeding import counter_uniforms, stable_seed  # noqa: F401 - re-exported for the engines
 
 
 def effective_temperature(temperature: torch.Tensor) -> torch.Tensor:

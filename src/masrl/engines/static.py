@@ -40,7 +40,6 @@ from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
 from masrl.modeling.prefix import slot_layout
 
-
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -208,7 +207,8 @@ class StaticEngine:
         self.slots_cap = 0
         self.graphs: dict[tuple[int, int], tuple] = {}
         self.pool = None
-        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0, "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
+        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0,
+                      "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
 
     # -- Engine interface ------------------------------------------------------------------------
     def adapters(self) -> list[str]:

@@ -146,7 +146,7 @@ class VLLMEngine:
         else:
             outs = self.llm.generate(prompts, params, lora_request=loras if self.is_peft else None, use_tqdm=False)
         results = []
-        for r, out in zip(requests, outs):
+        for out in outs:
             o = out.outputs[0]
             ids = list(o.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(o.logprobs or [], ids)]

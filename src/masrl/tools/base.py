@@ -4,15 +4,16 @@
     async def run_tests(code: str, task_id: str) -> dict: ...
 
 A tool's argument schema (JSON Schema, what chat templates take as ``tools=``) is derived from
-its signature. ``ToolBox.call`` checks arguments against it, runs async tools on the loop and
+its signature. ``run_tool`` (through ``ctx.tool``) checks arguments against it, runs async tools on the loop and
 sync ones in a thread pool, each under its timeout, so one slow tool never stalls the other
 workflows or the engine batchers. Two kinds of failure, kept apart:
 
 * ``ToolUseError`` (and bad arguments): the model caused it (a failing program, a query with no
   hits, a wrong argument). It comes back as ``ToolResult(ok=False, error=...)``, which the
   workflow shows the model and can reward.
-* anything else, and timeouts: infrastructure (retriever down, sandbox crashed). It is raised as
-  ``InfraError``, and the trace is dropped from training and counted.
+* anything else, and timeouts: infrastructure (retriever down, sandbox crashed). ``run_tool``
+  raises ``ToolInfraError``; ``ctx.tool`` records it and raises ``errors.ToolError`` (an
+  ``InfraError``), and the trace is dropped from training and counted.
 """
 
 from __future__ import annotations

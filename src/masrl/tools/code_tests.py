@@ -59,16 +59,7 @@ class TestReport:
 
 def parse_spec(raw: Any, *, where: str = "tests") -> TestSpec:
     """Validate a test spec (dict or JSON string); errors name ``where`` and the field."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-    if isinstance(raw, list):  # a bare list of cases: stdio if they have input/output, else call
-        kind = "stdio" if raw and isinstance(raw[0], dict) and "output" in raw[0] else "call"
-        raw = {"kind": kind, "cases": raw}
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: expected an object with 'kind', got {type(raw).__name__}")
+    raw = _spec_object(raw, where)
     kind = raw.get("kind")
     if kind not in ("stdio", "call", "assert"):
         raise DataError(f"{where}.kind: must be 'stdio', 'call' or 'assert', got {kind!r}")
@@ -86,21 +77,40 @@ def parse_spec(raw: Any, *, where: str = "tests") -> TestSpec:
     if checker not in CHECKERS:
         raise DataError(f"{where}.checker: unknown checker {checker!r}; use one of {', '.join(CHECKERS)}")
     for i, c in enumerate(cases):
-        if not isinstance(c, dict):
-            raise DataError(f"{where}.cases[{i}]: must be an object")
-        if kind == "stdio" and not isinstance(c.get("output"), str):
-            raise DataError(f"{where}.cases[{i}].output: a stdio case needs the expected output as a string")
-        if kind == "stdio" and not isinstance(c.get("input", ""), str):
-            raise DataError(f"{where}.cases[{i}].input: must be a string")
-        if kind == "call":
-            if "expected" not in c:
-                raise DataError(f"{where}.cases[{i}].expected: a call case needs the expected return value")
-            if not isinstance(c.get("args", []), list):
-                raise DataError(f"{where}.cases[{i}].args: must be a list of positional arguments")
+        _check_case(c, kind, f"{where}.cases[{i}]")
     fn = raw.get("fn_name")
     if kind == "call" and (not isinstance(fn, str) or not fn):
         raise DataError(f"{where}.fn_name: a call spec needs the function name")
     return TestSpec(kind, tuple(cases), checker, fn)
+
+
+def _spec_object(raw: Any, where: str) -> dict:
+    """A spec as a dict: JSON text parsed; a bare list of cases is stdio when they have outputs,
+    else call."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+    if isinstance(raw, list):
+        kind = "stdio" if raw and isinstance(raw[0], dict) and "output" in raw[0] else "call"
+        raw = {"kind": kind, "cases": raw}
+    if not isinstance(raw, dict):
+        raise DataError(f"{where}: expected an object with 'kind', got {type(raw).__name__}")
+    return raw
+
+
+def _check_case(c: Any, kind: str, where: str) -> None:
+    if not isinstance(c, dict):
+        raise DataError(f"{where}: must be an object")
+    if kind == "stdio" and not isinstance(c.get("output"), str):
+        raise DataError(f"{where}.output: a stdio case needs the expected output as a string")
+    if kind == "stdio" and not isinstance(c.get("input", ""), str):
+        raise DataError(f"{where}.input: must be a string")
+    if kind == "call" and "expected" not in c:
+        raise DataError(f"{where}.expected: a call case needs the expected return value")
+    if kind == "call" and not isinstance(c.get("args", []), list):
+        raise DataError(f"{where}.args: must be a list of positional arguments")
 
 
 def _normalise(v: Any) -> Any:
@@ -166,18 +176,7 @@ def _records(run: RunResult) -> dict[int, dict]:
 def judge(spec: TestSpec, run: RunResult, nonce: str = "") -> TestReport:
     """Turn a sandbox run into per-case verdicts."""
     if spec.kind == "assert":
-        rec = _records(run).get(0, {})
-        if rec.get("status") == "passed" and nonce and rec.get("nonce") == nonce and run.status == "ok":
-            cases = [CaseVerdict(OK, time_s=run.duration_s)]
-        elif rec.get("status") == "failed":
-            cases = [CaseVerdict(WA, _truncate(rec.get("message") or "assertion failed"), run.duration_s)]
-        elif rec.get("status") == "error":
-            cases = [CaseVerdict(RE, _truncate(rec.get("message", "")), run.duration_s)]
-        else:
-            v = _FROM_STATUS.get(run.status, RE)
-            why = run.detail or (run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "")
-            cases = [CaseVerdict(v, _truncate(why or "the program ended before the tests finished"), run.duration_s)]
-        return _report(cases, run.duration_s)
+        return _report([_assert_verdict(run, nonce)], run.duration_s)
     n = len(spec.cases)
     if run.status == "compile_error":
         return _report([CaseVerdict(CE, _truncate(run.stderr))] * n, run.duration_s)
@@ -185,33 +184,45 @@ def judge(spec: TestSpec, run: RunResult, nonce: str = "") -> TestReport:
         v = TLE if "TLE" in run.stderr else RE
         return _report([CaseVerdict(v, _truncate(run.stderr))] * n, run.duration_s)
     done = _records(run)
-    cases = []
-    check = CHECKERS[spec.checker]
-    for i, case in enumerate(spec.cases):
-        rec = done.get(i)
-        if rec is None:  # the process died before finishing this case
-            v = _FROM_STATUS.get(run.status, RE)
-            cases.append(CaseVerdict(TLE if v == "OK" else v, f"process ended: {run.status}"))
-            continue
-        st = rec["status"]
-        t = rec.get("time_s", 0.0)
-        if st == "timeout":
-            cases.append(CaseVerdict(TLE, "time limit", t))
-        elif st == "memory":
-            cases.append(CaseVerdict(MLE, "memory limit", t))
-        elif st == "output_limit":
-            cases.append(CaseVerdict(OLE, "output limit", t))
-        elif st == "error":
-            cases.append(CaseVerdict(RE, _truncate(rec.get("message", "")), t))
-        elif spec.kind == "stdio":
-            ok = check(rec.get("output", ""), case["output"])
-            msg = "" if ok else _truncate(f"input {case.get('input', '')!r}: expected {case['output']!r}, got {rec.get('output', '')!r}")
-            cases.append(CaseVerdict(OK if ok else WA, msg, t))
-        else:
-            ok = _values_equal(rec.get("value"), case["expected"])
-            msg = "" if ok else _truncate(f"{spec.fn_name}(*{case.get('args', [])!r}): expected {case['expected']!r}, got {rec.get('value')!r}")
-            cases.append(CaseVerdict(OK if ok else WA, msg, t))
-    return _report(cases, run.duration_s)
+    return _report([_case_verdict(spec, case, done.get(i), run) for i, case in enumerate(spec.cases)], run.duration_s)
+
+
+def _assert_verdict(run: RunResult, nonce: str) -> CaseVerdict:
+    """An assert-based run passes only when the harness recorded the tests finishing with ``nonce``."""
+    rec = _records(run).get(0, {})
+    if rec.get("status") == "passed" and nonce and rec.get("nonce") == nonce and run.status == "ok":
+        return CaseVerdict(OK, time_s=run.duration_s)
+    if rec.get("status") == "failed":
+        return CaseVerdict(WA, _truncate(rec.get("message") or "assertion failed"), run.duration_s)
+    if rec.get("status") == "error":
+        return CaseVerdict(RE, _truncate(rec.get("message", "")), run.duration_s)
+    v = _FROM_STATUS.get(run.status, RE)
+    why = run.detail or (run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "")
+    return CaseVerdict(v, _truncate(why or "the program ended before the tests finished"), run.duration_s)
+
+
+_LIMIT_VERDICTS = {"timeout": (TLE, "time limit"), "memory": (MLE, "memory limit"), "output_limit": (OLE, "output limit")}
+
+
+def _case_verdict(spec: TestSpec, case: dict, rec: dict | None, run: RunResult) -> CaseVerdict:
+    """One stdio or call case, from the harness's record of it (None: the process died first)."""
+    if rec is None:
+        v = _FROM_STATUS.get(run.status, RE)
+        return CaseVerdict(TLE if v == "OK" else v, f"process ended: {run.status}")
+    st, t = rec["status"], rec.get("time_s", 0.0)
+    if st in _LIMIT_VERDICTS:
+        return CaseVerdict(*_LIMIT_VERDICTS[st], t)
+    if st == "error":
+        return CaseVerdict(RE, _truncate(rec.get("message", "")), t)
+    if spec.kind == "stdio":
+        ok = CHECKERS[spec.checker](rec.get("output", ""), case["output"])
+        msg = "" if ok else _truncate(f"input {case.get('input', '')!r}: expected {case['output']!r}, "
+                                      f"got {rec.get('output', '')!r}")
+        return CaseVerdict(OK if ok else WA, msg, t)
+    ok = _values_equal(rec.get("value"), case["expected"])
+    msg = "" if ok else _truncate(f"{spec.fn_name}(*{case.get('args', [])!r}): expected {case['expected']!r}, "
+                                  f"got {rec.get('value')!r}")
+    return CaseVerdict(OK if ok else WA, msg, t)
 
 
 def _report(cases: list[CaseVerdict], duration: float) -> TestReport:

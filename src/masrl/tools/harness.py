@@ -194,83 +194,107 @@ def main(mode=None):
     if mode == "assert":
         return _run_asserts(code, tests)
     if mode == "script":
-        sys.argv = ["program.py"]
-        try:
-            exec(code, {"__name__": "__main__", "__file__": "program.py"})
-        except MemoryError:
-            return CODE_MEMORY
-        except SystemExit as exc:
-            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        except BaseException:
-            import traceback
+        return _run_script(code)
+    return _run_cases(code, mode)
 
-            traceback.print_exc()
-            return 1
-        return 0
 
-    import io
+def _run_script(code) -> int:
+    sys.argv = ["program.py"]
+    try:
+        exec(code, {"__name__": "__main__", "__file__": "program.py"})
+    except MemoryError:
+        return CODE_MEMORY
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _run_cases(code, mode: str) -> int:
+    """stdio or call mode: every case of cases.json under its own timer, one record per case."""
     import json
+    import signal
+
+    spec = json.load(open("cases.json"))
+    signal.signal(signal.SIGALRM, _on_alarm)
+    results = open("results.jsonl", "w")
+    fn = None
+    if mode == "call":
+        fn = _load_function(code, spec)
+        if isinstance(fn, int):
+            return fn
+    for i, case in enumerate(spec["cases"]):
+        _record(results, _run_case(code, mode, fn, case, i, spec["output_cap"], spec["case_timeout_s"]))
+    return 0
+
+
+def _load_function(code, spec):
+    """Run the program as a module (under the case timer) and return its function, or an exit code."""
+    import signal
+
+    real_stdout = sys.stdout
+    glb = {"__name__": "program"}
+    try:
+        sys.stdout = capped_io(spec["output_cap"])
+        signal.setitimer(signal.ITIMER_REAL, spec["case_timeout_s"])
+        exec(code, glb)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    except MemoryError:
+        return CODE_MEMORY
+    except BaseException as exc:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.stdout = real_stdout
+        sys.stderr.write("TLE at import" if isinstance(exc, CaseTimeout) else _error_text(exc))
+        return CODE_IMPORT
+    finally:
+        sys.stdout = real_stdout
+    fn = glb.get(spec["fn_name"])
+    if not callable(fn):
+        sys.stderr.write(f"the program defines no function named {spec['fn_name']!r}")
+        return CODE_IMPORT
+    return fn
+
+
+def _run_case(code, mode: str, fn, case: dict, i: int, cap: int, per_case: float) -> dict:
+    import io
     import signal
     import time
 
-    spec = json.load(open("cases.json"))
-    cap, per_case = spec["output_cap"], spec["case_timeout_s"]
-    signal.signal(signal.SIGALRM, _on_alarm)
-    results = open("results.jsonl", "w")
     real_stdin, real_stdout = sys.stdin, sys.stdout
-    fn = None
-    if mode == "call":
-        glb = {"__name__": "program"}
-        try:
-            sys.stdout = capped_io(cap)
-            signal.setitimer(signal.ITIMER_REAL, per_case)
-            exec(code, glb)
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        except MemoryError:
-            return CODE_MEMORY
-        except BaseException as exc:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            sys.stdout = real_stdout
-            sys.stderr.write("TLE at import" if isinstance(exc, CaseTimeout) else _error_text(exc))
-            return CODE_IMPORT
-        finally:
-            sys.stdout = real_stdout
-        fn = glb.get(spec["fn_name"])
-        if not callable(fn):
-            sys.stderr.write(f"the program defines no function named {spec['fn_name']!r}")
-            return CODE_IMPORT
-    for i, case in enumerate(spec["cases"]):
-        t0 = time.perf_counter()
-        buf = capped_io(cap)
-        rec = {"i": i}
-        try:
-            sys.stdout = buf
-            signal.setitimer(signal.ITIMER_REAL, per_case)
-            if mode == "stdio":
-                sys.stdin = io.StringIO(case.get("input", ""))
-                try:
-                    exec(code, {"__name__": "__main__", "__file__": "program.py"})
-                except SystemExit as exc:
-                    if exc.code not in (None, 0):
-                        raise RuntimeError(f"exit status {exc.code}") from None
-                rec.update(status="done", output=buf.getvalue())
-            else:
-                value = fn(*case.get("args", []), **case.get("kwargs", {}))
-                rec.update(status="done", value=_jsonable(value))
-        except CaseTimeout:
-            rec.update(status="timeout")
-        except OutputLimit:
-            rec.update(status="output_limit")
-        except MemoryError:
-            rec.update(status="memory")
-        except BaseException as exc:
-            rec.update(status="error", message=_error_text(exc))
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            sys.stdout, sys.stdin = real_stdout, real_stdin
-        rec["time_s"] = time.perf_counter() - t0
-        _record(results, rec)
-    return 0
+    t0 = time.perf_counter()
+    buf = capped_io(cap)
+    rec = {"i": i}
+    try:
+        sys.stdout = buf
+        signal.setitimer(signal.ITIMER_REAL, per_case)
+        if mode == "stdio":
+            sys.stdin = io.StringIO(case.get("input", ""))
+            try:
+                exec(code, {"__name__": "__main__", "__file__": "program.py"})
+            except SystemExit as exc:
+                if exc.code not in (None, 0):
+                    raise RuntimeError(f"exit status {exc.code}") from None
+            rec.update(status="done", output=buf.getvalue())
+        else:
+            value = fn(*case.get("args", []), **case.get("kwargs", {}))
+            rec.update(status="done", value=_jsonable(value))
+    except CaseTimeout:
+        rec.update(status="timeout")
+    except OutputLimit:
+        rec.update(status="output_limit")
+    except MemoryError:
+        rec.update(status="memory")
+    except BaseException as exc:
+        rec.update(status="error", message=_error_text(exc))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        sys.stdout, sys.stdin = real_stdout, real_stdin
+    rec["time_s"] = time.perf_counter() - t0
+    return rec
 
 
 if __name__ == "__main__":

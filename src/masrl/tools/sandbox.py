@@ -35,9 +35,24 @@ from pathlib import Path
 
 from masrl.tools import cgroups
 from masrl.tools.harness import apply_limits, kill_uid_processes
-from masrl.tools.isolation import UID_BASE, drop_to, isolation, sandbox_python, sandbox_root, slot_uid, user_process_count
-from masrl.tools.sandbox_result import (CODE_COMPILE, CODE_IMPORT, CODE_MEMORY, Limits, RunResult, signal_detail,
-                                        status_from_exit)
+from masrl.tools.isolation import (
+    UID_BASE,
+    drop_to,
+    isolation,
+    sandbox_python,
+    sandbox_root,
+    slot_uid,
+    user_process_count,
+)
+from masrl.tools.sandbox_result import (
+    CODE_COMPILE,
+    CODE_IMPORT,
+    CODE_MEMORY,
+    Limits,
+    RunResult,
+    signal_detail,
+    status_from_exit,
+)
 from masrl.tools.zygote_client import HARNESS, ZYGOTE, use_zygote, zygote_for
 
 __all__ = ["Limits", "RunResult", "Sandbox", "run_python", "isolation", "UID_BASE", "CODE_COMPILE", "CODE_IMPORT",
@@ -147,17 +162,7 @@ def _run_fresh(code: str, mode: str, stdin: str | None, limits: Limits, files: d
                uid: int | None, kind: str, leaf: Path | None) -> RunResult:
     workdir = Path(tempfile.mkdtemp(prefix="run-", dir=sandbox_root()))
     try:
-        (workdir / "program.py").write_text(code)
-        shutil.copyfile(HARNESS, workdir / "_harness.py")
-        for name, text in (files or {}).items():
-            (workdir / name).write_text(text)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-            for p in workdir.iterdir():
-                os.chown(p, uid, uid)
-            nproc = limits.max_procs
-        else:
-            nproc = user_process_count() + limits.max_procs
+        nproc = _prepare_workdir(workdir, code, files, uid, limits)
         home = "/tmp/work" if kind == "namespaces" else str(workdir)
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home,
                "PYTHONIOENCODING": "utf-8"}
@@ -179,28 +184,18 @@ def _run_fresh(code: str, mode: str, stdin: str | None, limits: Limits, files: d
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        status = None
-        deadline = t0 + limits.wall_s
-        while proc.poll() is None:
-            if over.is_set():
-                status = "output_limit"
-                break
-            if time.perf_counter() > deadline:
-                status = "timeout"
-                break
-            time.sleep(0.002)
+        status = _wait(proc, over, t0 + limits.wall_s)
         _kill_group(proc, uid)
         proc.wait()
         for t in threads:
             t.join(timeout=2)
         duration = time.perf_counter() - t0
         rc = proc.returncode
-        if status is None:
-            status = status_from_exit(rc, over.is_set())
         stdout = b"".join(out).decode("utf-8", "replace")
         stderr = b"".join(err).decode("utf-8", "replace")
         if rc == 70 and "sandbox set-up failed" in stderr:
             raise RuntimeError(f"sandbox could not set up a run: {stderr.strip()[-500:]}")
+        status = status or status_from_exit(rc, over.is_set())
         if status == "runtime_error" and "MemoryError" in stderr[-300:]:
             status = "memory"
         left = {}
@@ -211,6 +206,32 @@ def _run_fresh(code: str, mode: str, stdin: str | None, limits: Limits, files: d
                          signal_detail(rc, via_shell=kind in ("namespaces", "user-namespace")))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _prepare_workdir(workdir: Path, code: str, files: dict[str, str] | None, uid: int | None, limits: Limits) -> int:
+    """The program, the harness and the run's files, owned by the slot uid; returns the process
+    limit to set (a per-uid count: the caller's own processes count against it without a uid)."""
+    (workdir / "program.py").write_text(code)
+    shutil.copyfile(HARNESS, workdir / "_harness.py")
+    for name, text in (files or {}).items():
+        (workdir / name).write_text(text)
+    if uid is None:
+        return user_process_count() + limits.max_procs
+    os.chown(workdir, uid, uid)
+    for p in workdir.iterdir():
+        os.chown(p, uid, uid)
+    return limits.max_procs
+
+
+def _wait(proc, over: threading.Event, deadline: float) -> str | None:
+    """Wait for the program to exit; ``output_limit`` or ``timeout`` when it had to be stopped."""
+    while proc.poll() is None:
+        if over.is_set():
+            return "output_limit"
+        if time.perf_counter() > deadline:
+            return "timeout"
+        time.sleep(0.002)
+    return None
 
 
 class Sandbox:

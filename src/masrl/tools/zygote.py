@@ -46,7 +46,9 @@ def _check(rc: int, what: str) -> None:
 
 
 def _mount(src, dst, fstype, flags, data) -> None:
-    enc = (lambda x: x.encode() if isinstance(x, str) else x)
+    def enc(x):
+        return x.encode() if isinstance(x, str) else x
+
     _check(_libc.mount(enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data)), f"mount {dst}")
 
 
@@ -174,98 +176,137 @@ def run_one(req: dict, uid: int, base: str, n: int) -> dict:
             _child(req, run_dir, uid, (in_r, out_w, err_w))
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-        pending = memoryview((req.get("stdin") or "").encode())
         lim = req["limits"]
-        cap = lim["output_bytes"]
-        bufs = {out_r: bytearray(), err_r: bytearray()}
-        sel = selectors.DefaultSelector()
-        for fd in bufs:
-            os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ)
-        os.set_blocking(in_w, False)
-        if len(pending):
-            sel.register(in_w, selectors.EVENT_WRITE)
-        else:
-            os.close(in_w)
-            in_w = -1
-        status = None
-        deadline = t0 + lim["wall_s"]
-        rc = None
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                status = "timeout"
-                break
-            for key, _ in sel.select(timeout=min(left, 0.05)):
-                if key.fd == in_w:
-                    try:
-                        pending = pending[os.write(in_w, pending[:65536]):]
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:  # the program closed its stdin
-                        pending = pending[:0]
-                    if not len(pending):
-                        sel.unregister(in_w)
-                        os.close(in_w)
-                        in_w = -1
-                    continue
-                try:
-                    chunk = os.read(key.fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not chunk:
-                    sel.unregister(key.fd)
-                    continue
-                b = bufs[key.fd]
-                if len(b) < cap + 1:
-                    b.extend(chunk[: cap + 1 - len(b)])
-                if len(b) > cap:
-                    status = "output_limit"
-            if status is not None:
-                break
-            done, wstatus = os.waitpid(pid, os.WNOHANG)
-            if done:
-                rc = os.waitstatus_to_exitcode(wstatus)
-                # drain what is left in the pipes
-                for fd in list(bufs):
-                    try:
-                        while True:
-                            chunk = os.read(fd, 65536)
-                            if not chunk:
-                                break
-                            if len(bufs[fd]) < cap + 1:
-                                bufs[fd].extend(chunk[: cap + 1 - len(bufs[fd])])
-                    except (BlockingIOError, OSError):
-                        pass
-                if any(len(b) > cap for b in bufs.values()):
-                    status = "output_limit"
-                break
+        pipes = _Pipes(in_w, out_r, err_r, (req.get("stdin") or "").encode(), lim["output_bytes"])
+        status, rc = _supervise(pid, pipes, t0 + lim["wall_s"])
         if rc is None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                pass
-            try:
-                _, wstatus = os.waitpid(pid, 0)
-                rc = os.waitstatus_to_exitcode(wstatus)
-            except ChildProcessError:
-                rc = -9
+            rc = _kill(pid)
         _sweep(uid)
-        sel.close()
-        if in_w >= 0:
-            os.close(in_w)
-        for fd in bufs:
-            os.close(fd)
+        pipes.close()
         duration = time.perf_counter() - t0
         left_files = {}
         res = os.path.join(run_dir, "results.jsonl")
         if os.path.isfile(res) and os.path.getsize(res) < 8 * 1024 * 1024:
             with open(res, errors="replace") as f:
                 left_files["results.jsonl"] = f.read()
-        return {"status": status, "returncode": rc, "stdout": bufs[out_r][:cap].decode("utf-8", "replace"),
-                "stderr": bufs[err_r][:cap].decode("utf-8", "replace"), "duration_s": duration, "files": left_files}
+        stdout, stderr = pipes.texts()
+        return {"status": status, "returncode": rc, "stdout": stdout, "stderr": stderr, "duration_s": duration,
+                "files": left_files}
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _supervise(pid: int, pipes: "_Pipes", deadline: float) -> tuple[str | None, int | None]:
+    """Feed stdin and collect output until the child exits, the wall clock runs out or the output
+    passes its cap: ``(status, exit code)``, the code None when the child is still running."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return "timeout", None
+        if pipes.pump(min(left, 0.05)):
+            return "output_limit", None
+        done, wstatus = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(wstatus)
+            return ("output_limit" if pipes.drain() else None), rc
+
+
+def _kill(pid: int) -> int:
+    """Kill the child's process group and reap it; its exit code."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        _, wstatus = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(wstatus)
+    except ChildProcessError:
+        return -9
+
+
+class _Pipes:
+    """The child's stdin (written from ``pending``), stdout and stderr (read into buffers kept to
+    ``cap + 1`` bytes, so passing the cap is seen), all non-blocking under one selector."""
+
+    def __init__(self, in_w: int, out_r: int, err_r: int, pending: bytes, cap: int):
+        self.in_w, self.out_r, self.err_r, self.cap = in_w, out_r, err_r, cap
+        self.pending = memoryview(pending)
+        self.bufs = {out_r: bytearray(), err_r: bytearray()}
+        self.sel = selectors.DefaultSelector()
+        for fd in self.bufs:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        os.set_blocking(in_w, False)
+        if len(self.pending):
+            self.sel.register(in_w, selectors.EVENT_WRITE)
+        else:
+            self._close_stdin(registered=False)
+
+    def _close_stdin(self, registered: bool = True) -> None:
+        if registered:
+            self.sel.unregister(self.in_w)
+        os.close(self.in_w)
+        self.in_w = -1
+
+    def _keep(self, fd: int, chunk: bytes) -> None:
+        b = self.bufs[fd]
+        if len(b) < self.cap + 1:
+            b.extend(chunk[: self.cap + 1 - len(b)])
+
+    def over(self) -> bool:
+        return any(len(b) > self.cap for b in self.bufs.values())
+
+    def pump(self, timeout: float) -> bool:
+        """One round of the selector; True when the output passed its cap."""
+        over = False
+        for key, _ in self.sel.select(timeout=timeout):
+            if key.fd == self.in_w:
+                self._write_stdin()
+                continue
+            try:
+                chunk = os.read(key.fd, 65536)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                self.sel.unregister(key.fd)
+                continue
+            self._keep(key.fd, chunk)
+            over = over or len(self.bufs[key.fd]) > self.cap
+        return over
+
+    def _write_stdin(self) -> None:
+        try:
+            self.pending = self.pending[os.write(self.in_w, self.pending[:65536]):]
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # the program closed its stdin
+            self.pending = self.pending[:0]
+        if not len(self.pending):
+            self._close_stdin()
+
+    def drain(self) -> bool:
+        """Read what is left in the pipes after the child exited; True when the output passed its cap."""
+        for fd in list(self.bufs):
+            try:
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    self._keep(fd, chunk)
+            except (BlockingIOError, OSError):
+                pass
+        return self.over()
+
+    def close(self) -> None:
+        self.sel.close()
+        if self.in_w >= 0:
+            os.close(self.in_w)
+        for fd in self.bufs:
+            os.close(fd)
+
+    def texts(self) -> tuple[str, str]:
+        return (self.bufs[self.out_r][: self.cap].decode("utf-8", "replace"),
+                self.bufs[self.err_r][: self.cap].decode("utf-8", "replace"))
 
 
 PRELOAD = ("io", "json", "traceback", "math", "re", "collections", "itertools", "functools", "typing", "heapq",

@@ -6,10 +6,10 @@ from masrl.errors import ConfigError
 from masrl.loading import load_object
 from masrl.workflows.code_team import CodeSolver, CodeTeam
 from masrl.workflows.debate import Debate
-from masrl.workflows.math_solver import MathSolver
-from masrl.workflows.math_team import MathTeam
 from masrl.workflows.env import EnvWorkflow
 from masrl.workflows.graph import Graph
+from masrl.workflows.math_solver import MathSolver
+from masrl.workflows.math_team import MathTeam
 from masrl.workflows.rag import RAG
 from masrl.workflows.search_team import SearchAgent, SearchTeam
 

@@ -9,7 +9,7 @@ from masrl.data.tasks import Task
 from masrl.trace import Trace
 
 if TYPE_CHECKING:
-    from masrl.runtime.context import WorkflowContext
+    from masrl.driver.context import WorkflowContext
 
 
 class Workflow(Protocol):

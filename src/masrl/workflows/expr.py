@@ -83,64 +83,85 @@ def compile_expr(source: str) -> Expr:
 
 
 def _check(node: ast.AST, src: str, refs: list) -> None:
-    if isinstance(node, ast.Constant):
+    """Refuse anything outside the language; record every ``name.field`` reference in ``refs``."""
+    _Checker(src, refs).visit(node)
+
+
+class _Checker(ast.NodeVisitor):
+    """One method per kind of node the language allows; any other kind is an error."""
+
+    def __init__(self, src: str, refs: list):
+        self.src, self.refs = src, refs
+
+    def generic_visit(self, node: ast.AST) -> None:
+        raise ExprError(f"`{self.src}`: {type(node).__name__} is not part of the expression language "
+                        f"(comparisons, and/or/not, + - * / %, field access, indexing, function calls)")
+
+    def visit_all(self, nodes) -> None:
+        for n in nodes:
+            self.visit(n)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
         if not isinstance(node.value, (str, int, float, bool, type(None))):
-            raise ExprError(f"`{src}`: literal {node.value!r} is not allowed")
-        return
-    if isinstance(node, ast.Name):
+            raise ExprError(f"`{self.src}`: literal {node.value!r} is not allowed")
+
+    def visit_Name(self, node: ast.Name) -> None:
         if node.id.startswith("_"):
-            raise ExprError(f"`{src}`: names starting with '_' are not allowed")
+            raise ExprError(f"`{self.src}`: names starting with '_' are not allowed")
         if node.id not in CONSTANTS:
-            refs.append((node.id, None))
-        return
-    if isinstance(node, (ast.Attribute, ast.Subscript)):
+            self.refs.append((node.id, None))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        chain = self._chain(node)
+        if node.attr.startswith("_"):
+            raise ExprError(f"`{self.src}`: fields starting with '_' are not allowed")
+        if not chain:
+            self.visit(node.value)
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        if not self._chain(node):
+            self.visit(node.value)
+        self.visit(node.slice)
+
+    def _chain(self, node) -> tuple | None:
         chain = _chain(node)
         if chain:  # name.field... : record the first field for load-time checks
-            refs.append(chain)
-        if isinstance(node, ast.Attribute):
-            if node.attr.startswith("_"):
-                raise ExprError(f"`{src}`: fields starting with '_' are not allowed")
-            if not chain:
-                _check(node.value, src, refs)
-        else:
-            if not chain:
-                _check(node.value, src, refs)
-            _check(node.slice, src, refs)
-        return
-    if isinstance(node, ast.BoolOp):
-        for v in node.values:
-            _check(v, src, refs)
-        return
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        _check(node.operand, src, refs)
-        return
-    if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
-        _check(node.left, src, refs)
-        _check(node.right, src, refs)
-        return
-    if isinstance(node, ast.Compare) and all(type(op) in _CMP for op in node.ops):
-        for v in [node.left, *node.comparators]:
-            _check(v, src, refs)
-        return
-    if isinstance(node, ast.IfExp):
-        for v in (node.test, node.body, node.orelse):
-            _check(v, src, refs)
-        return
-    if isinstance(node, (ast.List, ast.Tuple)):
-        for v in node.elts:
-            _check(v, src, refs)
-        return
-    if isinstance(node, ast.Call):
+            self.refs.append(chain)
+        return chain
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        self.visit_all(node.values)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> None:
+        if not isinstance(node.op, (ast.Not, ast.USub)):
+            self.generic_visit(node)
+        self.visit(node.operand)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if type(node.op) not in _BIN:
+            self.generic_visit(node)
+        self.visit_all((node.left, node.right))
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        if not all(type(op) in _CMP for op in node.ops):
+            self.generic_visit(node)
+        self.visit_all([node.left, *node.comparators])
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self.visit_all((node.test, node.body, node.orelse))
+
+    def visit_List(self, node: ast.List) -> None:
+        self.visit_all(node.elts)
+
+    visit_Tuple = visit_List
+
+    def visit_Call(self, node: ast.Call) -> None:
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
             name = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
-            raise ExprError(f"`{src}`: unknown function '{name}' (functions: {', '.join(sorted(FUNCTIONS))})")
+            raise ExprError(f"`{self.src}`: unknown function '{name}' (functions: {', '.join(sorted(FUNCTIONS))})")
         if node.keywords:
-            raise ExprError(f"`{src}`: keyword arguments are not allowed")
-        for a in node.args:
-            _check(a, src, refs)
-        return
-    raise ExprError(f"`{src}`: {type(node).__name__} is not part of the expression language "
-                    f"(comparisons, and/or/not, + - * / %, field access, indexing, function calls)")
+            raise ExprError(f"`{self.src}`: keyword arguments are not allowed")
+        self.visit_all(node.args)
 
 
 def _chain(node: ast.AST) -> tuple[str, str | None] | None:
@@ -173,52 +194,70 @@ def _field(value: Any, key: Any, where: str) -> Any:
 
 
 def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
-    if isinstance(node, ast.Constant):
+    return _Evaluator(env).visit(node)
+
+
+class _Evaluator(ast.NodeVisitor):
+    """Evaluates a checked expression; one method per kind of node."""
+
+    def __init__(self, env: dict[str, Any]):
+        self.env = env
+
+    def generic_visit(self, node: ast.AST) -> Any:
+        raise EvalError(f"cannot evaluate {type(node).__name__}")
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
         return node.value
-    if isinstance(node, ast.Name):
+
+    def visit_Name(self, node: ast.Name) -> Any:
         if node.id in CONSTANTS:
             return CONSTANTS[node.id]
-        if node.id not in env:
+        if node.id not in self.env:
             raise EvalError(f"'{node.id}' has no value yet")
-        return env[node.id]
-    if isinstance(node, ast.Attribute):
-        return _field(_eval(node.value, env), node.attr, ast.unparse(node.value))
-    if isinstance(node, ast.Subscript):
-        return _field(_eval(node.value, env), _eval(node.slice, env), ast.unparse(node.value))
-    if isinstance(node, ast.BoolOp):
-        if isinstance(node.op, ast.And):
-            out: Any = True
-            for v in node.values:
-                out = _eval(v, env)
-                if not out:
-                    return out
-            return out
-        out = False
+        return self.env[node.id]
+
+    def visit_Attribute(self, node: ast.Attribute) -> Any:
+        return _field(self.visit(node.value), node.attr, ast.unparse(node.value))
+
+    def visit_Subscript(self, node: ast.Subscript) -> Any:
+        return _field(self.visit(node.value), self.visit(node.slice), ast.unparse(node.value))
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        """Python's short circuit: ``and`` returns the first falsy value, ``or`` the first truthy one."""
+        stop_when = not isinstance(node.op, ast.And)
+        out: Any = not stop_when
         for v in node.values:
-            out = _eval(v, env)
-            if out:
+            out = self.visit(v)
+            if bool(out) == stop_when:
                 return out
         return out
-    if isinstance(node, ast.UnaryOp):
-        v = _eval(node.operand, env)
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        v = self.visit(node.operand)
         return (not v) if isinstance(node.op, ast.Not) else -v
-    if isinstance(node, ast.BinOp):
-        return _BIN[type(node.op)](_eval(node.left, env), _eval(node.right, env))
-    if isinstance(node, ast.Compare):
-        left = _eval(node.left, env)
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        return _BIN[type(node.op)](self.visit(node.left), self.visit(node.right))
+
+    def visit_Compare(self, node: ast.Compare) -> bool:
+        left = self.visit(node.left)
         for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env)
+            right = self.visit(comp)
             if not _CMP[type(op)](left, right):
                 return False
             left = right
         return True
-    if isinstance(node, ast.IfExp):
-        return _eval(node.body, env) if _eval(node.test, env) else _eval(node.orelse, env)
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_eval(v, env) for v in node.elts]
-    if isinstance(node, ast.Call):
-        return FUNCTIONS[node.func.id](*[_eval(a, env) for a in node.args])  # type: ignore[attr-defined]
-    raise EvalError(f"cannot evaluate {type(node).__name__}")
+
+    def visit_IfExp(self, node: ast.IfExp) -> Any:
+        return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
+
+    def visit_List(self, node: ast.List) -> list:
+        return [self.visit(v) for v in node.elts]
+
+    visit_Tuple = visit_List
+
+    def visit_Call(self, node: ast.Call) -> Any:
+        return FUNCTIONS[node.func.id](*[self.visit(a) for a in node.args])  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)

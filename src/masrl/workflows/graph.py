@@ -185,31 +185,35 @@ class Graph:
 
     def _check_refs(self, e: Expr, where: str, foreach: bool) -> None:
         for root, fld in e.refs:
-            if root in FUNCTIONS:
+            if root in FUNCTIONS or root == "steps":
                 continue
             if root in ("item", "index"):
                 if not foreach:
                     raise ConfigError(f"{self.where}: {where}: '{root}' exists only in a node with `foreach`")
-                continue
-            if root == "steps":
-                continue
-            if root == "visits":
-                if fld is not None and fld not in self.spec.nodes:
-                    raise ConfigError(f"{self.where}: {where}: visits.{fld}: no node '{fld}' "
-                                      f"(nodes: {', '.join(self.spec.nodes)})")
-                continue
-            if root == "task":
-                if fld is not None and fld not in TASK_FIELDS:
-                    raise ConfigError(f"{self.where}: {where}: task has no field '{fld}' "
-                                      f"(fields: {', '.join(sorted(TASK_FIELDS))})")
-                continue
-            if root not in self.spec.nodes:
-                raise ConfigError(f"{self.where}: {where}: unknown name '{root}' in `{e.source}` (nodes: "
-                                  f"{', '.join(self.spec.nodes)}; also task, item, index, visits, steps)")
-            known = self._node_fields(self.spec.nodes[root])
-            if fld is not None and fld not in known:
-                raise ConfigError(f"{self.where}: {where}: node '{root}' has no field '{fld}' in `{e.source}` "
-                                  f"(fields: {', '.join(sorted(known))})")
+            elif root in ("visits", "task"):
+                self._check_builtin_field(root, fld, where)
+            else:
+                self._check_node_field(root, fld, e, where)
+
+    def _check_builtin_field(self, root: str, fld: str | None, where: str) -> None:
+        """``visits.<node>`` names a node; ``task.<field>`` a task field."""
+        if fld is None:
+            return
+        if root == "visits" and fld not in self.spec.nodes:
+            raise ConfigError(f"{self.where}: {where}: visits.{fld}: no node '{fld}' "
+                              f"(nodes: {', '.join(self.spec.nodes)})")
+        if root == "task" and fld not in TASK_FIELDS:
+            raise ConfigError(f"{self.where}: {where}: task has no field '{fld}' "
+                              f"(fields: {', '.join(sorted(TASK_FIELDS))})")
+
+    def _check_node_field(self, root: str, fld: str | None, e: Expr, where: str) -> None:
+        if root not in self.spec.nodes:
+            raise ConfigError(f"{self.where}: {where}: unknown name '{root}' in `{e.source}` (nodes: "
+                              f"{', '.join(self.spec.nodes)}; also task, item, index, visits, steps)")
+        known = self._node_fields(self.spec.nodes[root])
+        if fld is not None and fld not in known:
+            raise ConfigError(f"{self.where}: {where}: node '{root}' has no field '{fld}' in `{e.source}` "
+                              f"(fields: {', '.join(sorted(known))})")
 
     def _expr(self, src: Any, where: str, foreach: bool) -> Expr:
         try:

@@ -28,8 +28,17 @@ from masrl.tools.base import Tool
 from masrl.tools.search import search_tools, show_docs
 from masrl.trace import Trace
 from masrl.workflows.math_prompts import few_shot
-from masrl.workflows.search_team import (Q1, Q2, SUMMARIZER_EXAMPLES, SUMMARIZER_SYSTEM, _mentions, f1_of, numbered,
-                                         parse_answer, parse_evidence)
+from masrl.workflows.search_team import (
+    Q1,
+    Q2,
+    SUMMARIZER_EXAMPLES,
+    SUMMARIZER_SYSTEM,
+    _mentions,
+    f1_of,
+    numbered,
+    parse_answer,
+    parse_evidence,
+)
 
 DECOMPOSER_SYSTEM = ('You split a question into short search queries. Reply with JSON only: {"queries": [...]}, '
                      "one to three queries.")

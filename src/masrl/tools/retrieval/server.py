@@ -117,66 +117,77 @@ class QueryBatcher:
                 item[4].set()
 
 
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "masrl-retriever"
+    disable_nagle_algorithm = True  # answer in one segment; no 40 ms delayed-ACK stalls on keep-alive
+    timeout: float | None = 30.0  # socket timeout: idle keep-alive and half-sent requests are closed
+    index: BM25Index  # set by make_handler
+    lookup = None  # the index's retrieve, or a QueryBatcher's (set by make_handler)
+
+    def log_message(self, fmt, *args):  # quiet by default
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(200, {"status": "ok", "documents": len(self.index)})
+        else:
+            self._send(404, {"error": f"no route GET {self.path}; use GET /health or POST /retrieve"})
+
+    def do_POST(self):
+        if self.path != "/retrieve":
+            self._drain()
+            self._send(404, {"error": f"no route POST {self.path}; use POST /retrieve"})
+            return
+        body = self._read_body()
+        if body is not None:
+            self._answer(body)
+
+    def _read_body(self) -> bytes | None:
+        """The request body, or None after answering why not (the connection then closes)."""
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self._send(411, {"error": "send a Content-Length header"})
+            self.close_connection = True
+            return None
+        n = int(length)
+        if n > MAX_BODY:
+            self._send(413, {"error": f"body of {n} bytes is over the {MAX_BODY}-byte limit"})
+            self.close_connection = True
+            return None
+        return self.rfile.read(n)
+
+    def _answer(self, body: bytes) -> None:
+        try:
+            queries, topk, scores = validate(body)
+        except BadRequest as exc:
+            self._send(exc.status, {"error": str(exc)})
+            return
+        try:
+            result = self.lookup(queries, topk, scores)
+        except Exception as exc:  # never leave a client hanging
+            self._send(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
+            return
+        self._send(200, {"result": to_wire(result, scores)})
+
+    def _drain(self):
+        n = self.headers.get("Content-Length")
+        if n and n.isdigit() and int(n) <= MAX_BODY:
+            self.rfile.read(int(n))
+
+
 def make_handler(index: BM25Index, batcher: QueryBatcher | None = None, idle_timeout_s: float | None = 30.0):
+    """A request handler class over ``index`` (through ``batcher`` when given)."""
     lookup = batcher.retrieve if batcher is not None else index.retrieve
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "masrl-retriever"
-        disable_nagle_algorithm = True  # answer in one segment; no 40 ms delayed-ACK stalls on keep-alive
-        timeout = idle_timeout_s  # socket timeout: idle keep-alive and half-sent requests are closed
-
-        def log_message(self, fmt, *args):  # quiet by default
-            pass
-
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self):
-            if self.path == "/health":
-                self._send(200, {"status": "ok", "documents": len(index)})
-            else:
-                self._send(404, {"error": f"no route GET {self.path}; use GET /health or POST /retrieve"})
-
-        def do_POST(self):
-            if self.path != "/retrieve":
-                self._drain()
-                self._send(404, {"error": f"no route POST {self.path}; use POST /retrieve"})
-                return
-            length = self.headers.get("Content-Length")
-            if length is None or not length.isdigit():
-                self._send(411, {"error": "send a Content-Length header"})
-                self.close_connection = True
-                return
-            n = int(length)
-            if n > MAX_BODY:
-                self._send(413, {"error": f"body of {n} bytes is over the {MAX_BODY}-byte limit"})
-                self.close_connection = True
-                return
-            body = self.rfile.read(n)
-            try:
-                queries, topk, scores = validate(body)
-            except BadRequest as exc:
-                self._send(exc.status, {"error": str(exc)})
-                return
-            try:
-                result = lookup(queries, topk, scores)
-            except Exception as exc:  # never leave a client hanging
-                self._send(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
-                return
-            self._send(200, {"result": to_wire(result, scores)})
-
-        def _drain(self):
-            n = self.headers.get("Content-Length")
-            if n and n.isdigit() and int(n) <= MAX_BODY:
-                self.rfile.read(int(n))
-
-    return Handler
+    return type("Handler", (_Handler,), {"index": index, "lookup": staticmethod(lookup), "timeout": idle_timeout_s})
 
 
 class _Server(ThreadingHTTPServer):

@@ -10,21 +10,18 @@ import threading
 from dataclasses import dataclass, field
 
 from masrl.agents import AgentSpec
-from masrl.algorithms.estimators import check_estimator, needs_critic
-from masrl.config import DataSourceConfig, RunConfig, WorldConfig
-from masrl.data import arithmetic, code_gen
-from masrl.data.loader import load_math_tasks
-from masrl.data.tasks import Task
-from masrl.engines.batcher import Batcher
+from masrl.algorithms.estimators import check_estimator, needs_critic, needs_reference
+from masrl.config import RunConfig
+from masrl.driver.batcher import Batcher
+from masrl.driver.controller import Controller
+from masrl.driver.services import Services
+from masrl.driver.tasks import build_tasks, load_tasks  # noqa: F401 - re-exported: the builder builds tasks too
 from masrl.errors import ConfigError, ModelError
+from masrl.loading import load_object
 from masrl.models import resolve_model
 from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
-from masrl.runtime.controller import Controller
-from masrl.runtime.precision import resolve_device
-from masrl.runtime.services import Services
-from masrl.runtime.worker import PolicyWorker
-from masrl.loading import load_object
+from masrl.worker.interface import PolicyHost
 from masrl.workflows import build_workflow
 
 
@@ -48,54 +45,7 @@ def build_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:
 
 
 def build_policies(cfg: RunConfig) -> list[PolicySpec]:
-    specs = []
-    for name, p in cfg.policies.items():
-        trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
-        if p.engine is not None:  # served over HTTP: nothing to load, nothing to train
-            if trainable:
-                raise ConfigError(f"policies.{name}.engine: an OpenAI-compatible endpoint only generates; set "
-                                  f"policies.{name}.frozen: true (or agents.<agent>.trainable: false for its agents)")
-            specs.append(PolicySpec(name, p.engine.model, trainable=False, engine=p.engine))
-            continue
-        key = f"policies.{name}.model" if p.model else "model"
-        try:
-            resolve_model(cfg.policy_model(name), key=key)
-        except ModelError as exc:
-            raise ConfigError(str(exc)) from None
-        key = f"policies.{name}.device" if p.device else "device"
-        if cfg.runtime.placement == "ray":  # its actor sees the GPU Ray gave it as cuda:0; the driver may have none
-            raw = cfg.policy_device(name)
-            device = "cuda:0" if raw.startswith("cuda") or (raw == "auto" and (p.num_gpus or 0) > 0) else "cpu"
-        else:
-            try:
-                device = resolve_device(cfg.policy_device(name))
-            except ConfigError as exc:
-                raise ConfigError(f"{key}: {exc}") from None
-        sched = p.schedule
-        if sched.total_updates is None:
-            sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
-        for key in ("offload_optimizer", "offload_reference", "offload_weights"):
-            if getattr(p, key) and not device.startswith("cuda"):
-                raise ConfigError(f"policies.{name}.{key}: offloading moves state off a GPU, but this policy runs on "
-                                  f"{device}; remove it or set device: cuda")
-        if p.offload_reference and (p.lora is not None or cfg.algorithm.kl_coef == 0):
-            raise ConfigError(f"policies.{name}.offload_reference: only a full policy with algorithm.kl_coef > 0 keeps "
-                              f"a reference model (a LoRA policy's reference is its base with adapters off)")
-        specs.append(PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, schedule=sched,
-                                offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
-                                offload_weights=p.offload_weights,
-                                share_from=dict(p.share_from),
-                                share_is_cap=p.share_is_cap, critic=p.critic, num_cpus=p.num_cpus,
-                                num_gpus=p.num_gpus, data_parallel=p.data_parallel,
-                                shard_optimizer=p.shard_optimizer))
-        if p.shard_optimizer and p.data_parallel < 2:
-            raise ConfigError(f"policies.{name}.shard_optimizer: shards the optimizer state over data-parallel ranks; "
-                              f"set policies.{name}.data_parallel to 2 or more (and runtime.placement: ray)")
-        if p.shard_optimizer and p.offload_optimizer:
-            raise ConfigError(f"policies.{name}: shard_optimizer and offload_optimizer both shrink the optimizer's "
-                              f"GPU memory; choose one")
-        if p.data_parallel > 1:
-            _check_data_parallel(cfg, name, p)
+    specs = [_policy_spec(cfg, name, p) for name, p in cfg.policies.items()]
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -105,6 +55,66 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
             raise ConfigError(f"LoRA policies on base '{model}' share one copy of it, so they need one device; "
                               f"they ask for {', '.join(sorted(devices))}: set the same policies.<name>.device")
     return specs
+
+
+def _policy_spec(cfg: RunConfig, name: str, p) -> PolicySpec:
+    trainable = not p.frozen and any(cfg.agent_trainable(a) for a, ac in cfg.agents.items() if ac.policy == name)
+    if p.engine is not None:  # served over HTTP: nothing to load, nothing to train
+        if trainable:
+            raise ConfigError(f"policies.{name}.engine: an OpenAI-compatible endpoint only generates; set "
+                              f"policies.{name}.frozen: true (or agents.<agent>.trainable: false for its agents)")
+        return PolicySpec(name, p.engine.model, trainable=False, engine=p.engine)
+    try:
+        resolve_model(cfg.policy_model(name), key=f"policies.{name}.model" if p.model else "model")
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
+    device = _policy_device(cfg, name, p)
+    _check_memory_options(cfg, name, p, device)
+    if p.data_parallel > 1:
+        _check_data_parallel(cfg, name, p)
+    sched = p.schedule
+    if sched.total_updates is None:
+        sched = sched.model_copy(update={"total_updates": max(1, cfg.train.steps // sched.update_every)})
+    return PolicySpec(name, cfg.policy_model(name), p.lora, p.optim, trainable, device, schedule=sched,
+                      offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
+                      offload_weights=p.offload_weights, share_from=dict(p.share_from), share_is_cap=p.share_is_cap,
+                      critic=p.critic, num_cpus=p.num_cpus, num_gpus=p.num_gpus, data_parallel=p.data_parallel,
+                      shard_optimizer=p.shard_optimizer)
+
+
+def _policy_device(cfg: RunConfig, name: str, p) -> str:
+    if cfg.runtime.placement == "ray":  # its actor sees the GPU Ray gave it as cuda:0; the driver may have none
+        raw = cfg.policy_device(name)
+        return "cuda:0" if raw.startswith("cuda") or (raw == "auto" and (p.num_gpus or 0) > 0) else "cpu"
+    try:
+        return resolve_device(cfg.policy_device(name))
+    except ConfigError as exc:
+        raise ConfigError(f"{f'policies.{name}.device' if p.device else 'device'}: {exc}") from None
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` | ``cpu`` | ``cuda[:i]`` -> a device this machine has (imports torch: only asked when
+    the driver hosts policies itself)."""
+    from masrl.worker.precision import resolve_device as resolve
+
+    return resolve(name)
+
+
+def _check_memory_options(cfg: RunConfig, name: str, p, device: str) -> None:
+    """Offload and sharding options that cannot apply to this policy, by key."""
+    for key in ("offload_optimizer", "offload_reference", "offload_weights"):
+        if getattr(p, key) and not device.startswith("cuda"):
+            raise ConfigError(f"policies.{name}.{key}: offloading moves state off a GPU, but this policy runs on "
+                              f"{device}; remove it or set device: cuda")
+    if p.offload_reference and (p.lora is not None or not needs_reference(cfg.algorithm)):
+        raise ConfigError(f"policies.{name}.offload_reference: only a full policy with algorithm.kl_coef > 0 keeps "
+                          f"a reference model (a LoRA policy's reference is its base with adapters off)")
+    if p.shard_optimizer and p.data_parallel < 2:
+        raise ConfigError(f"policies.{name}.shard_optimizer: shards the optimizer state over data-parallel ranks; "
+                          f"set policies.{name}.data_parallel to 2 or more (and runtime.placement: ray)")
+    if p.shard_optimizer and p.offload_optimizer:
+        raise ConfigError(f"policies.{name}: shard_optimizer and offload_optimizer both shrink the optimizer's "
+                          f"GPU memory; choose one")
 
 
 def _check_data_parallel(cfg: RunConfig, name: str, p) -> None:
@@ -173,60 +183,12 @@ def build_allocators(cfg: RunConfig) -> list:
     return out
 
 
-def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world: WorldConfig | None = None) -> list[Task]:
-    if src.source == "qa_world":
-        from masrl.data.qa_tasks import world_tasks
-
-        world = world or WorldConfig()
-        return world_tasks(src.n or 1000, seed=src.seed, world_docs=world.docs, world_seed=world.seed,
-                           levels=src.levels, exclude=exclude)
-    if src.source == "episodes":
-        import random
-
-        rng = random.Random(f"episodes-{src.seed}")
-        seeds = [rng.getrandbits(48) for _ in range(src.n or 1000)]
-        return [Task(f"ep-{src.seed}-{i}", f"episode {s}", None, {"seed": s}) for i, s in enumerate(seeds)
-                if not exclude or f"episode {s}" not in exclude]
-    if src.source == "arithmetic":
-        return arithmetic.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
-    if src.source == "code_gen":
-        return code_gen.generate(src.n or 1000, seed=src.seed, levels=src.levels, exclude=exclude)
-    if src.source == "humaneval":
-        from masrl.data.code_tasks import load_humaneval
-
-        tasks = load_humaneval()[: src.n]
-    elif src.kind == "qa":
-        from masrl.data.qa_tasks import load_qa_tasks
-
-        tasks = load_qa_tasks(src.path, n=src.n)  # type: ignore[arg-type]
-    elif src.kind == "code":
-        from masrl.data.code_tasks import load_code_tasks
-
-        tasks = load_code_tasks(src.path, n=src.n)  # type: ignore[arg-type]
-    else:
-        tasks = load_math_tasks(src.path, n=src.n)  # type: ignore[arg-type]
-    if exclude:
-        tasks = [t for t in tasks if t.question not in exclude]
-    return tasks
-
-
-def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
-    """Train and held-out tasks; generated train tasks never repeat an eval question."""
-    eval_tasks = load_tasks(cfg.data.eval, world=cfg.data.world)
-    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks}, world=cfg.data.world)
-    if not train_tasks and cfg.train.steps > 0:
-        raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "
-                          "train question is also a held-out one); point data.train and data.eval at different files "
-                          "or splits")
-    return train_tasks, eval_tasks
-
-
-def _check_sharing(policies: list[PolicySpec], workers: list[PolicyWorker]) -> None:
+def _check_sharing(policies: list[PolicySpec], workers: list[PolicyHost]) -> None:
     """Shared calls are reused as tokens: a policy learns from another's calls only on one tokenizer."""
     worker_of = {p: w for w in workers for p in w.policy_names}
     for spec in policies:
         for src in spec.share_from:
-            a, b = worker_of[spec.name].tokenizer, worker_of[src].tokenizer
+            a, b = worker_of[spec.name].get_tokenizer(), worker_of[src].get_tokenizer()
             if a is not b and a.get_vocab() != b.get_vocab():
                 raise ConfigError(f"policies.{spec.name}.share_from: '{src}' uses another tokenizer "
                                   f"({len(b)} tokens vs {len(a)}); shared calls are reused as token ids, so both "
@@ -242,7 +204,7 @@ def uses_static_engine(engine: str, device: str) -> bool:
 class Runtime:
     workflow: object
     agents: dict[str, AgentSpec]
-    workers: list[PolicyWorker]
+    workers: list[PolicyHost]
     controller: Controller
     critics: dict = field(default_factory=dict)
     placement: object | None = None  # RayPlacement with runtime.placement ray
@@ -253,8 +215,7 @@ class Runtime:
             self.placement.close()
             self.placement = None
         for w in self.workers:
-            if hasattr(w, "close"):
-                w.close()
+            w.close()
 
 
 def _check_critics(cfg: RunConfig) -> None:
@@ -279,13 +240,22 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
         import torch
 
         torch.set_num_threads(cfg.threads)
-    workers, batchers = [], []
-    locks: dict[str, threading.Lock] = {}  # workers on one device take turns: one engine batch at a time
+    workers, placement = build_hosts(cfg, policies, log)
+    batchers = _batchers(cfg, workers, placement is not None)
+    tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
+    _check_sharing(policies, workers)
+    critics = build_critics(cfg, policies, workers, log)
+    controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
+    return Runtime(workflow, agents, workers, controller, critics, placement)
+
+
+def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[list[PolicyHost], object | None]:
+    """One host per model in memory (in this process, or a Ray actor per host or rank), then one per
+    policy served by an endpoint; and the Ray placement when there is one."""
     r = cfg.rollout
     engine_options = {}
     if r.engine != "hf":
         engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
-    served = [p for p in policies if p.engine is not None]
     hosts = group_hosts([p for p in policies if p.engine is None])
     kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
                    engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, specs[0].device) else {})
@@ -296,36 +266,44 @@ def build_runtime(cfg: RunConfig, *, log=print) -> Runtime:
             + (" in a Ray actor" if cfg.runtime.placement == "ray" else ""))
     placement = None
     if cfg.runtime.placement == "ray":
-        from masrl.runtime.placement import RayPlacement
+        from masrl.driver.ray_placement import RayPlacement
 
         for k in kwargs:
             k["threads"] = cfg.threads
         placement = RayPlacement(hosts, kwargs, strategy=cfg.runtime.strategy, address=cfg.runtime.address, log=log)
-        workers = placement.workers
+        workers: list[PolicyHost] = list(placement.workers)
     else:
-        workers = [PolicyWorker(model, specs, **k) for (model, specs), k in zip(hosts, kwargs)]
+        from masrl.worker.policy_worker import PolicyWorker  # torch: only when the driver hosts policies itself
+
+        workers = [PolicyWorker(model, specs, name=f"masrl-worker{i}-{'-'.join(s.name for s in specs)}", **k)
+                   for i, ((model, specs), k) in enumerate(zip(hosts, kwargs))]
+    served = [p for p in policies if p.engine is not None]
     if served:
-        from masrl.engines.openai_api import OpenAIWorker
+        from masrl.worker.endpoint import EndpointHost
 
         for p in served:
             log(f"[masrl] policy {p.name}: served by {p.engine.base_url} (model {p.engine.model})")
-        workers = list(workers) + [OpenAIWorker(p, p.engine) for p in served]
+        workers += [EndpointHost(p, p.engine) for p in served]
+    return workers, placement
+
+
+def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:
+    """One batcher per host. Hosts in this process on one device take turns (a compute lock): one
+    engine batch at a time."""
+    locks: dict[str, threading.Lock] = {}
+    out = []
     for i, w in enumerate(workers):
         spec = w.specs[w.policy_names[0]]
-        elsewhere = placement is not None or spec.engine is not None  # not on this process's cores
+        elsewhere = on_ray or spec.engine is not None  # not on this process's cores
         lock = None if elsewhere else locks.setdefault(spec.device, threading.Lock())
-        batchers.append(Batcher(w.generate, max_batch_size=r.max_batch_size, max_wait_ms=r.max_wait_ms,
-                                compute_lock=lock, name=f"worker{i}"))
-    tools = workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if hasattr(workflow, "tools") else {}
-    _check_sharing(policies, workers)
-    critics = build_critics(cfg, policies, workers, log)
-    controller = Controller(workflow, agents, workers, batchers, allocators, cfg.rollout, tools=tools)
-    return Runtime(workflow, agents, workers, controller, critics, placement)
+        out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
+                           compute_lock=lock, name=f"worker{i}"))
+    return out
 
 
-def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[PolicyWorker], log=print) -> dict:
+def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[PolicyHost], log=print) -> dict:
     """One ``Critic`` per entry of ``critics``, handed to the workers of the policies it serves."""
-    from masrl.runtime.critic import Critic
+    from masrl.worker.critic import Critic
 
     host_of = {p: w for w in workers for p in w.policy_names}
     out = {}

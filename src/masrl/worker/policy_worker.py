@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -23,34 +23,21 @@ from masrl.engines.base import Engine, make_engine
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.runtime import checkpoint as ckpt
-from masrl.runtime.hosting import ModelHost
-from masrl.runtime.offload import PinnedStash
-from masrl.runtime.precision import MasterWeightsAdamW, param_dtype
-from masrl.runtime.training import Sample, train_policy
+from masrl.worker import state as ckpt
+from masrl.worker.hosting import ModelHost
+from masrl.worker.interface import PolicyHost
+from masrl.worker.offload import PinnedStash
+from masrl.worker.precision import MasterWeightsAdamW, param_dtype
+from masrl.worker.training import Sample, train_policy
 
 
-class Evaluating:
-    """``evaluating()`` from a class's ``begin_eval``/``end_eval``: one definition for the local
-    worker, its remote handle and a data-parallel group (a block cannot cross a process, two
-    calls can)."""
-
-    @contextmanager
-    def evaluating(self):
-        """Policies with a weight EMA serve their EMA weights inside this block."""
-        self.begin_eval()
-        try:
-            yield
-        finally:
-            self.end_eval()
-
-
-class PolicyWorker(Evaluating):
+class PolicyWorker(PolicyHost):
     def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
                  device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
-                 engine_options: dict | None = None, threads: int | None = None):
+                 engine_options: dict | None = None, threads: int | None = None, name: str | None = None):
         if threads:  # in a process of its own (a Ray actor): the run's thread count applies here too
             torch.set_num_threads(threads)
+        self.name = name or "worker-" + "-".join(p.name for p in policies)
         self.algo = algo or AlgorithmConfig()
         self.seed = seed
         self.device = device
@@ -110,7 +97,7 @@ class PolicyWorker(Evaluating):
     def build_critic(self, policy: str, name: str, model: str, optim, seed: int) -> None:
         """Build critic ``name`` here (once; a second policy of this worker shares it) for ``policy``:
         what a remote worker does instead of receiving a model."""
-        from masrl.runtime.critic import Critic
+        from masrl.worker.critic import Critic
 
         built = {c.name: c for c in self.critics.values()}
         self.attach_critic(policy, built.get(name) or Critic(name, model, optim, device=self.device, seed=seed))
@@ -126,7 +113,7 @@ class PolicyWorker(Evaluating):
 
     def join_ranks(self, init_method: str, rank: int, world: int, backend: str = "gloo") -> None:
         """Become rank ``rank`` of ``world`` copies of this worker's policy (data parallel)."""
-        from masrl.runtime.data_parallel import init_ranks
+        from masrl.worker.data_parallel import init_ranks
 
         self.dp = init_ranks(init_method, rank, world, backend)
         for name, opt in self.optimizers.items():
@@ -136,18 +123,26 @@ class PolicyWorker(Evaluating):
     def get_tokenizer(self):
         return self.host.tokenizer
 
-    def where(self) -> dict:
-        """Where this worker runs (logged at start under ``placement: ray``): Ray node id, process
-        id, and the GPUs Ray gave it (it sees them as cuda:0, cuda:1, ...)."""
+    def where(self) -> list[dict]:
+        """This process: its name, pid and device; inside a Ray actor also the node id and the GPUs
+        Ray gave it (it sees them as cuda:0, cuda:1, ...)."""
         import os
+        import sys
 
-        import ray
-
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+        at = {"name": self.name, "pid": os.getpid(), "device": self.device}
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            at.update(node_id=ray.get_runtime_context().get_node_id(), gpus=[str(g) for g in ray.get_gpu_ids()])
+        return [at]
 
     def get_step(self) -> int:
         return self.step
+
+    def take_traffic(self) -> dict[str, list[float]]:
+        return {}  # nothing crosses a process to reach this object; a RemoteHost counts what reaches an actor
+
+    def close(self) -> None:
+        return None
 
     @property
     def trainable_names(self) -> list[str]:
@@ -219,8 +214,8 @@ class PolicyWorker(Evaluating):
     @torch.no_grad()
     def score(self, policy: str, samples: list[Sample]) -> list[list[float]]:
         """``policy``'s logprobs of each sample's completion tokens (at the sample's temperature)."""
-        from masrl.runtime.batching import make_batch
-        from masrl.runtime.training import choose_layout, completion_forward
+        from masrl.worker.batching import make_batch
+        from masrl.worker.training import choose_layout, completion_forward
 
         self._resident()
         layout = choose_layout(self.host, self.algo)
@@ -245,47 +240,14 @@ class PolicyWorker(Evaluating):
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
         self._resident()
-        for name, opt in self.optimizers.items():
-            sched = self.host.policies[name].schedule
-            samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None]
-            if (self.step + 1) % sched.update_every:
+        for name in self.optimizers:
+            if (self.step + 1) % self.host.policies[name].schedule.update_every:
                 waiting.add(name)
                 continue
             extra = (shared or {}).get(name, [])
-            samples = samples + extra
-            if not samples:
-                continue
-            lr = self.host.policies[name].optim.lr * lr_factor(
-                self.updates[name], warmup=sched.warmup_updates, total=sched.total_updates, decay=sched.decay,
-                min_ratio=sched.min_lr_ratio)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            offload = self.host.policies[name].offload_optimizer
-            t_in = time.perf_counter()
-            ref_moved = self.host.ref_stash.moved_s
-            moved = opt.reload() if offload else 0
-            t0 = time.perf_counter()
-            m = train_policy(self.host, name, samples, opt, self.algo, self.host.policies[name].optim.grad_clip,
-                             self.pad_id, seed=self.seed + self.step,
-                             reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
-                             critic=self.critics.get(name), dp=self.dp)
-            m["update_s"] = time.perf_counter() - t0
-            m["shared_calls"] = float(len(extra))
-            if self.host.ref_stash.moved_s > ref_moved:
-                m["reference_offload_s"] = self.host.ref_stash.moved_s - ref_moved
-            if offload:
-                t1 = time.perf_counter()
-                moved += opt.offload()
-                m["offload_s"] = (t0 - t_in) + (time.perf_counter() - t1)
-                m["offload_gb"] = moved / 2**30
-            m["lr"] = lr
-            m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
-            if self.device.startswith("cuda"):  # this process's peak so far (a rank's own, under ray)
-                m["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-            self.updates[name] += 1
-            if name in self.emas:
-                self.emas[name].update()
-            metrics[name] = m
+            samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None] + extra
+            if samples:
+                metrics[name] = self._update(name, samples, len(extra))
         if metrics:
             self.engine.weights_updated(list(metrics))
         self.last_advantages = {
@@ -297,14 +259,51 @@ class PolicyWorker(Evaluating):
         self.buffer = {k: s for k, s in self.buffer.items() if s.policy in waiting and s.reward is not None}
         self.step += 1
         if self.offload_weights:
-            self.park()
-            moved_s = self.host.stash.moved_s + self._ema_stash.moved_s
-            moved_b = self.host.stash.moved_bytes + self._ema_stash.moved_bytes
-            for m in metrics.values():  # every trip since the last update: in for the rollout, out, in, out
-                m["weights_offload_s"] = moved_s - self._weights_moved[0]
-                m["weights_offload_gb"] = (moved_b - self._weights_moved[1]) / 2**30
-            self._weights_moved = (moved_s, moved_b)
+            self._park_after_update(metrics)
         return metrics
+
+    def _update(self, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
+        """One update of policy ``name``: its learning rate by schedule, its optimizer state in and
+        out of CPU memory (``offload_optimizer``), the step, its EMA."""
+        spec, opt = self.host.policies[name], self.optimizers[name]
+        sched = spec.schedule
+        lr = spec.optim.lr * lr_factor(self.updates[name], warmup=sched.warmup_updates, total=sched.total_updates,
+                                       decay=sched.decay, min_ratio=sched.min_lr_ratio)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        t_in = time.perf_counter()
+        ref_moved = self.host.ref_stash.moved_s
+        moved = opt.reload() if spec.offload_optimizer else 0
+        t0 = time.perf_counter()
+        m = train_policy(self.host, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
+                         seed=self.seed + self.step, reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
+                         critic=self.critics.get(name), dp=self.dp)
+        m["update_s"] = time.perf_counter() - t0
+        m["shared_calls"] = float(n_shared)
+        if self.host.ref_stash.moved_s > ref_moved:
+            m["reference_offload_s"] = self.host.ref_stash.moved_s - ref_moved
+        if spec.offload_optimizer:
+            t1 = time.perf_counter()
+            moved += opt.offload()
+            m["offload_s"] = (t0 - t_in) + (time.perf_counter() - t1)
+            m["offload_gb"] = moved / 2**30
+        m["lr"] = lr
+        m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
+        if self.device.startswith("cuda"):  # this process's peak so far (a rank's own, under ray)
+            m["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        self.updates[name] += 1
+        if name in self.emas:
+            self.emas[name].update()
+        return m
+
+    def _park_after_update(self, metrics: dict[str, dict[str, float]]) -> None:
+        self.park()
+        moved_s = self.host.stash.moved_s + self._ema_stash.moved_s
+        moved_b = self.host.stash.moved_bytes + self._ema_stash.moved_bytes
+        for m in metrics.values():  # every trip since the last update: in for the rollout, out, in, out
+            m["weights_offload_s"] = moved_s - self._weights_moved[0]
+            m["weights_offload_gb"] = (moved_b - self._weights_moved[1]) / 2**30
+        self._weights_moved = (moved_s, moved_b)
 
     # -- state ---------------------------------------------------------------------------------
     def _distinct_critics(self) -> list:

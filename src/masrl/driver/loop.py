@@ -15,15 +15,14 @@ from rich.table import Table
 
 from masrl.config import RunConfig, dump_config
 from masrl.data.tasks import Task
-from masrl.errors import MasrlError
+from masrl.driver import checkpoints as ckpt
+from masrl.driver import faults
+from masrl.driver.builder import Runtime, build_runtime, build_tasks
+from masrl.driver.loggers import build_loggers
+from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summarize_traces
+from masrl.errors import InfraError, MasrlError
 from masrl.rewards import combine
-from masrl.runtime import checkpoint as ckpt
-from masrl.runtime import faults
-from masrl.runtime.builder import Runtime, build_runtime, build_tasks
-from masrl.runtime.context import InfraError
 from masrl.seeding import stable_seed
-from masrl.runtime.loggers import build_loggers
-from masrl.runtime.metrics import comparison_table, sample_metrics, step_line, summarize_traces
 
 
 def step_tasks(tasks: list[Task], step: int, n: int, seed: int) -> list[Task]:
@@ -122,9 +121,9 @@ class Trainer:
         return traces
 
     def _take_transfer(self) -> dict | None:
-        """Driver <-> actor traffic since the last take (``placement: ray``; None when local)."""
-        moved = [w.take_traffic() for w in self.rt.workers if hasattr(w, "take_traffic")]
-        if not moved:
+        """Driver <-> actor traffic since the last take (``placement: ray``; None when no host is remote)."""
+        moved = [w.take_traffic() for w in self.rt.workers]
+        if not any(w.remote for w in self.rt.workers):
             return None
         per = [v for m in moved for v in m.values()]
         return {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),

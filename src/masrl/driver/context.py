@@ -7,20 +7,11 @@ import time
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
-from masrl.seeding import stable_seed
+from masrl.errors import InfraError, ToolError  # noqa: F401 - InfraError: where workflows import it from
 from masrl.messages import GenCall
+from masrl.seeding import stable_seed
 from masrl.tools.base import Tool, ToolInfraError, ToolResult, run_tool
 from masrl.trace import Call, ToolCall, Trace, new_id
-
-
-class InfraError(RuntimeError):
-    """An infrastructure failure (timeout, engine crash): the trace is excluded from training."""
-
-
-class ToolError(InfraError):
-    """A tool failed for a reason the model did not cause: the trace is dropped, as for InfraError.
-    (A failure the model caused comes back from ``ctx.tool`` as ``ToolResult(ok=False)``.)"""
-
 
 Submit = Callable[[str, GenCall], Awaitable[Any]]
 

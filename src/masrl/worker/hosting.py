@@ -16,7 +16,7 @@ from torch import nn
 
 from masrl.models import load_model
 from masrl.policies import PolicySpec
-from masrl.runtime.offload import PinnedStash, module_tensors
+from masrl.worker.offload import PinnedStash, module_tensors
 
 
 def _peft_config(spec: PolicySpec):
@@ -34,6 +34,31 @@ def _peft_config(spec: PolicySpec):
     )
 
 
+def _check_layout(policies: list[PolicySpec]) -> None:
+    if not policies:
+        raise ValueError("a ModelHost needs at least one policy")
+    lora = [p.is_lora for p in policies]
+    if any(lora) and any(not p.is_lora and p.trainable for p in policies):
+        raise ValueError("a LoRA host serves its adapters and frozen policies of its base, not a trainable full model")
+    if not any(lora) and len(policies) > 1:
+        raise ValueError("full-model policies each need their own ModelHost")
+
+
+def _with_adapters(model, lora_policies: list[PolicySpec]):
+    """The frozen base with one LoRA adapter per policy (adapters in fp32 on any base: they are small)."""
+    from peft import get_peft_model
+
+    model.requires_grad_(False)
+    first, *rest = lora_policies
+    model = get_peft_model(model, _peft_config(first), adapter_name=first.name)
+    for p in rest:
+        model.add_adapter(p.name, _peft_config(p))
+    for n, prm in model.named_parameters():
+        if "lora_" in n:
+            prm.data = prm.data.float()
+    return model
+
+
 class ModelHost:
     def __init__(
         self,
@@ -46,16 +71,10 @@ class ModelHost:
         need_reference: bool = False,
         need_critic: bool = False,
     ):
-        if not policies:
-            raise ValueError("a ModelHost needs at least one policy")
-        lora = [p.is_lora for p in policies]
-        if any(lora) and any(not p.is_lora and p.trainable for p in policies):
-            raise ValueError("a LoRA host serves its adapters and frozen policies of its base, not a trainable full model")
-        if not any(lora) and len(policies) > 1:
-            raise ValueError("full-model policies each need their own ModelHost")
+        _check_layout(policies)
         self.model_name = model_name
         self.policies = {p.name: p for p in policies}
-        self.is_lora = any(lora)
+        self.is_lora = any(p.is_lora for p in policies)
         self.device = torch.device(device)
         self.dtype = dtype
         self.ref_stash = PinnedStash()  # the reference model, with offload_reference
@@ -65,18 +84,8 @@ class ModelHost:
         model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype, device=device)
         self.reference: nn.Module | None = None
         if self.is_lora:
-            from peft import get_peft_model
-
-            model.requires_grad_(False)
-            first, *rest = [p for p in policies if p.is_lora]
-            model = get_peft_model(model, _peft_config(first), adapter_name=first.name)
-            for p in rest:
-                model.add_adapter(p.name, _peft_config(p))
-            for n, prm in model.named_parameters():  # adapters train in fp32 on any base (they are small)
-                if "lora_" in n:
-                    prm.data = prm.data.float()
-            self.model = model
-            self.core = model.get_base_model()
+            self.model = _with_adapters(model, [p for p in policies if p.is_lora])
+            self.core = self.model.get_base_model()
         else:
             self.model = model
             self.core = model
@@ -84,20 +93,25 @@ class ModelHost:
                 self.reference = copy.deepcopy(model).requires_grad_(False).eval()
                 if policies[0].offload_reference and torch.device(self.device).type == "cuda":
                     self.ref_stash.out(module_tensors(self.reference))
-        hidden = self.core.config.hidden_size
-        self.value_heads: dict[str, nn.Linear] = {}
-        if need_critic:
-            for name in self.policies:
-                if self.policies[name].critic is not None:  # a separate critic model gives its values
-                    continue
-                head = nn.Linear(hidden, 1).to(self.device)  # fp32: its inputs are cast up
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
-                self.value_heads[name] = head
+        self.value_heads: dict[str, nn.Linear] = self._value_heads() if need_critic else {}
         for name, spec in self.policies.items():
             for p in self.policy_parameters(name):
                 p.requires_grad_(spec.trainable)
         self.model.eval()
+
+    def _value_heads(self) -> dict[str, nn.Linear]:
+        """A zero-initialised value head per policy whose values no separate critic gives (fp32: its
+        inputs are cast up)."""
+        hidden = self.core.config.hidden_size
+        heads = {}
+        for name, spec in self.policies.items():
+            if spec.critic is not None:
+                continue
+            head = nn.Linear(hidden, 1).to(self.device)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            heads[name] = head
+        return heads
 
     # -- parameters ----------------------------------------------------------------------------
     def policy_parameters(self, policy: str) -> list[nn.Parameter]:

@@ -1,63 +1,15 @@
-"""Per-policy checkpoints: full weights or adapter, value head, optimizer state.
-
-Layout of one checkpoint directory (written to a temp name and renamed, so an interrupted
-save never leaves a half-written checkpoint behind):
-
-  step_000005/
-    state.json                 step, policies, config name
-    <policy>/model.safetensors (full)  or  adapter.safetensors + adapter.json (LoRA)
-    <policy>/value_head.safetensors    (PPO with a critic)
-    <policy>/optimizer.pt
-"""
+"""One policy's state in a checkpoint folder: full weights (with config and tokenizer) or its
+LoRA adapter, its value head, its optimizer state (the fp32 masters with the AdamW moments)."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from masrl.errors import MasrlError
-
-STEP_DIR = re.compile(r"^step_(\d{6})$")
-_LEFTOVER = re.compile(r"^step_(\d{6})\.old$")
-
-
-def step_dir(root: Path, step: int) -> Path:
-    return Path(root) / f"step_{step:06d}"
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    found = sorted((int(m.group(1)), p.name.endswith(".old"), p) for p in root.iterdir()
-                   if (m := STEP_DIR.match(p.name) or _LEFTOVER.match(p.name)) and (p / "state.json").is_file())
-    # a step_N.old is complete: it was moved aside just before a crash; step_N wins when both exist
-    best: dict[int, Path] = {}
-    for step, is_old, p in found:
-        if step not in best or not is_old:
-            best[step] = p
-    return best[max(best)] if best else None
-
-
-def resolve_checkpoint(given: str | Path) -> Path:
-    """The checkpoint folder ``given`` names: a ``step_NNNNNN`` folder, or a run directory (its
-    latest checkpoint). Checked before any model loads; the error says what was expected."""
-    path = Path(given)
-    if (path / "state.json").is_file():
-        return path
-    if not path.exists():
-        raise MasrlError(f"--checkpoint {given}: no such file or directory")
-    latest = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
-    if latest is None:
-        raise MasrlError(f"--checkpoint {given}: no checkpoint there (expected a step_NNNNNN folder with state.json, "
-                         f"or a run directory holding checkpoints/)")
-    return latest
 
 
 def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
@@ -95,6 +47,15 @@ def save_policy(host, policy: str, optimizer, directory: Path) -> None:
 def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer: bool = True) -> None:
     if not directory.is_dir():
         raise MasrlError(f"checkpoint has no folder for policy '{policy}' ({directory}); was it saved by another config?")
+    _load_weights(host, policy, directory)
+    vh = directory / "value_head.safetensors"
+    if policy in host.value_heads and vh.is_file():
+        host.value_heads[policy].load_state_dict(load_file(str(vh)))
+    if optimizer is not None:
+        _load_optimizer(optimizer, directory, with_optimizer)
+
+
+def _load_weights(host, policy: str, directory: Path) -> None:
     if host.is_lora:
         from peft import set_peft_model_state_dict
 
@@ -116,11 +77,9 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
         if getattr(host.core.config, "tie_word_embeddings", False):
             host.core.tie_weights()
-    vh = directory / "value_head.safetensors"
-    if policy in host.value_heads and vh.is_file():
-        host.value_heads[policy].load_state_dict(load_file(str(vh)))
-    if optimizer is None:
-        return
+
+
+def _load_optimizer(optimizer, directory: Path, with_optimizer: bool) -> None:
     optimizer.sync_from_params()  # fp32 masters follow the loaded weights, then the saved masters win
     opt = directory / optimizer.file_name
     if with_optimizer and opt.is_file():
@@ -132,44 +91,3 @@ def load_policy(host, policy: str, optimizer, directory: Path, *, with_optimizer
             first = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False, mmap=True)
             state["masters"] = first.get("masters", [])
         optimizer.load_state_dict(state)
-
-
-def write_atomically(target: Path, fill) -> Path:
-    """Call ``fill(tmp_dir)``, then put ``tmp_dir`` in ``target``'s place.
-
-    A checkpoint that already sits at ``target`` is moved aside (``.old``) and deleted only once
-    the new one is in place; if the process dies between the two renames, ``latest_checkpoint``
-    finds the ``.old`` one, so there is always a complete checkpoint.
-    """
-    tmp = target.with_name(target.name + ".tmp")
-    old = target.with_name(target.name + ".old")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    if target.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old.exists():
-        shutil.rmtree(old)
-    return target
-
-
-def prune(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` complete checkpoints (and leftovers of interrupted saves)."""
-    root = Path(root)
-    if keep <= 0 or not root.is_dir():
-        return []
-    done = sorted((int(m.group(1)), p) for p in root.iterdir()
-                  if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file())
-    removed = [p for _, p in done[:-keep]]
-    newest = done[-1][0] if done else None
-    for p in root.iterdir():
-        m = _LEFTOVER.match(p.name)
-        if m and newest is not None and int(m.group(1)) <= newest and not p.name.endswith(".tmp"):
-            removed.append(p)
-    for p in removed:
-        shutil.rmtree(p, ignore_errors=True)
-    return removed

@@ -14,23 +14,18 @@ from typing import Callable
 from masrl.agents import AgentSpec
 from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
-from masrl.seeding import stable_seed
-from masrl.engines.batcher import Batcher
-from masrl.rewards import combine
-from masrl.errors import MasrlError
-from masrl.runtime.context import InfraError, WorkflowContext
+from masrl.driver.batcher import Batcher
+from masrl.driver.context import WorkflowContext
+from masrl.errors import InfraError, WorkflowBug
 from masrl.messages import GenCall
-from masrl.runtime.worker import PolicyWorker
+from masrl.rewards import combine
+from masrl.seeding import stable_seed
 from masrl.trace import Trace, new_id
-
-
-class WorkflowBug(MasrlError):
-    """A workflow, parser, scorer or reward raised something that is not an infrastructure failure:
-    training on it would hide a bug, so the run stops with the traceback and the task."""
+from masrl.worker.interface import PolicyHost
 
 
 class Controller:
-    def __init__(self, workflow, agents: dict[str, AgentSpec], workers: list[PolicyWorker], batchers: list[Batcher],
+    def __init__(self, workflow, agents: dict[str, AgentSpec], workers: list[PolicyHost], batchers: list[Batcher],
                  allocators: list, settings: RolloutConfig, tools: dict[str, Callable] | None = None):
         self.workflow = workflow
         self.agents = agents
@@ -130,7 +125,7 @@ class Controller:
         def one(w):
             return w.train_step({p: shared[p] for p in w.policy_names if p in shared}), w.advantages()
 
-        if len(self.workers) > 1 and all(getattr(w, "remote", False) for w in self.workers):
+        if len(self.workers) > 1 and all(w.remote for w in self.workers):
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(len(self.workers)) as pool:  # actors update at once, each on its own devices
@@ -157,7 +152,8 @@ class Controller:
                 continue
             own = wa.score(a, mine)
             for b, wb in trainable:
-                if b == a or (wa.tokenizer is not wb.tokenizer and wa.tokenizer.get_vocab() != wb.tokenizer.get_vocab()):
+                ta, tb = wa.get_tokenizer(), wb.get_tokenizer()
+                if b == a or (ta is not tb and ta.get_vocab() != tb.get_vocab()):
                     continue
                 other = wb.score(b, mine)
                 diffs = [x - y for xs, ys in zip(own, other) for x, y in zip(xs, ys)]
@@ -175,7 +171,7 @@ class Controller:
             for name, spec in w.specs.items():
                 if not spec.share_from or name not in w.trainable_names:
                     continue
-                rng = random.Random(f"share-{name}-{w.step}")
+                rng = random.Random(f"share-{name}-{w.get_step()}")
                 picked = []
                 for src, share in spec.share_from.items():
                     for s in self.workers[self.worker_of[src]].rewarded([src]):

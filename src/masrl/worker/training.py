@@ -21,14 +21,14 @@ import torch
 import torch.nn.functional as F
 
 from masrl.algorithms.estimators import EstimatorBatch, estimator_options, get_estimator, needs_critic, needs_reference
-from masrl.algorithms.normalize import normalize_rewards
-from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
+from masrl.algorithms.normalize import normalize_rewards
+from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.modeling import fused
 from masrl.modeling.lean import causal_mask
-from masrl.runtime.batching import Batch, Sample, make_batch, micro_batches, pad_rows
-from masrl.runtime.hosting import ModelHost
+from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows
+from masrl.worker.hosting import ModelHost
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
 

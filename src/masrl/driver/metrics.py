@@ -30,26 +30,42 @@ def summarize_traces(traces: list[Trace]) -> dict:
     if not ok:
         out["agents"] = {}
         return out
+    run_metrics, own = _workflow_metrics(ok)
+    out.update(run_metrics)
+    out["agents"] = _agent_figures(ok, own)
+    by_policy: dict[str, list] = defaultdict(list)
+    for t in ok:
+        for c in t.calls:
+            by_policy[c.policy].append(c)
+    out["policies"] = {p: {"calls": len(cs), **diversity(cs)} for p, cs in sorted(by_policy.items())}
+    out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
+    return out
+
+
+def _workflow_metrics(ok: list[Trace]) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+    """The workflow's own metrics: run-wide ones (their mean over the traces, 0 where a trace has
+    none), and ``<agent>/<metric>`` ones by agent (the values of the traces that have them)."""
     keys = sorted({k for t in ok for k in t.metrics})
     agent_names = {c.agent for t in ok for c in t.calls}
-    own: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # "<agent>/<metric>" keys
+    run: dict[str, float] = {}
+    own: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for k in keys:
         agent, _, metric = k.partition("/")
         if metric and agent in agent_names:
-            for t in ok:
-                if k in t.metrics:
-                    own[agent][metric].append(float(t.metrics[k]))
+            own[agent][metric] += [float(t.metrics[k]) for t in ok if k in t.metrics]
         else:
-            out[k] = mean(float(t.metrics.get(k, 0.0)) for t in ok)
+            run[k] = mean(float(t.metrics.get(k, 0.0)) for t in ok)
+    return run, own
+
+
+def _agent_figures(ok: list[Trace], own: dict[str, dict[str, list[float]]]) -> dict[str, dict]:
     by_agent: dict[str, list] = defaultdict(list)
-    outcome_by_agent: dict[str, list[float]] = defaultdict(list)
+    outcome_by_agent: dict[str, list[float]] = defaultdict(list)  # once per trace the agent took part in
     for t in ok:
-        seen = set()
         for c in t.calls:
             by_agent[c.agent].append(c)
-            if c.agent not in seen:
-                seen.add(c.agent)
-                outcome_by_agent[c.agent].append(float(t.metrics.get("outcome", 0.0)))
+        for agent in dict.fromkeys(c.agent for c in t.calls):
+            outcome_by_agent[agent].append(float(t.metrics.get("outcome", 0.0)))
     agents = {}
     for name, calls in by_agent.items():
         agents[name] = {
@@ -63,14 +79,7 @@ def summarize_traces(traces: list[Trace]) -> dict:
         }
         for metric, values in own.get(name, {}).items():  # what the workflow judges this agent on
             agents[name][metric] = mean(values)
-    out["agents"] = agents
-    by_policy: dict[str, list] = defaultdict(list)
-    for t in ok:
-        for c in t.calls:
-            by_policy[c.policy].append(c)
-    out["policies"] = {p: {"calls": len(cs), **diversity(cs)} for p, cs in sorted(by_policy.items())}
-    out["reward"] = mean(c.reward or 0.0 for t in ok for c in t.calls) if any(t.calls for t in ok) else 0.0
-    return out
+    return agents
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

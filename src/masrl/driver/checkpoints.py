@@ -1,0 +1,97 @@
+"""Run checkpoints: the ``step_NNNNNN`` folders of a run, written atomically, found, pruned.
+
+Layout of one checkpoint directory (written to a temp name and renamed, so an interrupted
+save never leaves a half-written checkpoint behind):
+
+  step_000005/
+    state.json                 step, policies, config name (the driver's)
+    <policy>/...               each host's policies (``worker.state``: weights or adapter,
+                               value head, optimizer state)
+    critics/<name>.pt, worker_<policies>.json
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from masrl.errors import MasrlError
+
+STEP_DIR = re.compile(r"^step_(\d{6})$")
+_LEFTOVER = re.compile(r"^step_(\d{6})\.old$")
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:06d}"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p.name.endswith(".old"), p) for p in root.iterdir()
+                   if (m := STEP_DIR.match(p.name) or _LEFTOVER.match(p.name)) and (p / "state.json").is_file())
+    # a step_N.old is complete: it was moved aside just before a crash; step_N wins when both exist
+    best: dict[int, Path] = {}
+    for step, is_old, p in found:
+        if step not in best or not is_old:
+            best[step] = p
+    return best[max(best)] if best else None
+
+
+def resolve_checkpoint(given: str | Path) -> Path:
+    """The checkpoint folder ``given`` names: a ``step_NNNNNN`` folder, or a run directory (its
+    latest checkpoint). Checked before any model loads; the error says what was expected."""
+    path = Path(given)
+    if (path / "state.json").is_file():
+        return path
+    if not path.exists():
+        raise MasrlError(f"--checkpoint {given}: no checkpoint there (no such file or directory)")
+    latest = latest_checkpoint(path / "checkpoints") or latest_checkpoint(path)
+    if latest is None:
+        raise MasrlError(f"--checkpoint {given}: no checkpoint there (expected a step_NNNNNN folder with state.json, "
+                         f"or a run directory holding checkpoints/)")
+    return latest
+
+
+def write_atomically(target: Path, fill) -> Path:
+    """Call ``fill(tmp_dir)``, then put ``tmp_dir`` in ``target``'s place.
+
+    A checkpoint that already sits at ``target`` is moved aside (``.old``) and deleted only once
+    the new one is in place; if the process dies between the two renames, ``latest_checkpoint``
+    finds the ``.old`` one, so there is always a complete checkpoint.
+    """
+    tmp = target.with_name(target.name + ".tmp")
+    old = target.with_name(target.name + ".old")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    if target.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(target, old)
+    os.replace(tmp, target)
+    if old.exists():
+        shutil.rmtree(old)
+    return target
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (and leftovers of interrupted saves)."""
+    root = Path(root)
+    if keep <= 0 or not root.is_dir():
+        return []
+    done = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if (m := STEP_DIR.match(p.name)) and (p / "state.json").is_file())
+    removed = [p for _, p in done[:-keep]]
+    newest = done[-1][0] if done else None
+    for p in root.iterdir():
+        m = _LEFTOVER.match(p.name)
+        if m and newest is not None and int(m.group(1)) <= newest and not p.name.endswith(".tmp"):
+            removed.append(p)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed

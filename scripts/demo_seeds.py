@@ -1,4 +1,4 @@
-"""The README's demo table: `make demo`'s config over several seeds, mean and spread.
+"""The demo table (README, docs/results.md): `make demo`'s config over several seeds, mean and spread.
 
     .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [--name N] [ARGS...]
 

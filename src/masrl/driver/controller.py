@@ -125,7 +125,7 @@ class Controller:
         def one(w):
             return w.train_step({p: shared[p] for p in w.policy_names if p in shared}), w.advantages()
 
-        if len(self.workers) > 1 and all(w.remote for w in self.workers):
+        if len(self.workers) > 1 and all(w.separate_process for w in self.workers):
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(len(self.workers)) as pool:  # actors update at once, each on its own devices

@@ -49,7 +49,7 @@ def _forward(m):
 class RemoteHost(PolicyHost):
     """A ``PolicyWorker`` in a Ray actor, called through ``invoke``."""
 
-    remote = True  # the controller updates remote hosts concurrently
+    separate_process = True  # the controller updates such hosts concurrently
 
     def __init__(self, actor, specs: list, name: str):
         self.actor, self.name = actor, name
@@ -106,7 +106,7 @@ class RankedHost(PolicyHost):
     own calls'), and the ranks update together (their gradients summed over torch.distributed),
     so rank 0 speaks for all where one answer is enough."""
 
-    remote = True
+    separate_process = True
 
     def __init__(self, ranks: list[PolicyHost]):
         self.ranks = ranks

@@ -123,7 +123,7 @@ class Trainer:
     def _take_transfer(self) -> dict | None:
         """Driver <-> actor traffic since the last take (``placement: ray``; None when no host is remote)."""
         moved = [w.take_traffic() for w in self.rt.workers]
-        if not any(w.remote for w in self.rt.workers):
+        if not any(w.separate_process for w in self.rt.workers):
             return None
         per = [v for m in moved for v in m.values()]
         return {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),

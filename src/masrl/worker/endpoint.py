@@ -22,7 +22,7 @@ from masrl.worker.interface import PolicyHost
 
 
 class EndpointHost(PolicyHost):
-    remote = False  # its requests run in the driver's threads
+    separate_process = False  # its requests run in the driver's threads
 
     def __init__(self, spec, engine):
         self.spec, self.cfg = spec, engine

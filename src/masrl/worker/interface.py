@@ -100,13 +100,14 @@ def _traffic(parts: list[dict]) -> dict:
 class PolicyHost(abc.ABC):
     """What the driver may call on a host of policies. Attributes every host sets at construction:
     ``name``, ``specs`` (policy name -> ``PolicySpec``), ``policy_names``, ``trainable_names``, and
-    ``remote`` (it runs in another process: the driver updates several such hosts at once)."""
+    ``separate_process`` (it runs in another process: the driver updates several such hosts at
+    once). (Not ``remote``: Ray's actor classes own that name.)"""
 
     name: str
     specs: dict[str, PolicySpec]
     policy_names: list[str]
     trainable_names: list[str]
-    remote: bool = False
+    separate_process: bool = False
 
     # -- rollout -------------------------------------------------------------------------------
     @host_method("split", _concat)

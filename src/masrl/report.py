@@ -63,7 +63,8 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    **{f"{k}": v for k, v in timing.get(r["step"], {}).items()},
                    "agents": r["rollout"].get("agents", {}), "outcome": r["rollout"].get("outcome"),
                    "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
-                   "policies": _policy_metrics(r), "policy_kl": r.get("policy_kl", {})} for r in steps],
+                   "policies": _policy_metrics(r), "policy_kl": r.get("policy_kl", {}),
+                   "alarms": r.get("alarms", [])} for r in steps],
         "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
         "traces": kept,
@@ -107,6 +108,7 @@ table.kv td{padding:1px 8px 1px 0;vertical-align:top}
 <h1>masrl run: <span id="name"></span></h1>
 <div class="muted" id="note"></div>
 <details><summary>resolved config</summary><pre id="config"></pre></details>
+<h2>Collapse alarms</h2><ul id="alarms"></ul>
 <h2>Agents</h2><div class="charts" id="agent-charts"></div>
 <h2>Policies</h2><div class="charts" id="policy-charts"></div>
 <h2>Step time</h2><div class="charts" id="time-charts"></div>
@@ -144,7 +146,10 @@ const steps=D.steps, names=a=>[...new Set([].concat(...steps.map(s=>Object.keys(
 document.getElementById('name').textContent=D.name; document.getElementById('note').textContent=D.note;
 document.getElementById('config').textContent=D.config;
 const agents=names('agents'), policies=names('policies');
-for(const [key,title] of [['reward','reward'],['accuracy','accuracy'],['format_rate','format rate']])
+const alarmList=document.getElementById('alarms'), raised=steps.filter(s=>(s.alarms||[]).length);
+if(!raised.length) alarmList.appendChild(el('li',{class:'muted'},'none: no agent\'s outputs or entropy collapsed, and groups kept reward variance'));
+for(const s of raised) for(const a of s.alarms) alarmList.appendChild(el('li',{class:'err'},'step '+s.step+': '+a));
+for(const [key,title] of [['reward','reward'],['accuracy','accuracy'],['format_rate','format rate'],['distinct_2','distinct-2 of completions'],['zero_var_groups','share of groups with equal rewards']])
   chart(document.getElementById('agent-charts'),title+' per agent',agents.map(a=>({name:a,points:steps.map(s=>[s.step,(s.agents[a]||{})[key]])})));
 for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fraction'],['entropy','entropy'],['grad_norm','grad norm'],['lp_mismatch','rollout/trainer logprob gap'],['distinct_2','distinct-2 of completions']])
   chart(document.getElementById('policy-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));

@@ -119,3 +119,38 @@ def test_call_timeout_is_an_infrastructure_failure(tmp_path):
     assert "timed out after" in tr._last_traces[0].error
     assert rec["policies"] == {}
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_an_evaluation_whose_traces_fail_stops_instead_of_reporting_an_accuracy(tmp_path, monkeypatch):
+    """96 of 96 held-out traces failed on a GPU host (out of memory) and the run printed
+    "accuracy 0.000" as a result; past rollout.max_failed_fraction an evaluation stops like a step."""
+    import masrl.workflows as wf
+
+    monkeypatch.setitem(wf.REGISTRY, "flaky", Flaky)
+    data = tiny_config("math_solver", tmp_path, steps=0)
+    data["workflow"] = {"name": "flaky"}
+    data["rollout"].update(trace_timeout_s=3)
+    data["eval"] = {"samples_per_task": 3, "temperature": 0.7}
+    tr = Trainer(load_config(data=data), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    with pytest.raises(MasrlError, match=r"evaluation \(eval\): 6 of 9 traces failed .*no held-out figures"):
+        asyncio.run(tr.evaluate())
+    data["rollout"]["max_failed_fraction"] = 0.7  # 6 of 9 is within it: the figures are reported
+    tr = Trainer(load_config(data=data), run_dir=tmp_path / "b")
+    tr.prepare(resume=False)
+    summary = asyncio.run(tr.evaluate())
+    assert summary["failed"] == 6 and summary["traces"] == 9
+
+
+def test_a_retriever_keeps_jax_off_the_gpu():
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, masrl.tools.retrieval.index; print(os.environ.get('JAX_PLATFORMS'))"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "cpu", out.stderr
+    env["JAX_PLATFORMS"] = "cuda"  # the user's own choice stands
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "cuda", out.stderr

@@ -17,6 +17,7 @@ from masrl.config import RunConfig, dump_config
 from masrl.data.tasks import Task
 from masrl.driver import checkpoints as ckpt
 from masrl.driver import faults
+from masrl.driver.alarms import collapse_alarms
 from masrl.driver.builder import Runtime, build_runtime, build_tasks
 from masrl.driver.loggers import build_loggers
 from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summarize_traces
@@ -149,6 +150,7 @@ class Trainer:
                 except InfraError as exc:  # a reward service (a judge) failed: counted as a failed trace
                     tr.error = f"reward: {exc}"
         summary = summarize_traces(traces)
+        self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
         sources = {t.id: t.meta.get("data_source") for t in self.eval_tasks}
@@ -199,6 +201,7 @@ class Trainer:
                 results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
             while self.step < cfg.train.steps:
                 rec = await self.train_step()
+                rec["alarms"] = collapse_alarms(rec, self._first_record(rec))
                 loggers.log_step(self.step, rec)
                 loggers.log_traces(self.step, self._last_traces[: cfg.train.log_traces])
                 self._check_failures(rec["rollout"], self._last_traces)
@@ -226,6 +229,15 @@ class Trainer:
             self.print_comparison(results["before"], results["after"])
         return results
 
+    def _first_record(self, rec: dict) -> dict:
+        """The run's first step record (the baseline of the collapse alarms); after a resume, read
+        back from metrics.jsonl."""
+        if getattr(self, "_first", None) is None:
+            path = self.run_dir / "metrics.jsonl"
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+            self._first = next((x for x in lines if "rollout" in x and "eval" not in x), rec)
+        return self._first
+
     async def _eval_and_log(self, loggers, label: str, title: str) -> dict:
         summary = await self.evaluate(title)
         loggers.log_eval(self.step, label, summary)
@@ -234,13 +246,16 @@ class Trainer:
         self.log(f"[masrl] held-out ({title}): {self._eval_line(summary)}")
         return summary
 
-    def _check_failures(self, roll: dict, traces) -> None:
-        """Stop when more of a step's traces than ``rollout.max_failed_fraction`` failed."""
+    def _check_failures(self, roll: dict, traces, what: str | None = None,
+                        consequence: str = "the step's update ran on the rest") -> None:
+        """Stop when more of a step's (or an evaluation's) traces than ``rollout.max_failed_fraction``
+        failed: an accuracy over the few traces that ran would be no result."""
+        what = what or f"step {self.step}"
         limit = self.cfg.rollout.max_failed_fraction
         if roll["traces"] and roll["failed"] > limit * roll["traces"]:
             errors = [t.error for t in traces if t.failed][:3]
-            raise MasrlError(f"step {self.step}: {roll['failed']} of {roll['traces']} traces failed (more than "
-                             f"rollout.max_failed_fraction={limit:g}); the step's update ran on the rest. First errors:"
+            raise MasrlError(f"{what}: {roll['failed']} of {roll['traces']} traces failed (more than "
+                             f"rollout.max_failed_fraction={limit:g}); {consequence}. First errors:"
                              + "".join(f"\n  - {e}" for e in errors))
 
     def _write_json(self, name: str, data: dict) -> None:

@@ -10,8 +10,15 @@ from masrl.trace import Trace
 
 def distinct_n(texts: list[str], n: int) -> float:
     """Distinct n-grams over all n-grams of ``texts`` (whitespace tokens): 1.0 when no n-gram
-    repeats, near 0 when every completion says the same thing."""
-    grams = [tuple(toks[i:i + n]) for t in texts for toks in [t.split()] for i in range(len(toks) - n + 1)]
+    repeats, near 0 when every completion says the same thing. A text shorter than ``n`` tokens
+    counts as one gram of its own (a one-word answer such as ``<answer>42</answer>`` would
+    otherwise have no bigram, and a finalizer's distinct-2 read 0.0 however varied its answers)."""
+    grams = []
+    for t in texts:
+        toks = t.split()
+        if 0 < len(toks) < n:
+            grams.append(tuple(toks))
+        grams += [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 
@@ -58,7 +65,23 @@ def _workflow_metrics(ok: list[Trace]) -> tuple[dict[str, float], dict[str, dict
     return run, own
 
 
+def zero_variance_groups(ok: list[Trace]) -> dict[str, float]:
+    """Per agent: the share of its groups (calls with the same task, agent and turn across the
+    samples, the default GRPO group) whose rewards are all equal, so that they teach nothing."""
+    groups: dict[tuple, list[float]] = defaultdict(list)
+    for t in ok:
+        for c in t.calls:
+            if c.reward is not None:
+                groups[(t.task_id, c.agent, c.turn)].append(c.reward)
+    flat: dict[str, list[bool]] = defaultdict(list)
+    for (_, agent, _), rewards in groups.items():
+        if len(rewards) > 1:
+            flat[agent].append(max(rewards) - min(rewards) < 1e-9)
+    return {a: sum(v) / len(v) for a, v in flat.items()}
+
+
 def _agent_figures(ok: list[Trace], own: dict[str, dict[str, list[float]]]) -> dict[str, dict]:
+    zero_var = zero_variance_groups(ok)
     by_agent: dict[str, list] = defaultdict(list)
     outcome_by_agent: dict[str, list[float]] = defaultdict(list)  # once per trace the agent took part in
     for t in ok:
@@ -77,6 +100,8 @@ def _agent_figures(ok: list[Trace], own: dict[str, dict[str, list[float]]]) -> d
             "calls": len(calls),
             **diversity(calls),
         }
+        if name in zero_var:
+            agents[name]["zero_var_groups"] = zero_var[name]
         for metric, values in own.get(name, {}).items():  # what the workflow judges this agent on
             agents[name][metric] = mean(values)
     return agents
@@ -129,6 +154,8 @@ def step_line(step: int, total: int, rec: dict) -> str:
         parts.append(f"[{name}] loss={p['loss']:.4f} kl={p['kl']:.4f} gn={p['grad_norm']:.2f} "
                      f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f} "
                      f"dlogp={p.get('lp_mismatch', 0.0):.1e}/{p.get('lp_mismatch_max', 0.0):.1e}")
+    for alarm in rec.get("alarms", []):
+        parts.append(f"ALARM {alarm}")
     return " | ".join(parts)
 
 

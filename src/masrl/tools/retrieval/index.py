@@ -20,6 +20,12 @@ from masrl.errors import DataError
 
 INDEX_VERSION = 1
 
+# bm25s imports JAX when it is installed and warms it up at import; on a GPU host JAX then takes
+# 75% of a GPU's memory in every process that searches (about 105 GiB of an H200), and the
+# policies on that GPU run out of memory. A retriever has no use for a GPU: unless the user chose
+# a JAX platform, JAX stays on the CPU (set before bm25s, hence JAX, is first imported).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 
 def read_corpus(path: str | Path) -> tuple[list[str], list[str]]:
     """(ids, contents) of a JSONL corpus; errors name the line and the field."""

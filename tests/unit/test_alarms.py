@@ -1,0 +1,46 @@
+"""Collapse alarms, and the figures they read, worked by hand."""
+
+from masrl.driver.alarms import collapse_alarms
+from masrl.driver.metrics import distinct_n, summarize_traces, zero_variance_groups
+from masrl.trace import Call, Trace
+
+
+def test_a_one_word_answer_is_its_own_gram():
+    answers = ["<answer>4</answer>", "<answer>9</answer>", "<answer>4</answer>"]
+    assert distinct_n(answers, 2) == 2 / 3  # was 0.0: no bigrams at all
+    assert distinct_n(["a b a", "a b c"], 2) == 0.75 and distinct_n([""], 2) == 0.0
+
+
+def _trace(task, sample, rewards):
+    tr = Trace(trace_id=f"t{task}{sample}", task_id=task, sample_idx=sample)
+    for turn, (agent, r) in enumerate(rewards):
+        tr.calls.append(Call(call_id=f"c{task}{sample}{turn}", trace_id=tr.trace_id, task_id=task, sample_idx=sample,
+                             agent=agent, policy="p", turn=turn, messages=[], completion=f"x{sample}", reward=r))
+    tr.metrics["outcome"] = 0.0
+    return tr
+
+
+def test_groups_without_reward_variance_are_counted_per_agent():
+    traces = [_trace("a", 0, [("solver", 1.0), ("judge", 0.5)]), _trace("a", 1, [("solver", 0.0), ("judge", 0.5)]),
+              _trace("b", 0, [("solver", 1.0), ("judge", 0.0)]), _trace("b", 1, [("solver", 1.0), ("judge", 1.0)])]
+    assert zero_variance_groups(traces) == {"solver": 0.5, "judge": 0.5}
+    traces.append(_trace("c", 0, [("solver", 1.0), ("judge", 1.0)]))  # a group of one teaches nothing either way
+    assert zero_variance_groups(traces) == {"solver": 0.5, "judge": 0.5}
+    assert summarize_traces(traces)["agents"]["judge"]["zero_var_groups"] == 0.5
+
+
+def _rec(step, d2, zero_var, entropy):
+    return {"step": step, "rollout": {"agents": {"finalizer": {"distinct_2": d2, "zero_var_groups": zero_var}}},
+            "policies": {"shared": {"entropy": entropy}}}
+
+
+def test_collapse_alarms_name_the_agent_the_figure_and_where_it_started():
+    first = _rec(1, 0.6, 0.2, 0.30)
+    assert collapse_alarms(first, None) == []
+    assert collapse_alarms(_rec(5, 0.5, 0.5, 0.25), first) == []
+    alarms = collapse_alarms(_rec(30, 0.05, 0.85, 0.02), first)
+    assert alarms == ["finalizer: distinct-2 0.05 (was 0.60 at step 1)",
+                      "finalizer: 85% of its groups have equal rewards (no advantage)",
+                      "[shared] entropy 0.020 (was 0.300 at step 1)"]
+    # a policy that starts near-deterministic is not flagged for staying so
+    assert collapse_alarms(_rec(30, 0.6, 0.2, 0.015), _rec(1, 0.6, 0.2, 0.02)) == []

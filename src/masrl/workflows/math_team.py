@@ -9,6 +9,16 @@ A near-miss output never stops the workflow: fields are read leniently (an unpar
 verifier counts as "uncertain"; a missing refined solution keeps the solver's), while the
 format score, which the format reward pays, stays strict. Turn scores (for the turn-delta
 reward) are the correctness of the number each solution-bearing agent states.
+
+Role credit (``role_credit: true``, paid by the ``credit`` reward) pays each agent for its own job
+rather than for the team's answer, which every agent shares:
+
+  solver     1 when its answer is right
+  verifier   1 when its verdict is right (``correct`` on a right answer, ``incorrect`` on a wrong
+             one), 0 when wrong, 0.25 for ``uncertain`` (so hedging pays less than judging well;
+             a verifier that always approves earns the solver's accuracy, no more)
+  refiner    +1 when it fixes a wrong answer, -1 when it breaks a right one, 0 otherwise
+  finalizer  1 when the number it states is the refined solution's (its job is to report it)
 """
 
 from __future__ import annotations
@@ -46,11 +56,19 @@ def _correct(value, task: Task) -> float:
     return 1.0 if value is not None and answers_equivalent(value, task.answer) else 0.0
 
 
+def verdict_credit(status: str, solver_correct: float) -> float:
+    """The verifier's role credit: 1 for the right verdict, 0 for the wrong one, 0.25 for a hedge."""
+    if status == "uncertain":
+        return 0.25
+    return 1.0 if (status == "correct") == (solver_correct == 1.0) else 0.0
+
+
 class MathTeam:
     name = "math_team"
 
-    def __init__(self, verify: bool = True):
+    def __init__(self, verify: bool = True, role_credit: bool = False):
         self.verify = verify
+        self.role_credit = role_credit
 
     def roles(self) -> dict[str, AgentRole]:
         return {
@@ -84,6 +102,12 @@ class MathTeam:
         )
         answer = fin.parsed.get("answer")
         fin.turn_score = _correct(answer, task)
+        if self.role_credit:
+            sol.credit = sol.turn_score
+            ver.credit = verdict_credit(status, sol.turn_score)
+            ref.credit = ref.turn_score - sol.turn_score
+            stated = to_number(refined)
+            fin.credit = 1.0 if stated is not None and answers_equivalent(answer, stated) else 0.0
         ctx.state.update(first_answer=first, status=status, refined=refined)
         ctx.finish(answer)
 

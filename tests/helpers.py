@@ -74,3 +74,25 @@ def centered_advantage(batch, scale: float = 1.0):
     """A user's advantage estimator (used from a config as 'helpers:centered_advantage'):
     the reward minus the batch mean, scaled."""
     return (batch.rewards - batch.rewards.mean()) * scale
+
+
+@dataclass
+class HalfFlatReward:
+    """Tasks whose id hashes even get one reward for every call (flat: no advantage anywhere);
+    the others a text hash (groups with variance). For dynamic sampling's tests."""
+
+    weight: float = 1.0
+    name: str = "half_flat"
+
+    def allocate(self, trace, task):
+        flat = is_flat_task(task.id)
+        return [RewardAssignment(c.call_id, 0.5 if flat else (zlib.crc32(f"{task.id}|{c.completion}|{c.call_id}".encode())
+                                                               % 97) / 97.0, self.name) for c in trace.calls]
+
+
+def is_flat_task(task_id: str) -> bool:
+    return zlib.crc32(task_id.encode()) % 2 == 0
+
+
+def half_flat_reward(weight: float = 1.0):
+    return HalfFlatReward(weight=weight)

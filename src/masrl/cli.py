@@ -63,6 +63,14 @@ def _report(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from masrl.compare import build_compare
+
+    path = build_compare(args.run_dirs, args.out)
+    print(f"[masrl] wrote {path} (open it in a browser)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -82,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-steps", type=int, default=50, help="steps whose logged traces are kept (evenly spread)")
     r.add_argument("--max-chars", type=int, default=4000, help="texts are cut to this many characters")
     r.set_defaults(fn=_report)
+    c = sub.add_parser("compare", help="one HTML page: runs grouped by config name (seeds), held-out accuracy "
+                                       "against training calls, tokens and seconds, with the spread over seeds")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--out", default="compare.html")
+    c.set_defaults(fn=_compare)
     from masrl import cli_tools
 
     cli_tools.add_commands(sub)

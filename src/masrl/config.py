@@ -168,6 +168,11 @@ class RolloutConfig(Strict):
     trace_timeout_s: float = Field(1800.0, gt=0)
     max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
                                                                     "than this fail for infrastructure reasons")
+    dynamic_sampling: int = Field(0, ge=0, le=16, description="refill rounds per step (DAPO's dynamic sampling): a "
+                                                                "task whose every group has equal rewards teaches "
+                                                                "nothing, so its calls leave the update and fresh "
+                                                                "tasks are rolled out in its place, up to this many "
+                                                                "extra rollouts a step; 0: off")
 
 
 class RewardConfig(Strict):

@@ -89,6 +89,15 @@ class Controller:
         traces.sort(key=lambda tr: order[(tr.task_id, tr.sample_idx)])
         return traces
 
+    def drop_traces(self, traces: list[Trace]) -> None:
+        """Take these traces' calls out of the next update (each host forgets its own)."""
+        drops: dict[int, list[str]] = {}
+        for tr in traces:
+            for c in tr.calls:
+                drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
+        for i, ids in drops.items():
+            self.workers[i].drop(ids)
+
     def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
         """Score calls and route rewards (or drops, for failed traces) to the worker of each call."""
         per_worker: dict[int, dict[str, float]] = {}

@@ -19,6 +19,7 @@ from masrl.driver import checkpoints as ckpt
 from masrl.driver import faults
 from masrl.driver.alarms import collapse_alarms
 from masrl.driver.builder import Runtime, build_runtime, build_tasks
+from masrl.driver.dynamic import flat_tasks, fresh_tasks
 from masrl.driver.loggers import build_loggers
 from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summarize_traces
 from masrl.errors import InfraError, MasrlError
@@ -173,8 +174,11 @@ class Trainer:
         traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
                                      seed=stable_seed(self.cfg.seed, "train", self.step),
                                      label=f"step {self.step + 1} rollout")
-        t1 = time.perf_counter()
         self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
+        refill = None
+        if r.dynamic_sampling:
+            traces, refill = await self._refill(tasks, traces)
+        t1 = time.perf_counter()
         kl = self.rt.controller.policy_kl(self.cfg.train.policy_kl) if self.cfg.train.policy_kl else None
         faults.point(f"update:{self.step + 1}")
         with self.console.status(f"  step {self.step + 1} update"):
@@ -185,11 +189,41 @@ class Trainer:
                "policies": policies}
         if kl is not None:
             rec["policy_kl"] = kl
+        if refill is not None:
+            rec["dynamic_sampling"] = refill
         moved = self._take_transfer()
         if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
             rec["transfer"] = moved
         self._last_traces = traces
         return rec
+
+    async def _refill(self, tasks: list[Task], traces: list) -> tuple[list, dict]:
+        """``rollout.dynamic_sampling``: drop flat tasks' calls, roll out fresh tasks in their place."""
+        r, key = self.cfg.rollout, self.cfg.algorithm.group_key
+        used = {t.id for t in tasks}
+        flat = flat_tasks(traces, key)
+        dropped, rounds, extra = len(flat), 0, 0
+        self.rt.controller.drop_traces([t for t in traces if t.task_id in flat])
+        kept = len(used) - len(flat)
+        while kept < r.tasks_per_step and rounds < r.dynamic_sampling:
+            rounds += 1
+            more = fresh_tasks(self.train_tasks, used, r.tasks_per_step - kept,
+                               stable_seed(self.cfg.seed, "refill", self.step, rounds))
+            if not more:
+                break
+            used |= {t.id for t in more}
+            extra += len(more)
+            new = await self._rollout(more, r.samples_per_task, train=True, temperature=None,
+                                      seed=stable_seed(self.cfg.seed, "train", self.step, "refill", rounds),
+                                      label=f"step {self.step + 1} refill {rounds}")
+            self.rt.controller.assign_rewards(new, {t.id: t for t in more})
+            flat = flat_tasks(new, key)
+            self.rt.controller.drop_traces([t for t in new if t.task_id in flat])
+            dropped += len(flat)
+            kept += len(more) - len(flat)
+            traces = traces + new
+        return traces, {"flat_tasks_dropped": dropped, "refill_rounds": rounds, "extra_tasks": extra,
+                        "teaching_tasks": kept}
 
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> dict:

@@ -1,0 +1,150 @@
+"""``masrl compare RUN_DIR...``: does my team beat one agent? One static HTML page.
+
+Runs are grouped into *arms* by their config's ``name`` (seeds of one config are one arm; give an
+arm another name with ``name=...``). For each arm the page draws held-out accuracy and training
+outcome against the training compute spent so far, measured three ways (model calls, completion
+tokens, wall-clock seconds of rollout and update), with the mean over seeds and the min-max band;
+and a table: held-out before -> after (mean, min-max, per seed), the compute each arm spent, and
+its model calls per held-out task. Equal compute is read off the x axes, not assumed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from masrl.errors import MasrlError
+from masrl.report import _read_jsonl
+
+
+def run_curves(run_dir: Path) -> dict:
+    """One run's name, seed, per-step training compute and outcomes, and its held-out evaluations."""
+    records = _read_jsonl(run_dir / "metrics.jsonl")
+    if not records:
+        raise MasrlError(f"{run_dir}: no metrics.jsonl; give run directories of `masrl train` (runs/<name>)")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
+    calls = tokens = seconds = 0.0
+    steps, at_step = [], {0: (0.0, 0.0, 0.0)}
+    for r in records:
+        if "rollout" not in r:
+            continue
+        agents = r["rollout"].get("agents", {}).values()
+        calls += sum(a["calls"] for a in agents)
+        tokens += sum(a["calls"] * a["tokens"] for a in agents)
+        seconds += r.get("rollout_s", 0.0) + r.get("update_s", 0.0)
+        at_step[r["step"]] = (calls, tokens, seconds)
+        steps.append({"step": r["step"], "calls": calls, "tokens": tokens, "seconds": seconds,
+                      "outcome": r["rollout"].get("outcome")})
+    evals = []
+    for r in records:
+        if "eval" in r and r["step"] in at_step:
+            c, t, s = at_step[r["step"]]
+            per_task = sum(a.get("calls", 0) for a in r.get("agents", {}).values()) / max(1, r.get("traces", 1))
+            evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "seconds": s,
+                          "accuracy": r.get("outcome"), "calls_per_task": per_task})
+    return {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
+            "evals": evals}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "values": values}
+
+
+def arm_summary(runs: list[dict]) -> dict:
+    """Held-out before and after (the first and last evaluation of each seed) and compute spent."""
+    def pick(run, which):
+        ev = [e for e in run["evals"] if e["accuracy"] is not None]
+        return (ev[0] if which == "first" else ev[-1]) if ev else None
+
+    out: dict = {"seeds": [r["seed"] for r in runs], "runs": len(runs)}
+    for which in ("first", "last"):
+        got = [pick(r, which) for r in runs]
+        if all(got):
+            out[f"heldout_{which}"] = _spread([g["accuracy"] for g in got])
+            out[f"heldout_{which}_step"] = [g["step"] for g in got]
+            out[f"calls_per_task_{which}"] = _spread([g["calls_per_task"] for g in got])
+    for key in ("calls", "tokens", "seconds"):
+        finals = [r["steps"][-1][key] for r in runs if r["steps"]]
+        if finals:
+            out[f"train_{key}"] = _spread(finals)
+    return out
+
+
+def collect_runs(run_dirs: list[str | Path]) -> dict:
+    arms: dict[str, list[dict]] = {}
+    for d in run_dirs:
+        d = Path(d)
+        if not d.is_dir():
+            raise MasrlError(f"run directory '{d}' does not exist")
+        run = run_curves(d)
+        arms.setdefault(run["name"], []).append(run)
+    return {"arms": [{"name": n, "runs": rs, "summary": arm_summary(rs)} for n, rs in arms.items()]}
+
+
+def build_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
+    if not run_dirs:
+        raise MasrlError("masrl compare: give one or more run directories")
+    data = json.dumps(collect_runs(run_dirs), default=str).replace("</", "<\\/")
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_PAGE.replace("__DATA__", data), encoding="utf-8")
+    return path
+
+
+_PAGE = r"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>masrl compare</title>
+<style>
+body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1300px}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+.charts{display:flex;flex-wrap:wrap;gap:14px}.chart{border:1px solid #ddd;padding:6px}
+.chart .title{font-weight:600;font-size:13px}.legend span{margin-right:10px;font-size:12px}
+table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}.muted{color:#777;font-size:12px}
+</style></head><body>
+<h1>masrl compare: held-out accuracy against training compute</h1>
+<div class="muted">Each arm is one config name over its seeds: the line is the mean over seeds, the band the min-max.
+Compute counts model calls, completion tokens and rollout + update seconds spent in training so far.</div>
+<h2>Summary</h2><table id="summary"></table>
+<h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
+<h2>Training outcome</h2><div class="charts" id="training"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+const D=JSON.parse(document.getElementById('data').textContent), NS='http://www.w3.org/2000/svg';
+const COLORS=['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b'];
+function el(t,a,x){const e=document.createElement(t);for(const k in (a||{}))e.setAttribute(k,a[k]);if(x!==undefined)e.textContent=x;return e;}
+function sv(t,a){const e=document.createElementNS(NS,t);for(const k in a)e.setAttribute(k,a[k]);return e;}
+const f3=v=>v===undefined||v===null?'-':(+v).toFixed(3), big=v=>v===undefined?'-':Math.round(v).toLocaleString();
+// points of one arm: per index i (the i-th step or evaluation of every seed), x and y mean and y min-max
+function band(runs,list,xkey,ykey){const n=Math.min(...runs.map(r=>r[list].length));const out=[];
+  for(let i=0;i<n;i++){const xs=runs.map(r=>r[list][i][xkey]),ys=runs.map(r=>r[list][i][ykey]).filter(v=>v!==null&&v!==undefined);
+    if(!ys.length)continue; out.push([xs.reduce((a,b)=>a+b)/xs.length,ys.reduce((a,b)=>a+b)/ys.length,Math.min(...ys),Math.max(...ys)]);}
+  return out;}
+function chart(parent,title,series){const W=400,H=210,P=36,box=el('div',{class:'chart'});box.appendChild(el('div',{class:'title'},title));
+  const svg=sv('svg',{width:W,height:H,'data-title':title});const pts=[].concat(...series.map(s=>s.points));
+  if(pts.length){let x0=Math.min(...pts.map(p=>p[0])),x1=Math.max(...pts.map(p=>p[0])),y0=Math.min(...pts.map(p=>p[2])),y1=Math.max(...pts.map(p=>p[3]));
+    if(x1===x0)x1=x0+1;if(y1===y0){y1=y0+1;y0=y0-1;}
+    const X=x=>P+(x-x0)/(x1-x0)*(W-P-8),Y=y=>H-22-(y-y0)/(y1-y0)*(H-34);
+    svg.appendChild(sv('path',{d:`M${P},8V${H-22}H${W-8}`,stroke:'#999',fill:'none'}));
+    for(const [v,y] of [[y1,Y(y1)],[y0,Y(y0)]]){const t=sv('text',{x:2,y:y+4,'font-size':10});t.textContent=(+v).toPrecision(3);svg.appendChild(t);}
+    const tx=sv('text',{x:W-150,y:H-6,'font-size':10});tx.textContent=big(x0)+' – '+big(x1);svg.appendChild(tx);
+    series.forEach((s,i)=>{const c=COLORS[i%COLORS.length];if(!s.points.length)return;
+      const poly=s.points.map(p=>X(p[0])+','+Y(p[3])).concat(s.points.slice().reverse().map(p=>X(p[0])+','+Y(p[2])));
+      svg.appendChild(sv('polygon',{points:poly.join(' '),fill:c,'fill-opacity':0.15,stroke:'none','data-band':s.name}));
+      svg.appendChild(sv('polyline',{points:s.points.map(p=>X(p[0])+','+Y(p[1])).join(' '),fill:'none',stroke:c,'stroke-width':1.8,'data-series':s.name}));});
+  } else {const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t);}
+  box.appendChild(svg);const lg=el('div',{class:'legend'});series.forEach((s,i)=>{const sp=el('span',{},'— '+s.name);sp.style.color=COLORS[i%COLORS.length];lg.appendChild(sp);});
+  box.appendChild(lg);parent.appendChild(box);}
+const T=document.getElementById('summary');
+T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','training calls','training tokens','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
+for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=el('tr');
+  tr.append(el('td',{},a.name),el('td',{},s.seeds.join(', ')),
+    el('td',{},f&&l?`${f3(f.mean)} -> ${f3(l.mean)} (${f3(l.min)}-${f3(l.max)})`:'no held-out evaluation'),
+    el('td',{},l?l.values.map(f3).join(', '):'-'),el('td',{},s.train_calls?big(s.train_calls.mean):'-'),
+    el('td',{},s.train_tokens?big(s.train_tokens.mean):'-'),el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
+    el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'));T.appendChild(tr);}
+for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['seconds','seconds']]){
+  chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
+  chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}
+</script></body></html>
+"""

@@ -1,0 +1,76 @@
+"""masrl compare: arms by config name, held-out accuracy against training compute, spread over seeds."""
+
+import json
+import os
+import shutil
+
+import pytest
+from tinycfg import tiny_config
+
+from masrl.cli import main
+from masrl.compare import collect_runs
+from masrl.config import load_config
+from masrl.driver.loop import train
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("compare")
+    dirs = []
+    for base, name in (("math_team_shared", "team"), ("math_solver", "solo")):
+        for seed in (0, 1):
+            data = tiny_config(base, root / f"{name}-{seed}", steps=2, name=name, seed=seed)
+            data["train"].update(eval_before=True, eval_after=True, eval_every=1)
+            train(load_config(data=data))
+            dirs.append(root / f"{name}-{seed}")
+    return dirs
+
+
+def test_runs_group_into_arms_with_compute_and_the_spread_over_seeds(runs):
+    data = collect_runs(runs)
+    arms = {a["name"]: a for a in data["arms"]}
+    assert set(arms) == {"team", "solo"} and all(a["summary"]["seeds"] == [0, 1] for a in arms.values())
+    team = arms["team"]
+    run = team["runs"][0]
+    metrics = [json.loads(x) for x in open(os.path.join(run["dir"], "metrics.jsonl")) if '"rollout"' in x]
+    calls = sum(a["calls"] for a in metrics[0]["rollout"]["agents"].values())
+    assert run["steps"][0]["calls"] == calls and run["steps"][1]["calls"] > calls  # cumulative
+    assert [e["label"] for e in run["evals"]] == ["before", "held_out", "after"]
+    assert run["evals"][0]["calls"] == 0 and run["evals"][-1]["calls"] == run["steps"][-1]["calls"]
+    s = team["summary"]
+    finals = [r["evals"][-1]["accuracy"] for r in team["runs"]]
+    assert s["heldout_last"]["values"] == finals and s["heldout_last"]["min"] == min(finals)
+    assert s["calls_per_task_last"]["mean"] == 4.0  # the math team: four calls a task
+    assert arms["solo"]["summary"]["calls_per_task_last"]["mean"] == 1.0
+
+
+def test_the_compare_page_is_written_by_the_cli_and_draws_bands(runs, tmp_path, capsys):
+    out = tmp_path / "pages" / "cmp.html"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    assert "arms" in out.read_text()
+    assert main(["compare", str(tmp_path / "nothing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("needs Debian's chromium and chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        driver.get(out.resolve().as_uri())
+        chart = driver.find_element(By.CSS_SELECTOR, "svg[data-title='held-out accuracy vs training model calls']")
+        assert {e.get_attribute("data-series") for e in chart.find_elements(By.CSS_SELECTOR, "polyline")} == {"team", "solo"}
+        assert len(chart.find_elements(By.CSS_SELECTOR, "polygon")) == 2
+        rows = driver.find_elements(By.CSS_SELECTOR, "#summary tr")
+        assert len(rows) == 3 and "team" in rows[1].text + rows[2].text
+    finally:
+        driver.quit()

@@ -168,6 +168,9 @@ class RolloutConfig(Strict):
     trace_timeout_s: float = Field(1800.0, gt=0)
     max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
                                                                     "than this fail for infrastructure reasons")
+    counterfactual: CounterfactualConfig | None = Field(
+        None, description="counterfactual credit per call ({k, agents}): costs k re-runs of the rest of the trace per "
+                          "credited call, reported per step")
     dynamic_sampling: int = Field(0, ge=0, le=16, description="refill rounds per step (DAPO's dynamic sampling): a "
                                                                 "task whose every group has equal rewards teaches "
                                                                 "nothing, so its calls leave the update and fresh "
@@ -175,10 +178,22 @@ class RolloutConfig(Strict):
                                                                 "extra rollouts a step; 0: off")
 
 
+REWARD_TYPES = ("outcome", "format", "turn_delta", "credit", "judge", "counterfactual")
+
+
+class CounterfactualConfig(Strict):
+    """Counterfactual credit: each call of ``agents`` is resampled ``k`` times and the rest of its trace
+    re-run; the call earns its outcome minus the alternatives' mean (paid by the counterfactual reward)."""
+
+    k: int = Field(2, ge=1, le=16, description="alternative samples per credited call")
+    agents: list[str] | None = Field(None, description="agents whose calls are credited; default: every agent")
+
+
 class RewardConfig(Strict):
     type: str = Field(description="outcome | format | turn_delta | credit (what the workflow credits each call) | "
                                   "judge (a model behind an OpenAI-compatible endpoint scores the final answer; "
-                                  "options: base_url, model, ...) | 'module:factory'")
+                                  "options: base_url, model, ...) | counterfactual (each call's outcome minus the "
+                                  "mean outcome with it resampled; needs rollout.counterfactual) | 'module:factory'")
     weight: float = 1.0
     per_agent: dict[str, float] = Field(default_factory=dict, description="format: weight per agent")
     penalty: float = Field(0.0, ge=0, description="format: subtracted when an output has no usable tag")
@@ -186,9 +201,8 @@ class RewardConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "RewardConfig":
-        if self.type not in ("outcome", "format", "turn_delta", "credit", "judge") and ":" not in self.type:
-            raise ValueError(f"unknown reward type {self.type!r}: use outcome, format, turn_delta, credit, judge or "
-                             "'module:factory'")
+        if self.type not in REWARD_TYPES and ":" not in self.type:
+            raise ValueError(f"unknown reward type {self.type!r}: use {', '.join(REWARD_TYPES)} or 'module:factory'")
         if self.type != "format":
             unused = [k for k, v in (("per_agent", self.per_agent), ("penalty", self.penalty)) if v]
             if unused:
@@ -322,7 +336,23 @@ class RunConfig(Strict):
         for name, p in self.policies.items():
             self._check_policy_links(name, p)
         self._check_agents()
+        self._check_counterfactual()
         return self
+
+    def _check_counterfactual(self) -> None:
+        """The counterfactual reward and rollout.counterfactual come together; its agents exist."""
+        cf = self.rollout.counterfactual
+        paid = any(r.type == "counterfactual" for r in self.rewards)
+        if paid and cf is None:
+            raise ValueError("rewards: the counterfactual reward pays credit that rollout.counterfactual computes; set "
+                             "rollout.counterfactual: {k: 2} (or remove the reward)")
+        if cf is not None and not paid:
+            raise ValueError("rollout.counterfactual computes credit no reward pays (each credited call costs k re-runs "
+                             "of its trace); add {type: counterfactual} to rewards, or remove it")
+        unknown = [a for a in (cf.agents or []) if a not in self.agents] if cf is not None else []
+        if unknown:
+            raise ValueError(f"rollout.counterfactual.agents: {', '.join(unknown)} not under `agents` "
+                             f"(agents: {', '.join(self.agents)})")
 
     def _check_agents(self) -> None:
         """Every agent maps to a policy that can play it, and every policy plays some agent."""

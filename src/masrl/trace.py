@@ -36,6 +36,7 @@ class Call:
     format_score: float = 0.0  # partial credit in [0, 1] from the agent's parser
     turn_score: float | None = None  # optional per-turn quality set by the workflow (for turn deltas)
     credit: float | None = None  # the workflow's own reward for this call (paid by the `credit` reward)
+    counterfactual: float | None = None  # outcome minus the mean outcome with this call resampled (`counterfactual`)
     reward: float | None = None
     reward_parts: dict[str, float] = field(default_factory=dict)
     advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained

@@ -166,7 +166,7 @@ def build_allocators(cfg: RunConfig) -> list:
     for i, r in enumerate(cfg.rewards):
         if r.type == "format":
             out.append(REWARDS["format"](weight=r.weight, per_agent=dict(r.per_agent), penalty=r.penalty))
-        elif r.type in ("outcome", "turn_delta", "credit", "judge"):
+        elif r.type in ("outcome", "turn_delta", "credit", "judge", "counterfactual"):
             try:
                 out.append(REWARDS[r.type](weight=r.weight, **r.options))
             except TypeError as exc:

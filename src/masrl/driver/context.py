@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
@@ -14,6 +16,17 @@ from masrl.tools.base import Tool, ToolInfraError, ToolResult, run_tool
 from masrl.trace import Call, ToolCall, Trace, new_id
 
 Submit = Callable[[str, GenCall], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Re-run a trace from its call ``at`` (counterfactual credit): the calls before it are the
+    recorded ones, replayed without sampling; call ``at`` is sampled anew with alternative
+    ``alt``'s seed; the calls after it are sampled as usual. Nothing a branch samples trains."""
+
+    replay: tuple  # the recorded trace's calls
+    at: int
+    alt: int
 
 
 class WorkflowContext:
@@ -28,6 +41,7 @@ class WorkflowContext:
         tools: dict[str, Callable] | None = None,
         temperature: float | None = None,
         seed: int | None = None,
+        branch: Branch | None = None,
     ):
         self.trace = trace
         self.agents = agents
@@ -37,6 +51,7 @@ class WorkflowContext:
         self.tools = {k: v if isinstance(v, Tool) else Tool.from_function(v, name=k) for k, v in (tools or {}).items()}
         self.temperature = temperature  # eval override
         self.seed = seed  # the trace's sampling seed; each call's derives from it, its agent and turn
+        self.branch = branch
         self.state = trace.state
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
@@ -49,6 +64,9 @@ class WorkflowContext:
             raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
                            f"(defined: {', '.join(self.agents)})")
         t = self.trace
+        index = len(t.calls)
+        if self.branch is not None and index < self.branch.at:
+            return self._replayed(index, agent)
         call = Call(
             call_id=new_id("call"), trace_id=t.trace_id, task_id=t.task_id, sample_idx=t.sample_idx, agent=agent,
             policy=spec.policy, turn=len(t.calls) if turn is None else turn, messages=messages,
@@ -61,7 +79,7 @@ class WorkflowContext:
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             template_kwargs=spec.template_kwargs, tools=self._specs(tools),
-            seed=None if self.seed is None else stable_seed(self.seed, agent, call.turn),
+            seed=self._call_seed(agent, call.turn, index),
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:
@@ -80,6 +98,26 @@ class WorkflowContext:
         call.parsed = parsed.fields
         call.format_ok = parsed.ok
         call.format_score = parsed.score
+        return call
+
+    def _call_seed(self, agent: str, turn: int, index: int) -> int | None:
+        if self.seed is None:
+            return None
+        seed = stable_seed(self.seed, agent, turn)
+        if self.branch is not None and index == self.branch.at:  # the alternative sample of the branched call
+            seed = stable_seed(seed, "counterfactual", self.branch.alt)
+        return seed
+
+    def _replayed(self, index: int, agent: str) -> Call:
+        """The recorded call ``index`` again, under this trace (a branch's prefix is not sampled)."""
+        rec = self.branch.replay[index]
+        if rec.agent != agent:  # the workflow did not repeat itself on the same outputs
+            raise InfraError(f"counterfactual replay diverged at call {index}: the workflow called '{agent}' where "
+                             f"the recorded trace had '{rec.agent}'")
+        call = dataclasses.replace(rec, call_id=new_id("call"), trace_id=self.trace.trace_id, trainable=False,
+                                   reward=None, reward_parts={}, advantage=None, credit=None, counterfactual=None,
+                                   turn_score=None)
+        self.trace.calls.append(call)
         return call
 
     def _specs(self, names: list[str] | None) -> list[dict]:

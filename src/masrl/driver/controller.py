@@ -15,7 +15,7 @@ from masrl.agents import AgentSpec
 from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
 from masrl.driver.batcher import Batcher
-from masrl.driver.context import WorkflowContext
+from masrl.driver.context import Branch, WorkflowContext
 from masrl.errors import InfraError, WorkflowBug
 from masrl.messages import GenCall
 from masrl.rewards import combine
@@ -43,11 +43,11 @@ class Controller:
         return await self.batchers[self.worker_of[gen.policy]].submit(gen)
 
     async def _run_one(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem,
-                       seed: int | None = None) -> Trace:
+                       seed: int | None = None, branch: Branch | None = None) -> Trace:
         trace = Trace(trace_id=new_id("trace"), task_id=task.id, sample_idx=sample_idx)
         ctx = WorkflowContext(trace, self.agents, self._submit, train=train, call_timeout_s=self.settings.call_timeout_s,
                               tools=self.tools, temperature=temperature,
-                              seed=None if seed is None else stable_seed(seed, task.id, sample_idx))
+                              seed=None if seed is None else stable_seed(seed, task.id, sample_idx), branch=branch)
         async with sem:
             t0 = time.perf_counter()
             try:
@@ -63,6 +63,11 @@ class Controller:
                                   f"'{getattr(self.workflow, 'name', type(self.workflow).__name__)}' raised:\n{tb}") from exc
             trace.duration_s = time.perf_counter() - t0
         return trace
+
+    async def run_branch(self, task: Task, trace: Trace, at: int, alt: int, sem, seed: int | None) -> Trace:
+        """``trace`` re-run from its call ``at`` with alternative ``alt`` of that call (nothing trains)."""
+        return await self._run_one(task, trace.sample_idx, False, None, sem, seed,
+                                   branch=Branch(tuple(trace.calls), at, alt))
 
     async def rollout(self, tasks: list[Task], samples_per_task: int, *, train: bool,
                       temperature: float | None = None, on_done: Callable[[Trace], None] | None = None,

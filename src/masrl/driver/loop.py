@@ -19,6 +19,7 @@ from masrl.driver import checkpoints as ckpt
 from masrl.driver import faults
 from masrl.driver.alarms import collapse_alarms
 from masrl.driver.builder import Runtime, build_runtime, build_tasks
+from masrl.driver.counterfactual import counterfactual_credit
 from masrl.driver.dynamic import flat_tasks, fresh_tasks
 from masrl.driver.loggers import build_loggers
 from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summarize_traces
@@ -174,6 +175,10 @@ class Trainer:
         traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
                                      seed=stable_seed(self.cfg.seed, "train", self.step),
                                      label=f"step {self.step + 1} rollout")
+        extra = {}
+        cf = await self._counterfactual(traces, tasks, self.step)
+        if cf is not None:
+            extra["counterfactual"] = cf
         self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
         refill = None
         if r.dynamic_sampling:
@@ -191,11 +196,22 @@ class Trainer:
             rec["policy_kl"] = kl
         if refill is not None:
             rec["dynamic_sampling"] = refill
+        rec.update(extra)
         moved = self._take_transfer()
         if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
             rec["transfer"] = moved
         self._last_traces = traces
         return rec
+
+    async def _counterfactual(self, traces: list, tasks: list[Task], step: int, refill: int = 0) -> dict | None:
+        """``rollout.counterfactual``: each credited call's outcome minus its alternatives' mean, on the calls."""
+        cf = self.cfg.rollout.counterfactual
+        if cf is None:
+            return None
+        seed = stable_seed(self.cfg.seed, "train", step) if not refill else \
+            stable_seed(self.cfg.seed, "train", step, "refill", refill)  # the seed the traces were sampled with
+        return await counterfactual_credit(self.rt.controller, traces, {t.id: t for t in tasks}, k=cf.k,
+                                           agents=cf.agents, seed=seed, max_in_flight=self.cfg.rollout.max_in_flight)
 
     async def _refill(self, tasks: list[Task], traces: list) -> tuple[list, dict]:
         """``rollout.dynamic_sampling``: drop flat tasks' calls, roll out fresh tasks in their place."""
@@ -216,6 +232,7 @@ class Trainer:
             new = await self._rollout(more, r.samples_per_task, train=True, temperature=None,
                                       seed=stable_seed(self.cfg.seed, "train", self.step, "refill", rounds),
                                       label=f"step {self.step + 1} refill {rounds}")
+            await self._counterfactual(new, more, self.step, rounds)
             self.rt.controller.assign_rewards(new, {t.id: t for t in more})
             flat = flat_tasks(new, key)
             self.rt.controller.drop_traces([t for t in new if t.task_id in flat])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from masrl.rewards.base import RewardAllocator, combine
+from masrl.rewards.counterfactual import CounterfactualReward
 from masrl.rewards.credit import CreditReward
 from masrl.rewards.format import FormatReward
 from masrl.rewards.judge import JudgeReward
@@ -10,7 +11,7 @@ from masrl.rewards.outcome import OutcomeReward
 from masrl.rewards.turn_delta import TurnDeltaReward
 
 REGISTRY = {"outcome": OutcomeReward, "format": FormatReward, "turn_delta": TurnDeltaReward, "credit": CreditReward,
-            "judge": JudgeReward}
+            "judge": JudgeReward, "counterfactual": CounterfactualReward}
 
 __all__ = ["REGISTRY", "RewardAllocator", "combine", "OutcomeReward", "FormatReward", "TurnDeltaReward", "CreditReward",
-           "JudgeReward"]
+           "JudgeReward", "CounterfactualReward"]

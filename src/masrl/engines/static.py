@@ -28,7 +28,7 @@ prefill *is* the lean forward. The logprob of each sampled token is that of soft
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -395,72 +395,84 @@ class StaticEngine:
     # -- the loop ----------------------------------------------------------------------------------
     def _generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         n = len(requests)
-        dev = self.dev
+        st = self._start(requests)
+        out = _Outputs(n)
+        while True:
+            launched = self._launch_chunk(st)
+            # read the chunk before the one just launched: the device keeps working meanwhile
+            while len(st.pending) > (1 if launched else 0):
+                self._absorb_one(st, requests, out)
+            if all(out.done) or st.steps >= st.max_new - 1:
+                while st.pending:  # the last reads (not counted as syncs: nothing waits on them)
+                    self._absorb_one(st, requests, out, count=False)
+                break
+            live = [b for b, i in enumerate(st.rows) if not out.done[i]]
+            if batch_bucket(len(live)) < st.Bb and len(live) <= self.compact_ratio * len(st.rows):
+                self._shrink(st, live)
+        return [GenOutput(out.ids[i], out.lps[i], self.tok.decode(out.ids[i], skip_special_tokens=True), out.finish[i])
+                for i in range(n)]
+
+    def _start(self, requests: list[GenRequest]) -> "_Batch":
+        """Buffers sized for the batch, the prefill, and the first sampled token of every row."""
+        n, dev = len(requests), self.dev
         prompts = [list(r.prompt_ids) for r in requests]
         adapters = [r.adapter or "__base__" for r in requests] if self.is_peft else None
         sp = [r.sampling for r in requests]
-        limits = [r.max_new_tokens for r in requests]
-        max_new = max(limits)
+        max_new = max(r.max_new_tokens for r in requests)
         groups, pre, pmax, smax = slot_layout(prompts, keys=adapters, min_prefix=self.min_prefix)
-        total = pmax + smax + max_new
         Bb = batch_bucket(n)
-        self._ensure(Bb, total)
+        self._ensure(Bb, pmax + smax + max_new)
         self.bias[:Bb].fill_(float("-inf"))
         self.bias[n:Bb, 0] = 0.0  # bucket padding rows attend to something (no empty softmax)
         self.row_adapter[:Bb] = -1
         if adapters is not None:
             self.row_adapter[:n] = torch.tensor([self.slot_of.get(a, -1) for a in adapters], device=dev)
         self._refresh_masks(Bb)
-        temps = torch.tensor([s.temperature for s in sp], dtype=torch.float32, device=dev)
-        top_ps = torch.tensor([s.top_p for s in sp], dtype=torch.float32, device=dev)
-        flags = BatchFlags.of([s.temperature for s in sp], [s.top_p for s in sp])
-
+        st = _Batch(Bb=Bb, cur=pmax + smax, max_new=max_new, rows=list(range(n)),  # buffer row -> request
+                    temps=torch.tensor([s.temperature for s in sp], dtype=torch.float32, device=dev),
+                    top_ps=torch.tensor([s.top_p for s in sp], dtype=torch.float32, device=dev),
+                    flags=BatchFlags.of([s.temperature for s in sp], [s.top_p for s in sp]),
+                    U=_uniforms(requests, max_new, dev))  # [n, max_new], rows follow the buffer rows
         logits = self._prefill(prompts, groups, pre, pmax, smax, adapters, n)
         self.pos_buf[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
-        cur = pmax + smax
-        self.slot_t.fill_(cur)
-        U = _uniforms(requests, max_new, dev)  # [n, max_new], rows follow the buffer rows
-        tokens, lps = sample_tokens(logits, temps, top_ps, self.generator, flags, None if U is None else U[:, 0])
-        out_ids: list[list[int]] = [[] for _ in range(n)]
-        out_lp: list[list[float]] = [[] for _ in range(n)]
-        finish = ["length"] * n
-        done = [False] * n
-        rows = list(range(n))  # buffer row -> request
-        pending = [(torch.stack([tokens]), torch.stack([lps]), list(rows))]
+        self.slot_t.fill_(st.cur)
+        tokens, lps = sample_tokens(logits, st.temps, st.top_ps, self.generator, st.flags,
+                                    None if st.U is None else st.U[:, 0])
+        st.pending.append((torch.stack([tokens]), torch.stack([lps]), list(st.rows)))
         self.tok_buf[:n].copy_(tokens)
-        steps = 0
-        while True:
-            chunk_t, chunk_l = [], []
-            active_rows = len(rows)
-            while len(chunk_t) < self.sync_every and steps < max_new - 1:
-                logits = self._decode(Bb, slot_bucket(cur + 1))
-                tokens, lps = sample_tokens(logits[:active_rows], temps, top_ps, self.generator, flags,
-                                            None if U is None else U[:, steps + 1])
-                self.tok_buf[:active_rows].copy_(tokens)
-                chunk_t.append(tokens)
-                chunk_l.append(lps)
-                cur += 1
-                steps += 1
-            if chunk_t:
-                pending.append((torch.stack(chunk_t), torch.stack(chunk_l), list(rows)))
-            # read the chunk before the one just launched: the device keeps working meanwhile
-            while len(pending) > (1 if chunk_t else 0):
-                t_chunk, l_chunk, row_map = pending.pop(0)
-                self._absorb(t_chunk.tolist(), l_chunk.tolist(), row_map, requests, out_ids, out_lp, finish, done, limits)
-                self.stats["syncs"] += 1
-            if all(done) or steps >= max_new - 1:
-                for t_chunk, l_chunk, row_map in pending:
-                    self._absorb(t_chunk.tolist(), l_chunk.tolist(), row_map, requests, out_ids, out_lp, finish, done, limits)
-                break
-            live = [b for b, i in enumerate(rows) if not done[i]]
-            if batch_bucket(len(live)) < Bb and len(live) <= self.compact_ratio * len(rows):
-                temps, top_ps = self._compact(live, temps, top_ps)
-                if U is not None:
-                    U = U.index_select(0, torch.tensor(live, dtype=torch.long, device=dev))
-                rows = [rows[b] for b in live]
-                Bb = batch_bucket(len(rows))
-        return [GenOutput(out_ids[i], out_lp[i], self.tok.decode(out_ids[i], skip_special_tokens=True), finish[i])
-                for i in range(n)]
+        return st
+
+    def _launch_chunk(self, st: "_Batch") -> bool:
+        """Up to ``sync_every`` decode steps on the device, sampled tokens kept there (no host read);
+        returns whether any step ran."""
+        chunk_t, chunk_l = [], []
+        active_rows = len(st.rows)
+        while len(chunk_t) < self.sync_every and st.steps < st.max_new - 1:
+            logits = self._decode(st.Bb, slot_bucket(st.cur + 1))
+            tokens, lps = sample_tokens(logits[:active_rows], st.temps, st.top_ps, self.generator, st.flags,
+                                        None if st.U is None else st.U[:, st.steps + 1])
+            self.tok_buf[:active_rows].copy_(tokens)
+            chunk_t.append(tokens)
+            chunk_l.append(lps)
+            st.cur += 1
+            st.steps += 1
+        if chunk_t:
+            st.pending.append((torch.stack(chunk_t), torch.stack(chunk_l), list(st.rows)))
+        return bool(chunk_t)
+
+    def _absorb_one(self, st: "_Batch", requests, out: "_Outputs", count: bool = True) -> None:
+        t_chunk, l_chunk, row_map = st.pending.pop(0)
+        self._absorb(t_chunk.tolist(), l_chunk.tolist(), row_map, requests, out.ids, out.lps, out.finish, out.done,
+                     [r.max_new_tokens for r in requests])
+        self.stats["syncs"] += count
+
+    def _shrink(self, st: "_Batch", live: list[int]) -> None:
+        """Compact the unfinished rows to the front of the buffers and drop to a smaller batch bucket."""
+        st.temps, st.top_ps = self._compact(live, st.temps, st.top_ps)
+        if st.U is not None:
+            st.U = st.U.index_select(0, torch.tensor(live, dtype=torch.long, device=self.dev))
+        st.rows = [st.rows[b] for b in live]
+        st.Bb = batch_bucket(len(st.rows))
 
     def _absorb(self, t_chunk, l_chunk, row_map, requests, out_ids, out_lp, finish, done, limits) -> None:
         """Append one chunk of sampled tokens ``[steps][rows]`` to each unfinished request, up to
@@ -517,3 +529,29 @@ class StaticEngine:
         self.row_adapter[m:Bb] = -1
         self._refresh_masks(Bb)
         return temps.index_select(0, idx), top_ps.index_select(0, idx)
+
+
+@dataclass
+class _Batch:
+    """One generate call's state between decode chunks."""
+
+    Bb: int  # the batch bucket the graphs run at
+    cur: int  # the next KV slot
+    max_new: int
+    rows: list[int]  # buffer row -> request index
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+    flags: BatchFlags
+    U: torch.Tensor | None  # per-call random numbers [rows, max_new], or None
+    steps: int = 0
+    pending: list = field(default_factory=list)  # (tokens [steps, rows], logprobs, row map) not yet read
+
+
+class _Outputs:
+    """What each request has produced so far."""
+
+    def __init__(self, n: int):
+        self.ids: list[list[int]] = [[] for _ in range(n)]
+        self.lps: list[list[float]] = [[] for _ in range(n)]
+        self.finish = ["length"] * n
+        self.done = [False] * n

@@ -38,7 +38,9 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
     # the config's own rewards (credit, say) stay; the outcome reward always pays
     rewards = [{"type": "outcome"}] + [r for r in data.get("rewards", [{"type": "format", "weight": 0.5}])
                                        if r["type"] != "outcome"]
-    data["rollout"] = {"tasks_per_step": 2, "samples_per_task": 3, "max_wait_ms": 5}
+    # sizes shrink; what the config's rollout does (counterfactual credit, dynamic sampling) stays
+    kept = {k: v for k, v in data.get("rollout", {}).items() if k in ("counterfactual", "dynamic_sampling")}
+    data["rollout"] = {"tasks_per_step": 2, "samples_per_task": 3, "max_wait_ms": 5, **kept}
     data["rewards"] = rewards + [{"type": "helpers:agent_hash_reward", "options": {"agents": hash_agents}}]
     data["train"] = {"steps": steps, "save_every": 1, "eval_before": False, "eval_after": False, "log_traces": 2}
     data["algorithm"] = {"micro_batch_size": 4}

@@ -28,7 +28,9 @@ def test_every_kind_of_host_implements_every_method_with_its_signature(cls):
                 own.__code__.co_varnames[:2] == ("self", "args"):
             continue  # generated: forwards *args, **kwargs as the interface takes them
         got = inspect.signature(own)
-        assert list(got.parameters) == list(declared.parameters), (cls.__name__, name, got, declared)
+        # ray.remote(PolicyWorker), once any Ray test has run, adds its tracing keyword to the class's methods
+        params = [p for p in got.parameters if p != "_ray_trace_ctx"]
+        assert params == list(declared.parameters), (cls.__name__, name, got, declared)
 
 
 def test_a_host_missing_a_method_cannot_be_built():

@@ -43,3 +43,15 @@ class InfraError(RuntimeError):
 class ToolError(InfraError):
     """A tool failed for a reason the model did not cause: the trace is dropped, as for InfraError.
     (A failure the model caused comes back from ``ctx.tool`` as ``ToolResult(ok=False)``.)"""
+
+
+class ContextOverflow(InfraError):
+    """A prompt plus the tokens asked for do not fit the model's context (the gateway answers 400)."""
+
+    def __init__(self, tokens: int, max_new: int, limit: int):
+        super().__init__(tokens, max_new, limit)  # the args rebuild it when it crosses a process
+        self.tokens, self.max_new, self.limit = tokens, max_new, limit
+
+    def __str__(self) -> str:
+        return (f"the prompt has {self.tokens} tokens and asks for up to {self.max_new} more, past the model's "
+                f"context of {self.limit} tokens")

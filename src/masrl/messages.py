@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 
 from masrl.config import SamplingParams
 
-__all__ = ["SamplingParams", "GenCall", "GenResult", "GenRequest", "GenOutput"]
+__all__ = ["SamplingParams", "GenCall", "GenResult", "GenRequest", "GenOutput", "RAW_ROLE"]
+
+# A message of this role holds a raw prompt: the worker tokenizes it as it is, with no chat template
+# (the gateway's /v1/completions).
+RAW_ROLE = "__raw_prompt__"
 
 
 @dataclass

@@ -9,13 +9,25 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
-from masrl.errors import InfraError, ToolError  # noqa: F401 - InfraError: where workflows import it from
+from masrl.errors import ContextOverflow, InfraError, ToolError  # noqa: F401 - InfraError: workflows import it here
 from masrl.messages import GenCall
 from masrl.seeding import stable_seed
 from masrl.tools.base import Tool, ToolInfraError, ToolResult, run_tool
 from masrl.trace import Call, ToolCall, Trace, new_id
 
 Submit = Callable[[str, GenCall], Awaitable[Any]]
+
+
+def _limited(sampling, limit: dict | None):
+    """The agent's sampling with a request's ``max_new_tokens`` (never above the agent's) and ``stop``."""
+    if not limit:
+        return sampling
+    update = {}
+    if limit.get("max_new_tokens"):
+        update["max_new_tokens"] = min(int(limit["max_new_tokens"]), sampling.max_new_tokens)
+    if limit.get("stop"):
+        update["stop"] = tuple(dict.fromkeys([*(sampling.stop or ()), *limit["stop"]]))
+    return sampling.model_copy(update=update) if update else sampling
 
 
 @dataclass(frozen=True)
@@ -55,10 +67,14 @@ class WorkflowContext:
         self.state = trace.state
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
-                   tools: list[str] | None = None) -> Call:
+                   tools: list[str] | None = None, tool_specs: list[dict] | None = None,
+                   limit: dict | None = None) -> Call:
         """Call ``agent`` on ``messages``. ``tools``: names of this workflow's tools the model may
         call itself (rendered through the chat template's ``tools=`` or masrl's tag format; read
-        its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``)."""
+        its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``).
+        ``tool_specs``: JSON function specs given as they are (a request through the gateway).
+        ``limit``: ``max_new_tokens`` no larger than the agent's own, and ``stop`` strings added to
+        the agent's (what an outside program may ask for without changing what is trained)."""
         spec = self.agents.get(agent)
         if spec is None:
             raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
@@ -73,17 +89,20 @@ class WorkflowContext:
             trainable=self.train and spec.trainable,
         )
         t.calls.append(call)
-        sampling = spec.sampling
+        sampling = _limited(spec.sampling, limit)
         if self.temperature is not None:  # eval override
             sampling = sampling.model_copy(update={"temperature": self.temperature, "top_p": 1.0})
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
-            template_kwargs=spec.template_kwargs, tools=self._specs(tools),
+            template_kwargs=spec.template_kwargs, tools=self._specs(tools) + list(tool_specs or []),
             seed=self._call_seed(agent, call.turn, index),
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:
             res = await asyncio.wait_for(self._submit(agent, gen), self.call_timeout_s)
+        except (asyncio.CancelledError, ContextOverflow):  # the caller went away, or the prompt did not fit:
+            t.calls.remove(call)                            # no call was made
+            raise
         except asyncio.TimeoutError:
             raise InfraError(f"call to agent '{agent}' timed out after {self.call_timeout_s:g}s") from None
         except InfraError:

@@ -200,3 +200,6 @@ class Controller:
     async def aclose(self) -> None:
         for b in self.batchers:
             await b.aclose()
+        close = getattr(self.workflow, "aclose", None)  # a workflow that serves (the external one's gateway)
+        if close is not None:
+            await close()

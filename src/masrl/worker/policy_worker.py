@@ -20,7 +20,8 @@ from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.messages import GenCall, GenRequest, GenResult
+from masrl.errors import ContextOverflow
+from masrl.messages import RAW_ROLE, GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
 from masrl.worker import state as ckpt
@@ -153,6 +154,8 @@ class PolicyWorker(PolicyHost):
         """Prompt token ids. With ``tools``: through the template's own ``tools=`` where it has one,
         else in masrl's tag format (``tools.calls``)."""
         tok = self.host.tokenizer
+        if len(messages) == 1 and messages[0].get("role") == RAW_ROLE:  # a raw prompt (no chat template)
+            return tok(messages[0]["content"], add_special_tokens=False)["input_ids"]
         kwargs = dict(template_kwargs or {})
         if tools or any(m.get("role") == "tool" for m in messages):
             from masrl.tools.calls import template_renders_tools, with_tools_in_text
@@ -179,19 +182,29 @@ class PolicyWorker(PolicyHost):
             self.host.unpark()
             self._ema_stash.back([t for e in self.emas.values() for t in e.shadow])
 
-    def generate(self, calls: list[GenCall]) -> list[GenResult]:
+    def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
         self._resident()
         prompts = [self.render(c.messages, c.template_kwargs, c.tools) for c in calls]
+        limit = self.context_limit()
+        fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
-                    for c, p in zip(calls, prompts)]
-        outputs = self.engine.generate(requests)
-        results = []
-        for c, p, o in zip(calls, prompts, outputs):
+                    for c, p, ok in zip(calls, prompts, fits) if ok]
+        outputs = iter(self.engine.generate(requests) if requests else [])
+        results: list[GenResult | Exception] = []
+        for c, p, ok in zip(calls, prompts, fits):
+            if not ok:  # that call alone fails; the engine never sees it
+                results.append(ContextOverflow(len(p), c.sampling.max_new_tokens, limit))
+                continue
+            o = next(outputs)
             if c.record and self.host.policies[c.policy].trainable:
                 self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
                                                 c.sampling.temperature, dict(c.key))
             results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason))
         return results
+
+    def context_limit(self) -> int:
+        """The most tokens a prompt and its completion may hold (the model's position limit)."""
+        return int(getattr(self.host.core.config, "max_position_embeddings", None) or 1 << 30)
 
     # -- rewards and updates -------------------------------------------------------------------
     def commit_rewards(self, rewards: dict[str, float]) -> int:

@@ -7,6 +7,7 @@ from masrl.loading import load_object
 from masrl.workflows.code_team import CodeSolver, CodeTeam
 from masrl.workflows.debate import Debate
 from masrl.workflows.env import EnvWorkflow
+from masrl.workflows.external import External
 from masrl.workflows.graph import Graph
 from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
@@ -15,7 +16,7 @@ from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver, "code_team": CodeTeam, "code_solver": CodeSolver,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
-            "rag": RAG, "graph": Graph, "env": EnvWorkflow}
+            "rag": RAG, "graph": Graph, "env": EnvWorkflow, "external": External}
 
 
 def build_workflow(name: str, options: dict):

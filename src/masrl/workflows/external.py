@@ -1,0 +1,166 @@
+"""Train an agent team written outside masrl, unchanged: ``workflow: {name: external, ...}``.
+
+For each task sample masrl opens an episode on its OpenAI-compatible gateway (``driver.gateway``)
+and hands the episode's base URL to your program, which talks to it as to any OpenAI server:
+
+- ``agent: "pkg.module:run"``: masrl calls ``run(task, base_url)`` (sync, in a thread, or async),
+  with ``task = {"id", "question"}``; its return value is the final answer;
+- ``command: ["python", "my_team.py"]``: masrl runs it with ``OPENAI_BASE_URL`` and
+  ``OPENAI_API_KEY`` set and the task in ``MASRL_TASK`` (JSON); the last line it prints is the
+  answer (or a JSON object's ``answer``). A leading ``python`` is the interpreter running masrl.
+
+Each request names its agent as ``model`` (one of ``agents``); every request becomes a call on
+the episode's trace, with the exact tokens sampled, so the usual rewards, per-policy groups and
+updates follow. ``score``: ``math`` (the answer is the gold number), ``exact``, ``contains`` or
+``'module:function'`` (``f(answer, task) -> float``) gives the outcome. A program that raises,
+hangs past ``timeout_s`` or meets a failed model call has its trace dropped as infrastructure and
+counted (``rollout.max_failed_fraction`` stops the run); the answer is never made up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from masrl.agents import AgentRole
+from masrl.data.answers import answers_equivalent
+from masrl.data.tasks import Task
+from masrl.errors import ConfigError, InfraError
+from masrl.loading import load_object
+from masrl.parsing import ParseResult
+from masrl.trace import Trace
+
+
+def parse_raw(text: str) -> ParseResult:
+    """An outside agent's output is whatever it wrote; its program reads it."""
+    return ParseResult(ok=True, score=1.0, fields={"text": text})
+
+
+SCORERS = ("math", "exact", "contains")
+
+
+class External:
+    name = "external"
+
+    def __init__(self, agents: list[str], agent: str | None = None, command: list[str] | str | None = None,
+                 score: str = "math", timeout_s: float = 600.0, max_new_tokens: int = 256, api_key: str | None = None,
+                 port: int = 0):
+        if (agent is None) == (command is None):
+            raise ValueError("give exactly one of agent ('pkg.module:function', called with the task and a base URL) "
+                             "and command (a program run with OPENAI_BASE_URL set)")
+        if not agents:
+            raise ValueError("agents: list the names your program sends as `model` (each maps to a policy in the "
+                             "config's agents section)")
+        if score not in SCORERS and ":" not in score:
+            raise ValueError(f"score: {score!r} is not one of {', '.join(SCORERS)} or 'module:function'")
+        self.agent_names = list(agents)
+        self.fn = load_object(agent, "workflow.options.agent") if agent else None
+        if self.fn is not None and not callable(self.fn):
+            raise ConfigError(f"workflow.options.agent: '{agent}' is not a function")
+        command = [command] if isinstance(command, str) else command
+        if command and command[0] in ("python", "python3"):  # the interpreter running masrl: the same environment
+            command = [sys.executable, *command[1:]]
+        self.command = command
+        self.scorer = load_object(score, "workflow.options.score") if ":" in score else score
+        self.timeout_s, self.max_new_tokens, self.api_key, self.port = timeout_s, max_new_tokens, api_key, port
+        self._gateway = self._gateway_loop = None  # a task that starts the gateway, and its loop
+        self._pool: ThreadPoolExecutor | None = None  # for a synchronous agent function
+
+    def roles(self) -> dict[str, AgentRole]:
+        return {a: AgentRole(a, parse_raw, "an agent of the outside program", self.max_new_tokens, ())
+                for a in self.agent_names}
+
+    async def gateway(self):
+        """The gateway of this event loop: started once, by the first episode (the others await
+        the same start); a new event loop gets a new one."""
+        loop = asyncio.get_running_loop()
+        if self._gateway is None or self._gateway_loop is not loop:
+            self._gateway_loop = loop
+            self._gateway = asyncio.ensure_future(self._start_gateway())
+        return await asyncio.shield(self._gateway)
+
+    async def _start_gateway(self):
+        from masrl.driver.gateway import Gateway
+
+        gw = Gateway(port=self.port, api_key=self.api_key)
+        await gw.start()
+        return gw
+
+    async def aclose(self) -> None:
+        if self._gateway is not None and self._gateway_loop is asyncio.get_running_loop():
+            await (await self._gateway).stop()
+        self._gateway = self._gateway_loop = None
+
+    async def run(self, task: Task, ctx) -> None:
+        gw = await self.gateway()
+        rid, base_url = gw.open(ctx)
+        try:
+            answer = await asyncio.wait_for(self._invoke(task, base_url), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise InfraError(f"the outside agent did not finish task {task.id} within {self.timeout_s:g}s "
+                             f"(workflow.options.timeout_s)") from None
+        except InfraError:
+            raise
+        except Exception as exc:  # the user's program failed: its trace is dropped, never scored
+            raise InfraError(f"the outside agent raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            errors = gw.finish(rid)
+        if errors:
+            raise InfraError(f"a model call of the outside agent failed: {errors[0]}")
+        ctx.finish(answer)
+
+    async def _invoke(self, task: Task, base_url: str):
+        view = {"id": task.id, "question": task.question}
+        if self.fn is None:
+            return await self._run_command(view, base_url)
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(view, base_url)
+        # threads of its own: a blocking client waits on the gateway, whose batchers need the default
+        # executor's threads to run the model; sharing them would deadlock once every thread waits
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="masrl-external")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, view, base_url)
+
+    async def _run_command(self, view: dict, base_url: str):
+        env = dict(os.environ, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=self.api_key or "masrl",
+                   MASRL_TASK=json.dumps(view))
+        proc = await asyncio.create_subprocess_exec(*self.command, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.PIPE)
+        try:
+            out, err = await proc.communicate()
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        if proc.returncode != 0:
+            tail = err.decode(errors="replace").strip().splitlines()[-3:]
+            raise InfraError(f"the outside agent {self.command[0]} exited with status {proc.returncode}: "
+                             + " | ".join(tail))
+        lines = [x for x in out.decode(errors="replace").splitlines() if x.strip()]
+        last = lines[-1].strip() if lines else ""
+        try:
+            obj = json.loads(last)
+            return obj.get("answer") if isinstance(obj, dict) else last
+        except json.JSONDecodeError:
+            return last
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        answer = trace.final_answer
+        if callable(self.scorer):
+            return {"outcome": float(self.scorer(answer, task))}
+        if answer is None:
+            return {"outcome": 0.0}
+        text, gold = str(answer).strip(), task.answer
+        golds = gold if isinstance(gold, (list, tuple)) else [gold]
+        if self.scorer == "math":
+            ok = answers_equivalent(text, gold)
+        elif self.scorer == "exact":
+            ok = any(text.lower() == str(g).strip().lower() for g in golds)
+        else:
+            ok = any(str(g).strip().lower() in text.lower() for g in golds)
+        return {"outcome": 1.0 if ok else 0.0}
+

@@ -1,0 +1,204 @@
+"""The OpenAI-compatible gateway on 127.0.0.1, driven by real HTTP clients (aiohttp and the official
+openai client) against a tiny real model: bad input, disconnects, concurrency, nothing lost."""
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+from tinycfg import prepared_trainer, tiny_config
+
+from masrl.config import load_config
+from masrl.driver.context import WorkflowContext
+from masrl.driver.gateway import Gateway, chat_response
+from masrl.driver.loop import Trainer
+from masrl.errors import MasrlError
+from masrl.trace import Call, Trace
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+def _data(tmp_path, **options):
+    data = tiny_config("external_openai_team", tmp_path, steps=1)
+    data["workflow"]["options"].update(options)
+    return data
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gw")
+    data = _data(tmp)
+    data["agents"]["solver"]["max_new_tokens"] = 400  # long enough to disconnect in the middle of
+    tr, _, _ = prepared_trainer(data, tmp)
+    return tr
+
+
+def _episode(tr):
+    trace = Trace("t-gw", "task-1", 0)
+    ctx = WorkflowContext(trace, tr.rt.agents, tr.rt.controller._submit, train=True, call_timeout_s=60, seed=1)
+    return trace, ctx
+
+
+async def _post(session, url, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    async with session.post(url, data=data, headers={"Content-Type": "application/json", **kw.pop("headers", {})},
+                            **kw) as r:
+        return r.status, await r.json()
+
+
+def _ask(agent="checker", content="What is 2 + 2?", **extra):
+    return {"model": agent, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_bad_input_gets_a_status_that_names_the_problem(trainer):
+    async def go():
+        gw = Gateway()
+        await gw.start()
+        trace, ctx = _episode(trainer)
+        rid, base = gw.open(ctx)
+        done_rid, done_base = gw.open(_episode(trainer)[1])
+        gw.finish(done_rid)
+        out = {}
+        async with aiohttp.ClientSession() as s:
+            out["json"] = await _post(s, f"{base}/chat/completions", b"{not json")
+            out["role"] = await _post(s, f"{base}/chat/completions",
+                                      {"model": "checker", "messages": [{"role": "user", "content": "hi"},
+                                                                        {"role": "wizard", "content": "x"}]})
+            out["model"] = await _post(s, f"{base}/chat/completions", _ask("chekcer"))
+            out["stream"] = await _post(s, f"{base}/chat/completions", _ask(stream=True))
+            out["long"] = await _post(s, f"{base}/chat/completions", _ask(content="hello " * 5000))
+            out["finished"] = await _post(s, f"{done_base}/chat/completions", _ask())
+            out["nowhere"] = await _post(s, f"{gw.url}/v1/chat/completions", _ask())
+            out["ok"] = await _post(s, f"{base}/chat/completions", _ask(max_tokens=3))
+            async with s.get(f"{base}/models") as r:
+                out["models"] = (r.status, await r.json())
+        await gw.stop()
+        await trainer.rt.controller.aclose()
+        return out, trace
+
+    out, trace = asyncio.run(go())
+    assert out["json"][0] == 400 and "not valid JSON" in out["json"][1]["error"]["message"]
+    assert out["role"][0] == 400 and out["role"][1]["error"]["param"] == "messages[1].role"
+    assert out["model"][0] == 404 and "agents: solver, checker" in out["model"][1]["error"]["message"]
+    assert out["stream"][0] == 400 and "stream: true is not supported" in out["stream"][1]["error"]["message"]
+    assert out["long"][0] == 400 and "context of 4096 tokens" in out["long"][1]["error"]["message"]
+    assert out["finished"][0] == 409 and "has finished" in out["finished"][1]["error"]["message"]
+    assert out["nowhere"][0] == 400 and "base URL masrl gave the episode" in out["nowhere"][1]["error"]["message"]
+    status, body = out["ok"]
+    assert status == 200 and body["object"] == "chat.completion" and body["usage"]["completion_tokens"] <= 3
+    assert [m["id"] for m in out["models"][1]["data"]] == ["solver", "checker"]
+    # only the request that was served is on the trace: rejected ones never became calls
+    assert [c.agent for c in trace.calls] == ["checker"] and trace.calls[0].completion == body["choices"][0]["message"]["content"]
+
+
+def test_a_key_guards_every_route(trainer):
+    async def go():
+        gw = Gateway(api_key="s3cret")
+        await gw.start()
+        _, ctx = _episode(trainer)
+        _, base = gw.open(ctx)
+        async with aiohttp.ClientSession() as s:
+            bare = await _post(s, f"{base}/chat/completions", _ask())
+            keyed = await _post(s, f"{base}/chat/completions", _ask(max_tokens=2),
+                                headers={"Authorization": "Bearer s3cret"})
+        await gw.stop()
+        await trainer.rt.controller.aclose()
+        return bare, keyed
+
+    bare, keyed = asyncio.run(go())
+    assert bare[0] == 401 and "Authorization: Bearer" in bare[1]["error"]["message"] and keyed[0] == 200
+
+
+def test_a_client_that_disconnects_has_its_call_cancelled_and_others_are_served(trainer):
+    async def go():
+        gw = Gateway()
+        await gw.start()
+        trace, ctx = _episode(trainer)
+        _, base = gw.open(ctx)
+        async with aiohttp.ClientSession() as s:
+            quitter = asyncio.ensure_future(_post(s, f"{base}/chat/completions", _ask("solver"),
+                                                  timeout=aiohttp.ClientTimeout(total=0.3)))
+            stayer = asyncio.ensure_future(_post(s, f"{base}/chat/completions", _ask("checker", max_tokens=4)))
+            gone = await asyncio.gather(quitter, return_exceptions=True)
+            kept = await stayer
+            later = await _post(s, f"{base}/chat/completions", _ask("checker", max_tokens=4))
+        await asyncio.sleep(0.5)
+        await gw.stop()
+        await trainer.rt.controller.aclose()
+        return gone[0], kept, later, trace
+
+    gone, kept, later, trace = asyncio.run(go())
+    assert isinstance(gone, asyncio.TimeoutError)
+    assert kept[0] == 200 and later[0] == 200
+    assert [c.agent for c in trace.calls] == ["checker", "checker"]  # the solver's call never completed
+
+
+def test_two_hundred_concurrent_clients_are_all_served_and_recorded(trainer):
+    async def go():
+        gw = Gateway()
+        await gw.start()
+        episodes = [_episode(trainer) for _ in range(20)]
+        bases = [gw.open(ctx)[1] for _, ctx in episodes]
+        batches0 = sum(b.stats.batches for b in trainer.rt.controller.batchers)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            got = await asyncio.gather(*[_post(s, f"{bases[i % 20]}/chat/completions",
+                                               _ask(content=f"What is {i} + 1?", max_tokens=3)) for i in range(200)])
+        batches = sum(b.stats.batches for b in trainer.rt.controller.batchers) - batches0
+        await gw.stop()
+        await trainer.rt.controller.aclose()
+        return got, episodes, batches, gw.served
+
+    got, episodes, batches, served = asyncio.run(go())
+    assert [s for s, _ in got] == [200] * 200 and served == 200
+    assert sum(len(t.calls) for t, _ in episodes) == 200  # every completed call is on its trace
+    assert batches < 200  # requests were batched together
+    assert {c.call_id for t, _ in episodes for c in t.calls} == {b["id"].removeprefix("chatcmpl-") for _, b in got}
+
+
+def test_tool_calls_come_back_in_openai_format():
+    call = Call("c1", "t", "q", 0, "solver", "p", 0, [],
+                completion='Let me look. <tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>')
+    msg = chat_response(call, offered_tools=True)["choices"][0]
+    assert msg["finish_reason"] == "tool_calls" and msg["message"]["content"] == "Let me look."
+    tc = msg["message"]["tool_calls"][0]
+    assert tc["type"] == "function" and tc["function"]["name"] == "search"
+    assert json.loads(tc["function"]["arguments"]) == {"query": "x"}
+    plain = chat_response(call, offered_tools=False)["choices"][0]
+    assert plain["finish_reason"] == "stop" and "tool_calls" not in plain["message"]
+
+
+def test_an_outside_team_trains_through_the_gateway_as_a_function_and_as_a_program(tmp_path):
+    for mode, options in (("function", {"agent": "openai_team:run", "command": None}), ("program", {})):
+        data = _data(tmp_path / mode, **options)
+        tr, workers, before = prepared_trainer(data, tmp_path / mode)
+        rec = asyncio.run(tr.train_step())
+        traces = tr._last_traces
+        assert rec["rollout"]["failed"] == 0 and len(traces) == 6
+        assert all([c.agent for c in t.calls] == ["solver", "checker"] and t.calls[1].completion for t in traces)
+        assert rec["policies"]["shared"]["n_seqs"] == 12  # both agents' calls trained, exact tokens from the worker
+        assert workers["shared"].fingerprint("shared") != before["shared"]
+        asyncio.run(tr.rt.controller.aclose())
+
+
+def _failing(task, base_url):
+    raise RuntimeError("the team's own bug")
+
+
+def _hanging(task, base_url):
+    time.sleep(5)
+    return "1"
+
+
+def test_an_outside_team_that_raises_or_hangs_is_dropped_and_stops_the_run(tmp_path):
+    for name, options in (("raise", {"agent": "test_gateway:_failing", "command": None}),
+                          ("hang", {"agent": "test_gateway:_hanging", "command": None, "timeout_s": 1})):
+        data = _data(tmp_path / name, **options)
+        tr = Trainer(load_config(data=data), run_dir=tmp_path / name)
+        tr.prepare(resume=False)
+        with pytest.raises(MasrlError, match="6 of 6 traces failed") as err:
+            asyncio.run(tr.run())
+        assert ("the team's own bug" if name == "raise" else "did not finish task") in str(err.value)

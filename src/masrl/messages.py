@@ -35,6 +35,7 @@ class GenCall:
     template_kwargs: dict = field(default_factory=dict)  # for the tokenizer's chat template (enable_thinking, ...)
     seed: int | None = None  # the call's own sampling seed: its tokens do not depend on its batch
     tools: list[dict] = field(default_factory=list)  # JSON specs of tools the model may call (``tools.calls``)
+    extends: str | None = None  # an earlier call whose prompt and sampled completion these messages continue
 
 
 @dataclass

@@ -202,3 +202,27 @@ def test_an_outside_team_that_raises_or_hangs_is_dropped_and_stops_the_run(tmp_p
         with pytest.raises(MasrlError, match="6 of 6 traces failed") as err:
             asyncio.run(tr.run())
         assert ("the team's own bug" if name == "raise" else "did not finish task") in str(err.value)
+
+
+def test_a_conversation_that_continues_a_call_trains_on_the_ids_that_were_sampled(trainer):
+    async def go():
+        gw = Gateway()
+        await gw.start()
+        trace, ctx = _episode(trainer)
+        _, base = gw.open(ctx)
+        first = [{"role": "user", "content": "What is 3 + 4?"}]
+        async with aiohttp.ClientSession() as s:
+            _, a = await _post(s, f"{base}/chat/completions", {"model": "checker", "messages": first, "max_tokens": 8})
+            said = a["choices"][0]["message"]["content"]
+            more = first + [{"role": "assistant", "content": said}, {"role": "user", "content": "Sure?"}]
+            _, b = await _post(s, f"{base}/chat/completions", {"model": "checker", "messages": more, "max_tokens": 4})
+        await gw.stop()
+        await trainer.rt.controller.aclose()
+        return trace
+
+    worker = trainer.rt.workers[0]
+    continued = worker.prompts.stats["continued"]
+    trace = asyncio.run(go())
+    one, two = (worker.buffer[c.call_id] for c in trace.calls)
+    assert two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == one.prompt_ids + one.completion_ids
+    assert worker.prompts.stats["continued"] == continued + 1

@@ -68,13 +68,15 @@ class WorkflowContext:
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
                    tools: list[str] | None = None, tool_specs: list[dict] | None = None,
-                   limit: dict | None = None) -> Call:
+                   limit: dict | None = None, extends: str | None = None) -> Call:
         """Call ``agent`` on ``messages``. ``tools``: names of this workflow's tools the model may
         call itself (rendered through the chat template's ``tools=`` or masrl's tag format; read
         its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``).
         ``tool_specs``: JSON function specs given as they are (a request through the gateway).
         ``limit``: ``max_new_tokens`` no larger than the agent's own, and ``stop`` strings added to
-        the agent's (what an outside program may ask for without changing what is trained)."""
+        the agent's (what an outside program may ask for without changing what is trained).
+        ``extends``: an earlier call these messages continue (its messages, its completion, more);
+        the worker then reuses that call's exact prompt and sampled ids instead of re-tokenising."""
         spec = self.agents.get(agent)
         if spec is None:
             raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
@@ -95,7 +97,7 @@ class WorkflowContext:
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             template_kwargs=spec.template_kwargs, tools=self._specs(tools) + list(tool_specs or []),
-            seed=self._call_seed(agent, call.turn, index),
+            seed=self._call_seed(agent, call.turn, index), extends=extends,
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:

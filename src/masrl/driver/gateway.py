@@ -62,7 +62,11 @@ def _message(m: Any, i: int) -> dict:
     if content is None and not (role == "assistant" and calls):
         raise BadRequest(400, f"{where}.content is missing", f"{where}.content")
     text = "" if content is None else _text(content, f"{where}.content")
+    out = {"role": role, "content": text}
     for j, c in enumerate(calls):  # the assistant's earlier tool calls, in the tag format the model writes
+        cid = str(c.get("id", "")) if isinstance(c, dict) else ""
+        if cid.startswith("call_") and "_" in cid[5:]:  # ours: the call's exact completion replaces the message
+            out["_call"] = cid[5:].rsplit("_", 1)[0]
         fn = c.get("function") if isinstance(c, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise BadRequest(400, f"{where}.tool_calls[{j}].function.name is missing", f"{where}.tool_calls[{j}]")
@@ -72,8 +76,26 @@ def _message(m: Any, i: int) -> dict:
         except json.JSONDecodeError:
             raise BadRequest(400, f"{where}.tool_calls[{j}].function.arguments is not JSON",
                              f"{where}.tool_calls[{j}]") from None
-        text += ("\n" if text else "") + "<tool_call>" + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>"
-    return {"role": role, "content": text}
+        out["content"] += (("\n" if out["content"] else "") + "<tool_call>"
+                           + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>")
+    return out
+
+
+def continued_call(trace, messages: list[dict]) -> tuple[list[dict], str | None]:
+    """The messages with any assistant turn that was one of this episode's calls restored to that
+    call's exact completion, and the latest call these messages continue (its messages, then its
+    completion, then more), whose sampled ids the worker will reuse."""
+    by_id = {c.call_id: c for c in trace.calls} if trace is not None else {}
+    clean = []
+    for m in messages:
+        cid = m.get("_call")
+        clean.append({"role": "assistant", "content": by_id[cid].completion} if cid in by_id
+                     else {"role": m["role"], "content": m["content"]})
+    for c in reversed(trace.calls if trace is not None else []):
+        n = len(c.messages)
+        if len(clean) > n + 1 and clean[:n] == c.messages and clean[n] == {"role": "assistant", "content": c.completion}:
+            return clean, c.call_id
+    return clean, None
 
 
 def _tools(body: dict) -> list[dict]:
@@ -273,8 +295,10 @@ class Gateway:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
             req = parse_request(body, ctx.agents, chat=chat, agent=request.headers.get("X-Masrl-Agent"))
+            messages, extends = continued_call(ctx.trace, req["messages"])
             try:
-                call = await ctx.call(req["agent"], req["messages"], tool_specs=req["tool_specs"], limit=req["limit"])
+                call = await ctx.call(req["agent"], messages, tool_specs=req["tool_specs"], limit=req["limit"],
+                                      extends=extends)
             except ContextOverflow as exc:
                 raise BadRequest(400, f"{exc}; shorten the messages or lower max_tokens", "messages") from None
         except BadRequest as exc:

@@ -21,7 +21,7 @@ from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
 from masrl.errors import ContextOverflow
-from masrl.messages import RAW_ROLE, GenCall, GenRequest, GenResult
+from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
 from masrl.worker import state as ckpt
@@ -29,6 +29,7 @@ from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
 from masrl.worker.offload import PinnedStash
 from masrl.worker.precision import MasterWeightsAdamW, param_dtype
+from masrl.worker.prompts import PromptRenderer
 from masrl.worker.training import Sample, train_policy
 
 
@@ -46,6 +47,7 @@ class PolicyWorker(PolicyHost):
                               need_reference=needs_reference(self.algo), need_critic=needs_critic(self.algo))
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
+        self.prompts = PromptRenderer(tok)  # remembers recent turns, to continue a conversation exactly
         self.engine: Engine = make_engine(engine, self.host.model, tok, stop_token_ids(tok, self.host.core),
                                           device=device, seed=seed, **(engine_options or {}))
         self.optimizers: dict[str, MasterWeightsAdamW] = {}
@@ -151,22 +153,8 @@ class PolicyWorker(PolicyHost):
 
     # -- rollout -------------------------------------------------------------------------------
     def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
-        """Prompt token ids. With ``tools``: through the template's own ``tools=`` where it has one,
-        else in masrl's tag format (``tools.calls``)."""
-        tok = self.host.tokenizer
-        if len(messages) == 1 and messages[0].get("role") == RAW_ROLE:  # a raw prompt (no chat template)
-            return tok(messages[0]["content"], add_special_tokens=False)["input_ids"]
-        kwargs = dict(template_kwargs or {})
-        if tools or any(m.get("role") == "tool" for m in messages):
-            from masrl.tools.calls import template_renders_tools, with_tools_in_text
-
-            if template_renders_tools(tok):
-                if tools:
-                    kwargs["tools"] = tools
-            else:
-                messages = with_tools_in_text(messages, tools or [])
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-        return tok(text, add_special_tokens=False)["input_ids"]
+        """Prompt token ids of one conversation on its own (``worker.prompts``)."""
+        return PromptRenderer(self.host.tokenizer).render(messages, template_kwargs, tools)[1]
 
     def park(self) -> None:
         """With ``offload_weights``: this worker's weights to CPU memory until it next generates,
@@ -184,18 +172,20 @@ class PolicyWorker(PolicyHost):
 
     def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
         self._resident()
-        prompts = [self.render(c.messages, c.template_kwargs, c.tools) for c in calls]
+        rendered = [self.prompts.render(c.messages, c.template_kwargs, c.tools, c.extends) for c in calls]
+        prompts = [ids for _, ids in rendered]
         limit = self.context_limit()
         fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p, ok in zip(calls, prompts, fits) if ok]
         outputs = iter(self.engine.generate(requests) if requests else [])
         results: list[GenResult | Exception] = []
-        for c, p, ok in zip(calls, prompts, fits):
+        for c, (text, p), ok in zip(calls, rendered, fits):
             if not ok:  # that call alone fails; the engine never sees it
                 results.append(ContextOverflow(len(p), c.sampling.max_new_tokens, limit))
                 continue
             o = next(outputs)
+            self.prompts.remember(c.call_id, text, p, o.completion_ids)
             if c.record and self.host.policies[c.policy].trainable:
                 self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
                                                 c.sampling.temperature, dict(c.key))

@@ -63,6 +63,21 @@ def _report(args) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    import signal
+
+    from masrl.config import load_config
+    from masrl.driver.serve import serve
+
+    cfg = load_config(args.config, args.overrides)
+    signal.signal(signal.SIGINT, _interrupt_handler(5.0))
+    try:
+        serve(cfg, checkpoint=args.checkpoint, host=args.host, port=args.port, api_key_env=args.api_key_env)
+    except KeyboardInterrupt:
+        print("\n[masrl] stopped", file=sys.stderr)
+    return 0
+
+
 def _compare(args) -> int:
     from masrl.compare import build_compare
 
@@ -90,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-steps", type=int, default=50, help="steps whose logged traces are kept (evenly spread)")
     r.add_argument("--max-chars", type=int, default=4000, help="texts are cut to this many characters")
     r.set_defaults(fn=_report)
+    s = sub.add_parser("serve", help="serve a config's agents (a checkpoint's weights) behind an OpenAI-compatible "
+                                     "API: model = agent name")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--checkpoint", help="a step_NNNNNN checkpoint folder or a run directory")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key-env", help="name of an environment variable holding the key requests must send")
+    s.set_defaults(fn=_serve)
     c = sub.add_parser("compare", help="one HTML page: runs grouped by config name (seeds), held-out accuracy "
                                        "against training calls, tokens and seconds, with the spread over seeds")
     c.add_argument("run_dirs", nargs="+")

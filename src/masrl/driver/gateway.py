@@ -295,6 +295,8 @@ class Gateway:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
             req = parse_request(body, ctx.agents, chat=chat, agent=request.headers.get("X-Masrl-Agent"))
+            if rid is None and isinstance(body.get("temperature"), (int, float)):  # serving: the request's choice
+                ctx.temperature = float(body["temperature"])
             messages, extends = continued_call(ctx.trace, req["messages"])
             try:
                 call = await ctx.call(req["agent"], messages, tool_specs=req["tool_specs"], limit=req["limit"],

@@ -1,0 +1,60 @@
+"""``masrl serve CONFIG [--checkpoint RUN]``: a config's agents behind the OpenAI-compatible gateway.
+
+For evaluation or use after training: every request names an agent (``model``) and is answered by
+that agent's policy (a checkpoint's weights with ``--checkpoint``), batched with the other requests
+in flight. Nothing is trained and nothing is kept: each request gets a context of its own. Unlike
+training, a request's ``temperature`` is honoured (``max_tokens`` and ``stop`` as in training).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from masrl.config import RunConfig
+from masrl.driver import checkpoints as ckpt
+from masrl.driver.builder import build_runtime
+from masrl.driver.context import WorkflowContext
+from masrl.driver.gateway import Gateway
+from masrl.errors import ConfigError
+from masrl.trace import Trace, new_id
+
+
+def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0.1", port: int = 8000,
+          api_key_env: str | None = None, log=print, ready=None) -> None:
+    path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
+    key = None
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ConfigError(f"--api-key-env {api_key_env}: ${api_key_env} is not set")
+    rt = build_runtime(cfg, log=log)
+    try:
+        if path is not None:
+            for w in rt.workers:
+                w.load(str(path), with_optimizer=False)
+            log(f"[masrl] serving the weights of {path}")
+        asyncio.run(_serve(rt, cfg, host, port, key, log, ready))
+    finally:
+        rt.close()
+
+
+async def _serve(rt, cfg: RunConfig, host: str, port: int, key: str | None, log, ready) -> None:
+    def context():
+        trace = Trace(trace_id=new_id("serve"), task_id="serve", sample_idx=0)
+        return WorkflowContext(trace, rt.agents, rt.controller._submit, train=False,
+                               call_timeout_s=cfg.rollout.call_timeout_s)
+
+    gw = Gateway(host=host, port=port, api_key=key, free_context=context)
+    url = await gw.start()
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log(f"[masrl] warning: listening on {host}, reachable from other machines")
+    log(f"[masrl] serving agents {', '.join(rt.agents)} at {url}/v1 (OpenAI-compatible; model = agent); Ctrl-C to stop")
+    if ready is not None:
+        Path(ready).write_text(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await gw.stop()
+        await rt.controller.aclose()

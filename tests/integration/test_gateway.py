@@ -226,3 +226,44 @@ def test_a_conversation_that_continues_a_call_trains_on_the_ids_that_were_sample
     one, two = (worker.buffer[c.call_id] for c in trace.calls)
     assert two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == one.prompt_ids + one.completion_ids
     assert worker.prompts.stats["continued"] == continued + 1
+
+
+def _posting(task, base_url):
+    """An outside agent that scores itself: one call, then its credit and the episode's outcome."""
+    import urllib.request
+
+    def post(path, body):
+        req = urllib.request.Request(f"{base_url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+
+    out = post("/chat/completions", {"model": "checker", "messages": [{"role": "user", "content": task["question"]}]})
+    assert post("/rewards", [{"id": out["id"], "reward": 0.25}, {"reward": 0.75}]) == {"accepted": 2}
+    return "done"
+
+
+def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_path):
+    data = _data(tmp_path, agent="test_gateway:_posting", command=None, score="posted")
+    data["rewards"] = [{"type": "outcome"}, {"type": "credit"}]
+    tr, _, _ = prepared_trainer(data, tmp_path)
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == 0
+    for t in tr._last_traces:
+        (call,) = t.calls
+        assert t.metrics["outcome"] == 0.75 and call.credit == 0.25
+        assert call.reward_parts == {"outcome": 0.75, "credit": 0.25}
+    asyncio.run(tr.rt.controller.aclose())
+
+
+def test_posted_rewards_are_checked_before_any_is_kept():
+    from masrl.driver.gateway import BadRequest, post_rewards
+
+    trace = Trace("t", "q", 0)
+    trace.calls.append(Call("c1", "t", "q", 0, "solver", "p", 0, []))
+    for bad, says in (([{"reward": "high"}], "must be a finite number"), ([{"reward": float("nan")}], "finite"),
+                      ([{"reward": 1.0}, {"id": "chatcmpl-nope", "reward": 1.0}], "is not a completion")):
+        with pytest.raises(BadRequest, match=says):
+            post_rewards(trace, bad)
+        assert "posted_outcome" not in trace.state  # nothing of a bad batch is kept
+    assert post_rewards(trace, [{"id": "chatcmpl-c1", "reward": -1}]) == 1 and trace.calls[0].credit == -1.0

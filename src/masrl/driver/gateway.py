@@ -155,6 +155,31 @@ def parse_request(body: Any, agents: dict, *, chat: bool, agent: str | None = No
     return {"agent": name, "messages": messages, "tool_specs": tools, "limit": _limit(body)}
 
 
+def post_rewards(trace, items: list) -> int:
+    """Record posted rewards on the trace: the outcome (``trace.state["posted_outcome"]``) or a call's
+    ``credit``, after checking every item (nothing is recorded when one is bad)."""
+    import math
+
+    by_id = {f"chatcmpl-{c.call_id}": c for c in trace.calls}
+    todo = []
+    for i, item in enumerate(items):
+        where = f"[{i}]" if len(items) > 1 else "body"
+        r = item.get("reward") if isinstance(item, dict) else None
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+            raise BadRequest(400, f"{where}.reward must be a finite number, got {r!r}", f"{where}.reward")
+        cid = item.get("id")
+        if cid is not None and cid not in by_id:
+            raise BadRequest(404, f"{where}.id: {cid!r} is not a completion of this rollout (ids are the responses' "
+                                  f"'id' fields)", f"{where}.id")
+        todo.append((by_id.get(cid), float(r)))
+    for call, r in todo:
+        if call is None:
+            trace.state["posted_outcome"] = r
+        else:
+            call.credit = r
+    return len(todo)
+
+
 def chat_response(call, offered_tools: bool) -> dict:
     from masrl.tools.calls import parse_tool_calls
 
@@ -212,6 +237,7 @@ class Gateway:
             app.router.add_get(prefix + "/v1/models", self._models)
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
+        app.router.add_post("/rollout/{rid}/v1/rewards", self._rewards)
         # handler_cancellation: a client that disconnects cancels its request (and so its call)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -277,6 +303,22 @@ class Gateway:
             return web.json_response(_error(exc.status, exc.message, exc.param), status=exc.status)
         return web.json_response({"object": "list", "data": [{"id": a, "object": "model", "owned_by": "masrl"}
                                                              for a in ctx.agents]})
+
+    async def _rewards(self, request):
+        """``POST /rollout/<id>/v1/rewards``: ``{"reward": r}`` is the episode's outcome; ``{"id":
+        "chatcmpl-...", "reward": r}`` a call's credit (paid by the ``credit`` reward); or a list."""
+        from aiohttp import web
+
+        try:
+            _, ctx = self._context(request)
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
+            posted = post_rewards(ctx.trace, body if isinstance(body, list) else [body])
+        except BadRequest as exc:
+            return web.json_response(_error(exc.status, exc.message, exc.param), status=exc.status)
+        return web.json_response({"accepted": posted})
 
     async def _chat(self, request):
         return await self._serve(request, chat=True)

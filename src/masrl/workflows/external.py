@@ -11,8 +11,10 @@ and hands the episode's base URL to your program, which talks to it as to any Op
 
 Each request names its agent as ``model`` (one of ``agents``); every request becomes a call on
 the episode's trace, with the exact tokens sampled, so the usual rewards, per-policy groups and
-updates follow. ``score``: ``math`` (the answer is the gold number), ``exact``, ``contains`` or
-``'module:function'`` (``f(answer, task) -> float``) gives the outcome. A program that raises,
+updates follow. ``score``: ``math`` (the answer is the gold number), ``exact``, ``contains``,
+``'module:function'`` (``f(answer, task) -> float``), or ``posted``: the program posts the outcome
+itself (``POST <base_url>/rewards`` with ``{"reward": r}``; ``{"id": <a response's id>, "reward": r}``
+posts a call's credit, paid by the ``credit`` reward, with any scorer). A program that raises,
 hangs past ``timeout_s`` or meets a failed model call has its trace dropped as infrastructure and
 counted (``rollout.max_failed_fraction`` stops the run); the answer is never made up.
 """
@@ -40,7 +42,7 @@ def parse_raw(text: str) -> ParseResult:
     return ParseResult(ok=True, score=1.0, fields={"text": text})
 
 
-SCORERS = ("math", "exact", "contains")
+SCORERS = ("math", "exact", "contains", "posted")
 
 
 class External:
@@ -111,6 +113,9 @@ class External:
             errors = gw.finish(rid)
         if errors:
             raise InfraError(f"a model call of the outside agent failed: {errors[0]}")
+        if self.scorer == "posted" and "posted_outcome" not in ctx.trace.state:
+            raise InfraError(f"the outside agent finished task {task.id} without posting its reward "
+                             f"(score: posted; POST {{\"reward\": r}} to the episode's base URL + /rewards)")
         ctx.finish(answer)
 
     async def _invoke(self, task: Task, base_url: str):
@@ -149,6 +154,8 @@ class External:
             return last
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        if self.scorer == "posted":
+            return {"outcome": float(trace.state["posted_outcome"])}
         answer = trace.final_answer
         if callable(self.scorer):
             return {"outcome": float(self.scorer(answer, task))}

@@ -240,7 +240,8 @@ def _posting(task, base_url):
 
     out = post("/chat/completions", {"model": "checker", "messages": [{"role": "user", "content": task["question"]}]})
     assert post("/rewards", [{"id": out["id"], "reward": 0.25}, {"reward": 0.75}]) == {"accepted": 2}
-    return "done"
+    assert post("/answer", {"answer": "42"}) == {"accepted": 1}
+    return "what the program returned"
 
 
 def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_path):
@@ -251,7 +252,7 @@ def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_p
     assert rec["rollout"]["failed"] == 0
     for t in tr._last_traces:
         (call,) = t.calls
-        assert t.metrics["outcome"] == 0.75 and call.credit == 0.25
+        assert t.metrics["outcome"] == 0.75 and call.credit == 0.25 and t.final_answer == "42"  # the posted answer
         assert call.reward_parts == {"outcome": 0.75, "credit": 0.25}
     asyncio.run(tr.rt.controller.aclose())
 

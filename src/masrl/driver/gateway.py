@@ -238,6 +238,7 @@ class Gateway:
             app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             app.router.add_post(prefix + "/v1/completions", self._completions)
         app.router.add_post("/rollout/{rid}/v1/rewards", self._rewards)
+        app.router.add_post("/rollout/{rid}/v1/answer", self._answer)
         # handler_cancellation: a client that disconnects cancels its request (and so its call)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -319,6 +320,24 @@ class Gateway:
         except BadRequest as exc:
             return web.json_response(_error(exc.status, exc.message, exc.param), status=exc.status)
         return web.json_response({"accepted": posted})
+
+    async def _answer(self, request):
+        """``POST /rollout/<id>/v1/answer`` ``{"answer": ...}``: the episode's final answer, for a
+        program whose output is not its answer (it takes the place of what it prints or returns)."""
+        from aiohttp import web
+
+        try:
+            _, ctx = self._context(request)
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
+            if not isinstance(body, dict) or "answer" not in body:
+                raise BadRequest(400, 'send {"answer": ...}', "answer")
+            ctx.trace.state["posted_answer"] = body["answer"]
+        except BadRequest as exc:
+            return web.json_response(_error(exc.status, exc.message, exc.param), status=exc.status)
+        return web.json_response({"accepted": 1})
 
     async def _chat(self, request):
         return await self._serve(request, chat=True)

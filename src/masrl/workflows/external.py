@@ -9,6 +9,8 @@ and hands the episode's base URL to your program, which talks to it as to any Op
   ``OPENAI_API_KEY`` set and the task in ``MASRL_TASK`` (JSON); the last line it prints is the
   answer (or a JSON object's ``answer``). A leading ``python`` is the interpreter running masrl.
 
+Either may instead post its answer: ``POST <base_url>/answer`` with ``{"answer": ...}``.
+
 Each request names its agent as ``model`` (one of ``agents``); every request becomes a call on
 the episode's trace, with the exact tokens sampled, so the usual rewards, per-policy groups and
 updates follow. ``score``: ``math`` (the answer is the gold number), ``exact``, ``contains``,
@@ -113,6 +115,7 @@ class External:
             errors = gw.finish(rid)
         if errors:
             raise InfraError(f"a model call of the outside agent failed: {errors[0]}")
+        answer = ctx.trace.state.get("posted_answer", answer)  # a posted answer wins over what was returned
         if self.scorer == "posted" and "posted_outcome" not in ctx.trace.state:
             raise InfraError(f"the outside agent finished task {task.id} without posting its reward "
                              f"(score: posted; POST {{\"reward\": r}} to the episode's base URL + /rewards)")

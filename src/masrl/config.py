@@ -213,6 +213,12 @@ class RewardConfig(Strict):
 
 class AlgorithmConfig(Strict):
     @model_validator(mode="after")
+    def _check_mis(self) -> "AlgorithmConfig":
+        if self.mis is not None and not (0 <= self.mis[0] <= 1 <= self.mis[1]):
+            raise ValueError(f"mis: [low, high] must hold 1 (low <= 1 <= high), got {list(self.mis)}")
+        return self
+
+    @model_validator(mode="after")
     def _check_estimator(self) -> "AlgorithmConfig":
         if self.advantage not in BUILTIN_ESTIMATORS and ":" not in self.advantage:
             raise ValueError(f"unknown advantage estimator {self.advantage!r}: use {', '.join(BUILTIN_ESTIMATORS)} or "
@@ -255,6 +261,9 @@ class AlgorithmConfig(Strict):
         None, gt=0, description="truncated importance sampling: recompute the old logprobs with the trainer and weight "
                                 "each token by min(pi_trainer / pi_rollout, tis_cap); for when the engine's numerics "
                                 "differ from the trainer's (bf16, other kernels)")
+    mis: tuple[float, float] | None = Field(
+        None, description="masked importance sampling: [low, high]; tokens whose ratio pi_trainer / pi_rollout "
+                          "leaves it are dropped from the loss (with tis_cap, the kept ones are also truncated)")
     gamma: float = Field(1.0, ge=0, le=1, description="gae discount")
     lam: float = Field(0.95, ge=0, le=1, description="gae lambda")
     vf_coef: float = Field(0.5, ge=0, description="gae: value loss weight")

@@ -102,6 +102,9 @@ class PolicyConfig(Strict):
                                                      "many ranks (one actor each, with num_cpus/num_gpus each), "
                                                      "calls split among them, gradients summed (torch.distributed: "
                                                      "NCCL on cuda, gloo on cpu)")
+    max_staleness: int | None = Field(None, ge=0, description="calls sampled by weights more than this many updates "
+                                                            "older than the ones being updated are dropped from the "
+                                                            "update and counted (stale_dropped); None: any age")
     shard_optimizer: bool = Field(False, description="with data_parallel N: each rank keeps the AdamW moments of "
                                                       "1/N of the parameters (torch.distributed's "
                                                       "ZeroRedundancyOptimizer, ZeRO stage 1); the updated weights "

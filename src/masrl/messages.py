@@ -45,6 +45,7 @@ class GenResult:
     n_prompt_tokens: int
     n_completion_tokens: int
     finish_reason: str  # "stop" (EOS or stop string) | "length"
+    version: int = 0  # the policy's weight version that sampled it (its updates so far)
 
 
 @dataclass

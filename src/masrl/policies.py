@@ -30,6 +30,7 @@ class PolicySpec:
     num_gpus: float | None = None
     data_parallel: int = 1  # ranks (runtime.placement ray)
     shard_optimizer: bool = False  # ZeRO-1 over the ranks
+    max_staleness: int | None = None  # calls sampled more than this many versions ago are dropped
     engine: object | None = None  # EngineConfig: served by an OpenAI-compatible endpoint
 
     @property

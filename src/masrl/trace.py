@@ -41,6 +41,7 @@ class Call:
     reward_parts: dict[str, float] = field(default_factory=dict)
     advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained
     trainable: bool = True
+    policy_version: int = 0  # the version of the policy's weights that sampled this call (its updates so far)
 
 
 @dataclass

@@ -123,3 +123,18 @@ def test_value_loss_clipped():
     # err (1-2)^2 = 1; clipped value .5+.2 = .7 -> (.7-2)^2 = 1.69; half the max
     assert close(value_loss(torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([2.0]), clip=0.2), [0.845])
     assert close(value_loss(torch.tensor([1.0]), torch.tensor([0.5]), torch.tensor([2.0]), clip=None), [0.5])
+
+
+def test_importance_weights_by_hand():
+    from masrl.algorithms.losses import importance_weights
+
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    rollout = torch.log(torch.tensor([[0.25, 0.4, 0.3]]))  # ratios 2.0, 0.5, 3.0
+    w, kept = importance_weights(old, rollout)
+    assert torch.equal(w, torch.ones(1, 3)) and kept.all()
+    w, _ = importance_weights(old, rollout, cap=torch.tensor([[2.5]]))  # truncated: min(ratio, 2.5)
+    assert torch.allclose(w, torch.tensor([[2.0, 0.5, 2.5]]))
+    w, kept = importance_weights(old, rollout, mis=(0.6, 2.5))  # masked: 0.5 and 3.0 leave [0.6, 2.5]
+    assert kept.tolist() == [[True, False, False]] and torch.allclose(w, torch.tensor([[1.0, 0.0, 0.0]]))
+    w, _ = importance_weights(old, rollout, cap=torch.tensor([[1.5]]), mis=(0.4, 2.5))  # both
+    assert torch.allclose(w, torch.tensor([[1.5, 0.5, 0.0]]))

@@ -96,8 +96,8 @@ def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
     seen = []
     real = worker.render
 
-    def spy(messages, template_kwargs=None, tools=None):
-        ids = real(messages, template_kwargs, tools)
+    def spy(messages, template_kwargs=None, tools=None, **kw):
+        ids = real(messages, template_kwargs, tools, **kw)
         seen.append(worker.host.tokenizer.decode(ids))
         return ids
 

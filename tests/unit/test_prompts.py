@@ -18,7 +18,7 @@ def test_a_continued_turn_keeps_the_sampled_ids_where_retokenising_would_not():
     sampled = _split_ids(["hel", "lo", " wor", "ld"])
     completion = TOK.decode(sampled, skip_special_tokens=True)
     assert completion == "hello world" and TOK(completion, add_special_tokens=False)["input_ids"] != sampled
-    r.remember("c1", text, prompt, sampled)
+    r.remember("c1", prompt, sampled, text=text)
     more = FIRST + [{"role": "assistant", "content": completion}, {"role": "user", "content": "Again."}]
     _, ids = r.render(more, extends="c1")
     _, fresh = r.render(more)
@@ -32,7 +32,7 @@ def test_a_completion_that_ended_with_the_end_of_turn_token_continues_after_it()
     text, prompt = r.render(FIRST)
     end = TOK.convert_tokens_to_ids("<|im_end|>")
     sampled = _split_ids(["hel", "lo"]) + [end]
-    r.remember("c1", text, prompt, sampled)
+    r.remember("c1", prompt, sampled, text=text)
     more = FIRST + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "Again."}]
     _, ids = r.render(more, extends="c1")
     head = len(prompt) + len(sampled)
@@ -44,7 +44,7 @@ def test_a_completion_that_ended_with_the_end_of_turn_token_continues_after_it()
 def test_a_rewritten_history_is_tokenised_afresh_and_counted():
     r = PromptRenderer(TOK)
     text, prompt = r.render(FIRST)
-    r.remember("c1", text, prompt, _split_ids(["hel", "lo"]))
+    r.remember("c1", prompt, _split_ids(["hel", "lo"]), text=text)
     edited = FIRST + [{"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "Again."}]
     _, ids = r.render(edited, extends="c1")
     assert ids == r.render(edited)[1] and r.stats == {"continued": 0, "retokenized": 1}

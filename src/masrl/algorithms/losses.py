@@ -33,6 +33,22 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
     raise ValueError(f"unknown KL estimator {kind!r}: use 'k1' or 'k3'")
 
 
+def importance_weights(old: torch.Tensor, rollout: torch.Tensor, cap: torch.Tensor | None = None,
+                       mis: tuple[float, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights for an update whose samples the trainer's weights did not draw:
+    ``ratio = exp(old - rollout)`` (the trainer's own logprob before the update over the sampler's).
+    Truncated IS (``cap``): ``min(ratio, cap)``. Masked IS (``mis = (low, high)``): a token whose
+    ratio leaves ``[low, high]`` is dropped (weight 0); with both, the kept tokens are truncated.
+    Returns ``(weights, kept)``; without either, weights are 1."""
+    ratio = torch.exp(old - rollout)
+    weights = torch.ones_like(ratio) if cap is None else torch.minimum(ratio, cap)
+    kept = torch.ones_like(ratio, dtype=torch.bool)
+    if mis is not None:
+        kept = (ratio >= mis[0]) & (ratio <= mis[1])
+        weights = weights * kept
+    return weights, kept
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     logp = torch.log_softmax(logits.float(), dim=-1)
     return -(logp.exp() * logp).sum(-1)

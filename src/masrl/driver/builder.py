@@ -79,7 +79,7 @@ def _policy_spec(cfg: RunConfig, name: str, p) -> PolicySpec:
                       offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
                       offload_weights=p.offload_weights, share_from=dict(p.share_from), share_is_cap=p.share_is_cap,
                       critic=p.critic, num_cpus=p.num_cpus, num_gpus=p.num_gpus, data_parallel=p.data_parallel,
-                      shard_optimizer=p.shard_optimizer)
+                      shard_optimizer=p.shard_optimizer, max_staleness=p.max_staleness)
 
 
 def _policy_device(cfg: RunConfig, name: str, p) -> str:

@@ -115,6 +115,7 @@ class WorkflowContext:
         call.n_prompt_tokens = res.n_prompt_tokens
         call.n_completion_tokens = res.n_completion_tokens
         call.finish_reason = res.finish_reason
+        call.policy_version = getattr(res, "version", 0)
         parsed = spec.parser(res.text)
         call.parsed = parsed.fields
         call.format_ok = parsed.ok

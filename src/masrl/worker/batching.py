@@ -42,6 +42,7 @@ class Sample:
     ref_logprobs: list[float] | None = None
     old_logprobs: list[float] | None = None  # the trainer's own, before the update (truncated IS)
     is_cap: float | None = None  # set on another policy's call shared into this update: its IS weight cap
+    version: int = 0  # the policy's weight version that sampled it
 
     @property
     def length(self) -> int:

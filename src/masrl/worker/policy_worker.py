@@ -152,9 +152,15 @@ class PolicyWorker(PolicyHost):
         return [n for n, p in self.host.policies.items() if p.trainable]
 
     # -- rollout -------------------------------------------------------------------------------
-    def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None) -> list[int]:
-        """Prompt token ids of one conversation on its own (``worker.prompts``)."""
-        return PromptRenderer(self.host.tokenizer).render(messages, template_kwargs, tools)[1]
+    def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None,
+               extends: str | None = None, call_id: str | None = None) -> list[int]:
+        """Prompt token ids (``worker.prompts``); ``extends``: the call these messages continue;
+        ``call_id``: the call this prompt is for (remembered once its completion is known)."""
+        renderer = self.__dict__.get("prompts") or PromptRenderer(self.host.tokenizer)  # (a stand-in worker has none)
+        text, ids = renderer.render(messages, template_kwargs, tools, extends)
+        if call_id is not None:
+            renderer.pending[call_id] = text
+        return ids
 
     def park(self) -> None:
         """With ``offload_weights``: this worker's weights to CPU memory until it next generates,
@@ -172,24 +178,26 @@ class PolicyWorker(PolicyHost):
 
     def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
         self._resident()
-        rendered = [self.prompts.render(c.messages, c.template_kwargs, c.tools, c.extends) for c in calls]
-        prompts = [ids for _, ids in rendered]
+        prompts = [self.render(c.messages, c.template_kwargs, c.tools, extends=c.extends, call_id=c.call_id)
+                   for c in calls]
         limit = self.context_limit()
         fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p, ok in zip(calls, prompts, fits) if ok]
         outputs = iter(self.engine.generate(requests) if requests else [])
         results: list[GenResult | Exception] = []
-        for c, (text, p), ok in zip(calls, rendered, fits):
+        for c, p, ok in zip(calls, prompts, fits):
             if not ok:  # that call alone fails; the engine never sees it
+                self.prompts.pending.pop(c.call_id, None)
                 results.append(ContextOverflow(len(p), c.sampling.max_new_tokens, limit))
                 continue
             o = next(outputs)
-            self.prompts.remember(c.call_id, text, p, o.completion_ids)
+            self.prompts.remember(c.call_id, p, o.completion_ids)
+            version = self.updates.get(c.policy, 0)
             if c.record and self.host.policies[c.policy].trainable:
                 self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
-                                                c.sampling.temperature, dict(c.key))
-            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason))
+                                                c.sampling.temperature, dict(c.key), version=version)
+            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version))
         return results
 
     def context_limit(self) -> int:
@@ -249,8 +257,10 @@ class PolicyWorker(PolicyHost):
                 continue
             extra = (shared or {}).get(name, [])
             samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None] + extra
+            samples, stale = self._fresh(name, samples)
             if samples:
                 metrics[name] = self._update(name, samples, len(extra))
+                metrics[name].update(stale)
         if metrics:
             self.engine.weights_updated(list(metrics))
         self.last_advantages = {
@@ -264,6 +274,19 @@ class PolicyWorker(PolicyHost):
         if self.offload_weights:
             self._park_after_update(metrics)
         return metrics
+
+    def _fresh(self, name: str, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
+        """The samples within ``max_staleness`` versions of the weights about to update, and the
+        staleness figures: mean, max, how many were dropped, and a histogram by age."""
+        now = self.updates[name]
+        ages = [now - s.version for s in samples]
+        limit = self.host.policies[name].max_staleness
+        keep = [s for s, a in zip(samples, ages) if limit is None or a <= limit]
+        stats = {"staleness_mean": sum(ages) / len(ages) if ages else 0.0, "staleness_max": float(max(ages, default=0)),
+                 "stale_dropped": float(len(samples) - len(keep))}
+        for a in sorted(set(ages)):
+            stats[f"staleness_{a}"] = float(ages.count(a))
+        return keep, stats
 
     def _update(self, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
         """One update of policy ``name``: its learning rate by schedule, its optimizer state in and

@@ -30,6 +30,7 @@ class PromptRenderer:
     def __init__(self, tokenizer, keep: int = 8192):
         self.tok = tokenizer
         self.turns: OrderedDict[str, Turn] = OrderedDict()
+        self.pending: dict[str, str] = {}  # call id -> its prompt text, until its completion is known
         self.keep = keep
         self.stats = {"continued": 0, "retokenized": 0}
 
@@ -73,7 +74,9 @@ class PromptRenderer:
                 return head + self._ids(text[len(turn.text) + len(covered):])
         return None
 
-    def remember(self, call_id: str, text: str, prompt_ids: list[int], completion_ids: list[int]) -> None:
+    def remember(self, call_id: str, prompt_ids: list[int], completion_ids: list[int], text: str | None = None) -> None:
+        """Keep a finished call's turn; its prompt text is the one ``render`` was given for it."""
+        text = self.pending.pop(call_id) if text is None else text
         self.turns[call_id] = Turn(text, list(prompt_ids), list(completion_ids))
         while len(self.turns) > self.keep:
             self.turns.popitem(last=False)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from masrl.algorithms.estimators import EstimatorBatch, estimator_options, get_estimator, needs_critic, needs_reference
 from masrl.algorithms.grouping import group_ids
-from masrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss, value_loss
+from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, ppo_clip_loss, value_loss
 from masrl.algorithms.normalize import normalize_rewards
 from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.modeling import fused
@@ -181,7 +181,7 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
     need_ref, need_values = needs_reference(algo), needs_critic(algo)
-    need_old = algo.tis_cap is not None or any(s.is_cap is not None for s in samples)
+    need_old = algo.tis_cap is not None or algo.mis is not None or any(s.is_cap is not None for s in samples)
     if critic is not None and need_values:  # a separate value model scores the calls
         for s, v in zip(samples, critic.values(samples, algo.micro_batch_size)):
             s.old_values = v
@@ -348,11 +348,13 @@ def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dic
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
         "lp_mismatch_max": st.mismatch_max,
     }
-    if algo.tis_cap is not None:  # the trainer's own old logprobs against the rollout's, all samples
+    if algo.tis_cap is not None or algo.mis is not None:  # the trainer's own old logprobs against the rollout's
         gaps = [abs(a - b) for s in samples for a, b in zip(s.old_logprobs, s.logprobs)]
         out["lp_mismatch"] = sum(gaps) / max(1, len(gaps))
         out["lp_mismatch_max"] = max(gaps, default=0.0)
         out["tis_weight"] = sums.get("tis_sum", 0.0) / ntok
+    if algo.mis is not None:
+        out["mis_masked"] = sums.get("mis_masked_sum", 0.0) / ntok
     shared = [x for x in samples if x.is_cap is not None]
     if shared:  # importance weights of calls shared from other policies: this policy's before-update logprobs
         ratios = [(math.exp(a - b), x.is_cap) for x in shared for a, b in zip(x.old_logprobs, x.logprobs)]
@@ -376,17 +378,22 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
     # importance weights: truncated IS for every row (tis_cap), and for calls shared from another
     # policy (is_cap): the trainer's own logprobs before the update over the sampling policy's
     caps = [s.is_cap if s.is_cap is not None else algo.tis_cap for s in mb]
-    tis = any(c is not None for c in caps)
-    old = pad_rows([s.old_logprobs if c is not None else s.logprobs for s, c in zip(mb, caps)], T, dev) if tis else rollout
+    tis = any(c is not None for c in caps) or algo.mis is not None
+    old = pad_rows([s.old_logprobs if (c is not None or algo.mis is not None) else s.logprobs
+                    for s, c in zip(mb, caps)], T, dev) if tis else rollout
     if get_estimator(algo.advantage).token_level:
         adv = pad_rows([s.token_adv for s in mb], T, dev)
     else:
         adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=dev).unsqueeze(-1).expand(-1, T)
     pg, clipped, ratio = ppo_clip_loss(logp, old, adv, clip_low=algo.clip_eps, clip_high=algo.clip_eps_high)
     weight = torch.ones_like(pg)
-    if tis:  # truncated importance sampling: the sampling distribution differs from the trainer's
-        cap = torch.tensor([c if c is not None else 1.0 for c in caps], dtype=torch.float32, device=dev).unsqueeze(-1)
-        weight = torch.minimum(torch.exp(old - rollout), cap)
+    kept = torch.ones_like(pg, dtype=torch.bool)
+    if tis:  # importance sampling: the sampling distribution differs from the trainer's (truncated, masked)
+        cap = None
+        if any(c is not None for c in caps):
+            cap = torch.tensor([c if c is not None else float("inf") for c in caps], dtype=torch.float32,
+                               device=dev).unsqueeze(-1)
+        weight, kept = importance_weights(old, rollout, cap, algo.mis)
         pg = pg * weight
     per_token = pg
     kl = torch.zeros_like(pg)
@@ -411,7 +418,8 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
         sums = torch.stack([loss.detach().float(), m.sum(), (pg * m).sum(), (kl * m).sum(),
                             torch.where(em, entropy, 0.0).sum(), em.sum().float(),
                             (clipped * m).sum(), (ratio * m).sum(), gap.sum(), gap.max(), (weight * m).sum(),
-                            (vl * m).sum() if vl is not None else torch.zeros((), device=dev)]).tolist()
+                            (vl * m).sum() if vl is not None else torch.zeros((), device=dev),
+                            ((~kept) * m).sum()]).tolist()
     names = ["loss", "tokens", "pg_sum", "kl_sum", "ent_sum", "ent_tokens", "clip_sum", "ratio_sum", "mismatch_sum",
-             "mismatch_max", "tis_sum", "vl_sum"]
+             "mismatch_max", "tis_sum", "vl_sum", "mis_masked_sum"]
     return dict(zip(names, sums))

@@ -234,6 +234,9 @@ class AlgorithmConfig(Strict):
         default_factory=lambda: ["task_id", "agent", "turn"]
     )
     std_normalize: bool = Field(True, description="grpo: divide by the group's std")
+    std_scope: Literal["group", "agent"] = Field(
+        "group", description="grpo with std_normalize: the std of each group (GRPO), or of each agent's centred "
+                             "rewards across its groups (per-agent normalisation, Dr. MAS)")
     reward_norm: Literal["none", "batch", "running"] = Field(
         "none", description="normalise each policy's rewards before the estimator: batch (this step's mean and std) "
                             "or running (mean and std over all steps so far, saved in checkpoints)")

@@ -31,10 +31,10 @@ def batch(rewards, groups, lengths, values=None):
 
 def test_builtins_are_registered_with_their_traits_and_config_options():
     grpo, gae = get_estimator("grpo"), get_estimator("gae")
-    assert not grpo.needs_critic and not grpo.token_level and grpo.config == ("std_normalize",)
+    assert not grpo.needs_critic and not grpo.token_level and grpo.config == ("std_normalize", "std_scope")
     assert gae.needs_critic and gae.token_level and gae.config == ("gamma", "lam")
     algo = AlgorithmConfig(advantage="grpo", std_normalize=False)
-    assert estimator_options(grpo, algo) == {"std_normalize": False}
+    assert estimator_options(grpo, algo) == {"std_normalize": False, "std_scope": "group"}
     b = batch([1.0, 0.0, 3.0, 3.0], [0, 0, 1, 1], [2, 2, 2, 2])
     assert grpo.fn(b, **estimator_options(grpo, algo)).tolist() == [0.5, -0.5, 0.0, 0.0]
     assert needs_critic(AlgorithmConfig(advantage="gae")) and not needs_critic(algo)
@@ -95,3 +95,21 @@ def test_compute_advantages_fills_what_each_kind_returns():
         s.old_values = [0.5] * len(s.completion_ids)
     training.compute_advantages(crit, AlgorithmConfig(advantage="custom_estimator:td0"))
     assert crit[1].token_adv == pytest.approx([0.0, 0.0, 0.5]) and crit[1].returns == pytest.approx([0.5, 0.5, 1.0])
+
+
+def test_per_agent_normalisation_by_hand():
+    from masrl.algorithms.grpo import grpo_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.51, 0.49], dtype=torch.float64)  # two groups of one agent
+    gid, agent = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 0, 0])
+    by_group = grpo_advantages(rewards, gid)
+    assert float(by_group[2]) == pytest.approx(float(by_group[0]), rel=1e-4)  # 0.02 apart blown up to the same +-0.707
+    by_agent = grpo_advantages(rewards, gid, scope=agent)
+    centred = torch.tensor([0.5, -0.5, 0.01, -0.01], dtype=torch.float64)
+    assert torch.allclose(by_agent, centred / (centred.std() + 1e-6))  # one std over the agent's calls
+    assert float(by_agent[2] / by_agent[0]) == pytest.approx(0.02)
+    est = get_estimator("grpo")
+    b = batch([1.0, 0.0, 0.51, 0.49], [0, 0, 1, 1], [1] * 4)
+    b.keys = [{"agent": "verifier"}] * 4
+    got = est.fn(b, **estimator_options(est, AlgorithmConfig(std_scope="agent")))
+    assert torch.allclose(got, by_agent)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from masrl.errors import ConfigError
@@ -41,6 +41,7 @@ class EstimatorBatch:
     group_ids: "torch.Tensor"  # [N] long: calls with equal algorithm.group_key share an id
     mask: "torch.Tensor"  # [N, T] 1.0 on each call's completion tokens
     values: "torch.Tensor | None" = None  # [N, T] value estimates (needs_critic only)
+    keys: list[dict] = field(default_factory=list)  # each call's task_id, agent, turn, sample_idx
 
 
 @dataclass(frozen=True)

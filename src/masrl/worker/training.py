@@ -152,7 +152,8 @@ def compute_advantages(samples: list[Sample], algo) -> None:
     T = max(len(s.completion_ids) for s in samples)
     mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
     values = pad_rows([s.old_values for s in samples], T) if est.needs_critic else None
-    out = est.fn(EstimatorBatch(rewards, group_ids(keys), mask, values), **estimator_options(est, algo))
+    batch = EstimatorBatch(rewards, group_ids(keys), mask, values, keys=[dict(s.key, policy=s.policy) for s in samples])
+    out = est.fn(batch, **estimator_options(est, algo))
     if est.needs_critic:
         adv, returns = out
         for i, s in enumerate(samples):

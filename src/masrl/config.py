@@ -168,6 +168,9 @@ class RolloutConfig(Strict):
     trace_timeout_s: float = Field(1800.0, gt=0)
     max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
                                                                     "than this fail for infrastructure reasons")
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="sync: each step generates, then updates; async: episodes keep running while policies "
+                            "update (driver/async_loop.py), each call tagged with its weights' version")
     counterfactual: CounterfactualConfig | None = Field(
         None, description="counterfactual credit per call ({k, agents}): costs k re-runs of the rest of the trace per "
                           "credited call, reported per step")
@@ -349,7 +352,19 @@ class RunConfig(Strict):
             self._check_policy_links(name, p)
         self._check_agents()
         self._check_counterfactual()
+        self._check_async()
         return self
+
+    def _check_async(self) -> None:
+        """Options that live in the synchronous step are refused with the async mode, by name."""
+        if self.rollout.mode != "async":
+            return
+        refused = [k for k, on in (("rollout.counterfactual", self.rollout.counterfactual is not None),
+                                   ("rollout.dynamic_sampling", self.rollout.dynamic_sampling > 0),
+                                   ("train.policy_kl", bool(self.train.policy_kl))) if on]
+        if refused:
+            raise ValueError(f"rollout.mode: async does not run {', '.join(refused)} yet; use rollout.mode: sync "
+                             f"with {'them' if len(refused) > 1 else 'it'}")
 
     def _check_counterfactual(self) -> None:
         """The counterfactual reward and rollout.counterfactual come together; its agents exist."""

@@ -41,6 +41,7 @@ class Batcher:
         max_wait_ms: float = 10.0,
         compute_lock: threading.Lock | None = None,
         name: str = "batcher",
+        on_orphan: Callable[[Any], None] | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -48,9 +49,12 @@ class Batcher:
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.compute_lock = compute_lock  # shared by batchers whose models compete for the same cores
+        self.on_orphan = on_orphan  # told of an item whose caller gave up while its batch ran (it was computed)
         self.name = name
         self.stats = BatcherStats()
         self._queue: asyncio.Queue | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -59,6 +63,8 @@ class Batcher:
         if self._loop is not loop or self._task is None or self._task.done():
             self._loop = loop
             self._queue = asyncio.Queue()
+            self._idle = asyncio.Event()  # of this loop
+            self._idle.set()
             self._task = loop.create_task(self._serve(), name=f"{self.name}-serve")
         assert self._queue is not None
         return self._queue
@@ -103,6 +109,7 @@ class Batcher:
                 continue
             items = [item for item, _ in batch]
             t0 = time.monotonic()
+            self._idle.clear()
             try:
                 results = await loop.run_in_executor(None, self._run_locked, items)
                 if len(results) != len(items):
@@ -114,16 +121,27 @@ class Batcher:
                 continue
             finally:
                 self.stats.busy_s += time.monotonic() - t0
-            self.stats.batches += 1
-            self.stats.items += len(items)
-            self.stats.largest = max(self.stats.largest, len(items))
-            self.stats.sizes.append(len(items))
-            for (_, fut), res in zip(batch, results):
-                if not fut.done():  # an exception in place of one result fails that caller alone
-                    if isinstance(res, BaseException):
-                        fut.set_exception(res)
-                    else:
-                        fut.set_result(res)
+            self._deliver(batch, results)
+            self._idle.set()
+
+    def _deliver(self, batch: list, results: Sequence[Any]) -> None:
+        self.stats.batches += 1
+        self.stats.items += len(batch)
+        self.stats.largest = max(self.stats.largest, len(batch))
+        self.stats.sizes.append(len(batch))
+        for (item, fut), res in zip(batch, results):
+            if not fut.done():  # an exception in place of one result fails that caller alone
+                if isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+            elif self.on_orphan is not None and not isinstance(res, BaseException):
+                self.on_orphan(item)
+
+    async def drain(self) -> None:
+        """Wait until no batch is running (results, and orphans, delivered)."""
+        if self._task is not None and not self._task.done() and self._loop is asyncio.get_running_loop():
+            await self._idle.wait()
 
     async def aclose(self) -> None:
         if self._task is not None:

@@ -297,7 +297,9 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
         elsewhere = on_ray or spec.engine is not None  # not on this process's cores
         lock = None if elsewhere else locks.setdefault(spec.device, threading.Lock())
         out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
-                           compute_lock=lock, name=f"worker{i}"))
+                           compute_lock=lock, name=f"worker{i}",
+                           # a call whose episode was cancelled mid-batch was sampled and kept: forget it
+                           on_orphan=lambda gen, w=w: w.drop([gen.call_id])))
     return out
 
 

@@ -7,6 +7,7 @@ each worker only ``{call_id: reward}`` for the calls that worker served.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import traceback
 from typing import Callable
@@ -34,6 +35,7 @@ class Controller:
         self.allocators = allocators
         self.settings = settings
         self.tools = tools or {}
+        self.open_traces: dict[str, Trace] = {}  # episodes running now (what a stop must drop)
         self.worker_of: dict[str, int] = {}
         for i, w in enumerate(workers):
             for p in w.policy_names:
@@ -49,6 +51,7 @@ class Controller:
                               tools=self.tools, temperature=temperature,
                               seed=None if seed is None else stable_seed(seed, task.id, sample_idx), branch=branch)
         async with sem:
+            self.open_traces[trace.trace_id] = trace
             t0 = time.perf_counter()
             try:
                 await asyncio.wait_for(self.workflow.run(task, ctx), self.settings.trace_timeout_s)
@@ -61,6 +64,8 @@ class Controller:
                 tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
                 raise WorkflowBug(f"task {task.id} (sample {sample_idx}) of workflow "
                                   f"'{getattr(self.workflow, 'name', type(self.workflow).__name__)}' raised:\n{tb}") from exc
+            finally:
+                self.open_traces.pop(trace.trace_id, None)
             trace.duration_s = time.perf_counter() - t0
         return trace
 
@@ -96,10 +101,18 @@ class Controller:
 
     def drop_traces(self, traces: list[Trace]) -> None:
         """Take these traces' calls out of the next update (each host forgets its own)."""
+        self.drop_calls([c.call_id for tr in traces for c in tr.calls], {c.call_id: c.policy for tr in traces
+                                                                           for c in tr.calls})
+
+    def drop_calls(self, call_ids: list[str], policy_of: dict[str, str] | None = None) -> None:
+        """Forget these calls at their hosts (every host, when their policies are not given)."""
+        if policy_of is None:
+            for w in self.workers:
+                w.drop(call_ids)
+            return
         drops: dict[int, list[str]] = {}
-        for tr in traces:
-            for c in tr.calls:
-                drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
+        for cid in call_ids:
+            drops.setdefault(self.worker_of[policy_of[cid]], []).append(cid)
         for i, ids in drops.items():
             self.workers[i].drop(ids)
 
@@ -128,8 +141,10 @@ class Controller:
         for i, rewards in per_worker.items():
             self.workers[i].commit_rewards(rewards)
 
-    def update(self, traces: list[Trace] | None = None) -> dict[str, dict[str, float]]:
-        """Train every worker; with ``traces``, write the advantage each call was trained with onto it."""
+    def update(self, traces: list[Trace] | None = None, *, keep_pending: bool = False) -> dict[str, dict[str, float]]:
+        """Train every worker; with ``traces``, write the advantage each call was trained with onto it.
+        A host in this process updates holding its device's compute lock, so an engine batch never
+        reads weights an optimizer step is writing (asynchronous rollouts generate meanwhile)."""
         metrics: dict[str, dict[str, float]] = {}
         adv: dict[str, float] = {}
         shared = self._shared_calls()
@@ -137,7 +152,10 @@ class Controller:
             w.park()
 
         def one(w):
-            return w.train_step({p: shared[p] for p in w.policy_names if p in shared}), w.advantages()
+            lock = self.batchers[self.workers.index(w)].compute_lock or contextlib.nullcontext()
+            with lock:
+                return (w.train_step({p: shared[p] for p in w.policy_names if p in shared}, keep_pending=keep_pending),
+                        w.advantages())
 
         if len(self.workers) > 1 and all(w.separate_process for w in self.workers):
             from concurrent.futures import ThreadPoolExecutor

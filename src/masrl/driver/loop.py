@@ -18,6 +18,7 @@ from masrl.data.tasks import Task
 from masrl.driver import checkpoints as ckpt
 from masrl.driver import faults
 from masrl.driver.alarms import collapse_alarms
+from masrl.driver.async_loop import AsyncRollouts, async_step
 from masrl.driver.builder import Runtime, build_runtime, build_tasks
 from masrl.driver.counterfactual import counterfactual_credit
 from masrl.driver.dynamic import flat_tasks, fresh_tasks
@@ -250,8 +251,9 @@ class Trainer:
         try:
             if cfg.train.eval_before and self.step == 0:
                 results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
+            rollouts = AsyncRollouts(self) if cfg.rollout.mode == "async" else None
             while self.step < cfg.train.steps:
-                rec = await self.train_step()
+                rec = await (async_step(self, rollouts) if rollouts is not None else self.train_step())
                 rec["alarms"] = collapse_alarms(rec, self._first_record(rec))
                 loggers.log_step(self.step, rec)
                 loggers.log_traces(self.step, self._last_traces[: cfg.train.log_traces])
@@ -268,6 +270,8 @@ class Trainer:
                     timing["eval_s"] = time.perf_counter() - t0
                 if timing:
                     loggers.log_step(self.step, {"step": self.step, "timing": timing})
+            if rollouts is not None:  # the episodes still running belong to no update
+                await rollouts.stop()
             if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
                                     or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
                 self.save_checkpoint()

@@ -76,7 +76,7 @@ class EndpointHost(PolicyHost):
     def drop(self, call_ids) -> int:
         return 0
 
-    def train_step(self, shared=None) -> dict:
+    def train_step(self, shared=None, keep_pending=False) -> dict:
         return {}
 
     def advantages(self) -> dict:

@@ -134,9 +134,11 @@ class PolicyHost(abc.ABC):
 
     @host_method("all", _rank_metrics)
     @abc.abstractmethod
-    def train_step(self, shared: dict[str, list[Sample]] | None = None) -> dict[str, dict[str, float]]:
+    def train_step(self, shared: dict[str, list[Sample]] | None = None,
+                   keep_pending: bool = False) -> dict[str, dict[str, float]]:
         """Update every trainable policy that is due on its rewarded calls (plus ``shared`` calls of
-        other policies); returns metrics per updated policy."""
+        other policies); returns metrics per updated policy. ``keep_pending``: calls without a reward
+        yet (their episodes are still running: asynchronous rollouts) wait for a later update."""
 
     @host_method("all", _merge)
     @abc.abstractmethod

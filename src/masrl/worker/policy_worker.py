@@ -245,9 +245,10 @@ class PolicyWorker(PolicyHost):
         """This worker's rewarded calls of ``policies`` (for other policies' ``share_from``)."""
         return [s for s in self.buffer.values() if s.policy in policies and s.reward is not None]
 
-    def train_step(self, shared: dict[str, list[Sample]] | None = None) -> dict[str, dict[str, float]]:
+    def train_step(self, shared: dict[str, list[Sample]] | None = None,
+                   keep_pending: bool = False) -> dict[str, dict[str, float]]:
         """Update every trainable policy on its rewarded calls (plus calls ``shared`` into it from
-        other policies), then clear the buffer."""
+        other policies), then clear the buffer (``keep_pending``: but for calls not rewarded yet)."""
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
         self._resident()
@@ -261,15 +262,19 @@ class PolicyWorker(PolicyHost):
             if samples:
                 metrics[name] = self._update(name, samples, len(extra))
                 metrics[name].update(stale)
-        if metrics:
-            self.engine.weights_updated(list(metrics))
+            elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped
+                metrics[name] = stale
+        updated = [n for n, m in metrics.items() if "loss" in m]
+        if updated:
+            self.engine.weights_updated(updated)
         self.last_advantages = {
             s.call_id: (sum(s.token_adv) / len(s.token_adv) if s.token_adv else s.advantage)
-            for s in self.buffer.values() if s.reward is not None and s.policy in metrics}
-        unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)
+            for s in self.buffer.values() if s.reward is not None and s.policy in updated}
+        unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)  # pending, under keep_pending
         for m in metrics.values():
             m["unrewarded_calls"] = float(unrewarded)
-        self.buffer = {k: s for k, s in self.buffer.items() if s.policy in waiting and s.reward is not None}
+        self.buffer = {k: s for k, s in self.buffer.items()
+                       if (s.policy in waiting and s.reward is not None) or (keep_pending and s.reward is None)}
         self.step += 1
         if self.offload_weights:
             self._park_after_update(metrics)

@@ -1,0 +1,140 @@
+"""Asynchronous rollouts (``rollout.mode: async``): workflows keep running while policies update.
+
+The synchronous step generates every trace of a step, then updates, then generates again, so the
+slowest trace holds every update back and no trace runs during an update. Here episodes run
+continuously, ``rollout.tasks_per_step`` tasks ahead of the updates:
+
+- a task's group is complete when all its samples have finished; its rewards are assigned when
+  an update takes it (never for a group half done, so a GRPO group is always whole, and an update
+  trains the groups it took and no others);
+- once ``tasks_per_step`` complete groups are waiting, the update starts in a thread and the
+  event loop keeps launching and serving episodes meanwhile. On one device the engine and the
+  optimizer take turns (the batchers' compute lock, held by the update), so in-flight generations
+  finish their engine batch on the old weights and the next batch samples the new ones; hosts on
+  other devices (Ray) generate through the whole update;
+- every call records the version of the weights that sampled it; an update reports its calls'
+  staleness and drops those past ``policies.X.max_staleness``; ``algorithm.tis_cap`` and
+  ``algorithm.mis`` correct with the recomputed logprobs;
+- an update trains on its groups' calls and keeps the calls of episodes still running
+  (``train_step(keep_pending=True)``); a checkpoint follows an update, so a kill loses at most the
+  episodes in flight, and ``--resume`` starts the task stream after the checkpoint's step.
+
+Sampling seeds follow the task's place in the stream and the sample, as in the synchronous loop;
+which weights sample which call depends on timing, so async runs do not repeat each other exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from masrl.data.tasks import Task
+from masrl.driver import faults
+from masrl.seeding import stable_seed
+
+
+class TaskStream:
+    """The k-th task of the run: the synchronous loop's order, step after step."""
+
+    def __init__(self, tasks: list[Task], per_step: int, seed: int):
+        from masrl.driver.loop import step_tasks
+
+        self.tasks, self.per_step, self.seed = tasks, per_step, seed
+        self._step_tasks = step_tasks
+        self._cache: dict[int, list[Task]] = {}
+
+    def __getitem__(self, k: int) -> Task:
+        step, i = divmod(k, self.per_step)
+        if step not in self._cache:
+            self._cache = {step: self._step_tasks(self.tasks, step, self.per_step, self.seed)}
+        return self._cache[step][i % len(self._cache[step])]
+
+
+class AsyncRollouts:
+    """Keeps episodes running and hands out complete groups, ``tasks_per_step`` at a time."""
+
+    def __init__(self, trainer):
+        self.tr = trainer
+        cfg = trainer.cfg
+        self.r = cfg.rollout
+        self.stream = TaskStream(trainer.train_tasks, self.r.tasks_per_step, cfg.seed)
+        self.next_task = trainer.step * self.r.tasks_per_step  # a resumed run restarts after its checkpoint
+        self.sem = asyncio.Semaphore(self.r.max_in_flight)
+        self.running: dict[asyncio.Task, int] = {}
+        self.groups: dict[int, list] = {}
+        self.ready: list[tuple[Task, list]] = []
+        self.started = time.perf_counter()
+
+    def fill(self) -> None:
+        """Launch tasks until ``2 x tasks_per_step`` are in flight or waiting (one step ahead)."""
+        ahead = len({k for k in self.running.values()}) + len(self.ready)
+        while ahead < 2 * self.r.tasks_per_step:
+            k = self.next_task
+            self.next_task += 1
+            task = self.stream[k]
+            self.groups[k] = []
+            seed = stable_seed(self.tr.cfg.seed, "train", "async", k)
+            for s in range(self.r.samples_per_task):
+                job = asyncio.ensure_future(self.tr.rt.controller._run_one(task, s, True, None, self.sem, seed))
+                self.running[job] = k
+            ahead += 1
+
+    async def next_groups(self) -> list[tuple[Task, list]]:
+        """Wait until ``tasks_per_step`` groups are complete; returns them with their rewards assigned
+        (groups completed beyond those wait, unrewarded, for the next update)."""
+        while len(self.ready) < self.r.tasks_per_step:
+            self.fill()
+            done, _ = await asyncio.wait(list(self.running), return_when=asyncio.FIRST_COMPLETED)
+            for job in done:
+                k = self.running.pop(job)
+                trace = job.result()  # a workflow bug raises here and stops the run
+                self.groups[k].append(trace)
+                if len(self.groups[k]) == self.r.samples_per_task:
+                    self.ready.append((self.stream[k], self.groups.pop(k)))
+            faults.point(f"rollout:{self.tr.step + 1}")
+        batch, self.ready = self.ready[: self.r.tasks_per_step], self.ready[self.r.tasks_per_step:]
+        ctl = self.tr.rt.controller
+        for task, traces in batch:  # rewards now, so that the update trains this batch's groups and no others
+            ctl.assign_rewards(traces, {task.id: task})
+        # calls no reward paid would wait for ever among the pending ones (keep_pending): they go now
+        unpaid = [c.call_id for _, traces in batch for t in traces if not t.failed for c in t.calls if c.reward is None]
+        if unpaid:
+            ctl.drop_calls(unpaid)
+        return batch
+
+    async def stop(self) -> None:
+        """Cancel the episodes still running; their calls leave the hosts' buffers."""
+        ctl = self.tr.rt.controller
+        unfinished = list(ctl.open_traces.values())  # before the cancel: a cancelled episode leaves that list
+        for job in self.running:
+            job.cancel()
+        left = await asyncio.gather(*self.running, return_exceptions=True)
+        self.running.clear()
+        for b in ctl.batchers:  # a batch that was running finishes; its cancelled calls are forgotten
+            await b.drain()
+        unfinished += [t for g in self.groups.values() for t in g] + [t for _, g in self.ready for t in g]
+        unfinished += [t for t in left if not isinstance(t, BaseException)]
+        ctl.drop_traces(unfinished)
+        self.groups.clear()
+        self.ready.clear()
+
+
+async def async_step(tr, rollouts: AsyncRollouts) -> dict:
+    """One update of the asynchronous loop: the next complete groups, then the update in a thread
+    while episodes keep running."""
+    from masrl.driver.metrics import summarize_traces
+
+    t0 = time.perf_counter()
+    groups = await rollouts.next_groups()
+    traces = [t for _, g in groups for t in g]
+    t1 = time.perf_counter()
+    faults.point(f"update:{tr.step + 1}")
+    rollouts.fill()  # the next step's episodes run while this update does
+    running = len(rollouts.running)
+    policies = await asyncio.to_thread(tr.rt.controller.update, traces, keep_pending=True)
+    t2 = time.perf_counter()
+    tr.step += 1
+    tr._last_traces = traces
+    return {"step": tr.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
+            "policies": policies, "async": {"episodes_running_at_update": running,
+                                            "versions": sorted({c.policy_version for t in traces for c in t.calls})}}

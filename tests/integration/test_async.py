@@ -1,0 +1,100 @@
+"""Asynchronous rollouts on this CPU with tiny-random: episodes keep running through updates, groups
+are whole, every finished call trains once, calls carry their weights' version, and a run killed
+with SIGKILL resumes."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+from tinycfg import prepared_trainer, tiny_config
+
+from masrl.driver import checkpoints as ckpt
+from masrl.driver.async_loop import AsyncRollouts, async_step
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data(run_dir, steps=3, **rollout):
+    data = tiny_config("math_team_shared", run_dir, steps=steps)
+    data["rollout"].update(mode="async", **rollout)
+    return data
+
+
+def test_async_updates_train_whole_groups_once_each_and_tag_versions(tmp_path):
+    tr, workers, before = prepared_trainer(_data(tmp_path), tmp_path)
+    w = workers["shared"]
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs, seen = [], []
+        for _ in range(3):
+            recs.append(await async_step(tr, rollouts))
+            seen += tr._last_traces
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs, seen
+
+    recs, traces = asyncio.run(go())
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["async"]["episodes_running_at_update"] > 0 for r in recs)  # episodes ran on through updates
+    assert all(r["rollout"]["traces"] == 2 * 3 for r in recs)  # every update took tasks_per_step whole groups
+    assert all(n == 3 for n in Counter(t.task_id for t in traces).values())
+    trained = sum(r["policies"]["shared"]["n_seqs"] for r in recs)
+    assert trained == sum(len(t.calls) for t in traces)  # every finished call trained once, none lost
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1  # later episodes sampled newer weights
+    assert any(r["policies"]["shared"]["staleness_max"] >= 1 for r in recs[1:])  # and some were a version behind
+    assert not w.buffer  # what was still running was dropped with the episodes
+    assert w.fingerprint("shared") != before["shared"]
+
+
+def test_max_staleness_drops_calls_sampled_too_many_versions_ago(tmp_path):
+    data = _data(tmp_path, steps=3)
+    data["policies"]["shared"]["max_staleness"] = 0
+    tr, _, _ = prepared_trainer(data, tmp_path)
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs = [await async_step(tr, rollouts) for _ in range(3)]
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs
+
+    recs = asyncio.run(go())
+    m = [r["policies"]["shared"] for r in recs]  # reported even when every call was too stale to train
+    old = sum(v for x in m for k, v in x.items() if k.startswith("staleness_") and k[10:].isdigit() and int(k[10:]) >= 1)
+    assert sum(x["stale_dropped"] for x in m) == old > 0  # every call a version behind was dropped
+    assert all(x.get("staleness_max", 0) == 0 or "loss" not in x or x["n_seqs"] < 12 for x in m)
+
+
+def test_an_async_run_killed_with_sigkill_resumes_to_the_end(tmp_path):
+    run_dir = tmp_path / "run"
+    data = _data(run_dir, steps=4)
+    data["train"].update(save_every=1, keep_last=2)
+    cfg = tmp_path / "async.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    marker = tmp_path / "marker"
+    proc = subprocess.Popen([sys.executable, "-m", "masrl.cli", "train", str(cfg)], cwd=tmp_path, text=True,
+                            env=dict(env, MASRL_FAULT_POINT="update:3", MASRL_FAULT_MARKER=str(marker)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists(), proc.communicate()[1][-2000:]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+    assert json.loads((latest / "state.json").read_text())["step"] == 2  # the episodes in flight were all it lost
+    out = subprocess.run([sys.executable, "-m", "masrl.cli", "train", str(cfg), "--resume"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
+    assert steps == [1, 2, 3, 4]  # each step once: what the killed run logged past its checkpoint was redone
+    assert ckpt.latest_checkpoint(run_dir / "checkpoints").name == "step_000004"

@@ -37,9 +37,9 @@ async def _step_with(tr, w, stale):
     """One training step with ``stale`` in the worker's buffer as it updates."""
     real = w.train_step
 
-    def train_step(shared=None):
+    def train_step(shared=None, **kw):
         w.buffer[stale.call_id] = stale
-        return real(shared)
+        return real(shared, **kw)
 
     w.train_step = train_step
     try:

@@ -307,10 +307,10 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
         orig = workers["reasoner"].train_step
 
         # where is the writer meanwhile?
-        def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"], base_mem=base_mem):
+        def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"], base_mem=base_mem, **kw):
             _seen["writer_device"] = next(_writer.host.model.parameters()).device.type
             _seen["mem"] = torch.cuda.memory_allocated() - base_mem
-            return _orig(shared)
+            return _orig(shared, **kw)
 
         workers["reasoner"].train_step = spy
         recs = [asyncio.run(tr.train_step()) for _ in range(2)]

@@ -8,10 +8,12 @@ continuously, ``rollout.tasks_per_step`` tasks ahead of the updates:
   an update takes it (never for a group half done, so a GRPO group is always whole, and an update
   trains the groups it took and no others);
 - once ``tasks_per_step`` complete groups are waiting, the update starts in a thread and the
-  event loop keeps launching and serving episodes meanwhile. On one device the engine and the
-  optimizer take turns (the batchers' compute lock, held by the update), so in-flight generations
-  finish their engine batch on the old weights and the next batch samples the new ones; hosts on
-  other devices (Ray) generate through the whole update;
+  event loop keeps launching and serving episodes meanwhile. With ``rollout.overlap_update`` (on by
+  default on CUDA) the engine samples from its own copy of the weights through the whole update and
+  the new weights are copied in between two engine batches when it ends; without it, the engine and
+  the optimizer of one device take turns (the batchers' compute lock, held by the update), so
+  in-flight generations finish their engine batch on the old weights and wait; hosts on other
+  devices (Ray) generate through the whole update;
 - every call records the version of the weights that sampled it; an update reports its calls'
   staleness and drops those past ``policies.X.max_staleness``; ``algorithm.tis_cap`` and
   ``algorithm.mis`` correct with the recomputed logprobs;
@@ -131,10 +133,13 @@ async def async_step(tr, rollouts: AsyncRollouts) -> dict:
     faults.point(f"update:{tr.step + 1}")
     rollouts.fill()  # the next step's episodes run while this update does
     running = len(rollouts.running)
-    policies = await asyncio.to_thread(tr.rt.controller.update, traces, keep_pending=True)
+    ctl = tr.rt.controller
+    served = sum(b.stats.items for b in ctl.batchers)
+    policies = await asyncio.to_thread(ctl.update, traces, keep_pending=True)
     t2 = time.perf_counter()
+    served = sum(b.stats.items for b in ctl.batchers) - served
     tr.step += 1
     tr._last_traces = traces
     return {"step": tr.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
-            "policies": policies, "async": {"episodes_running_at_update": running,
+            "policies": policies, "async": {"episodes_running_at_update": running, "calls_during_update": served,
                                             "versions": sorted({c.policy_version for t in traces for c in t.calls})}}

@@ -260,6 +260,9 @@ def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[
     kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
                    engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, specs[0].device) else {})
               for i, (_, specs) in enumerate(hosts)]
+    if cfg.runtime.placement != "ray":  # a Ray actor runs one call at a time: it cannot generate while it updates
+        for k, (_, specs) in zip(kwargs, hosts):
+            k["overlap_update"] = overlaps_update(r, specs)
     for (model, specs) in hosts:
         kind = "LoRA adapters " + ", ".join(s.name for s in specs) if specs[0].is_lora else f"full model for {specs[0].name}"
         log(f"[masrl] loading {model} ({kind}) on {specs[0].device}"
@@ -285,6 +288,13 @@ def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[
             log(f"[masrl] policy {p.name}: served by {p.engine.base_url} (model {p.engine.model})")
         workers += [EndpointHost(p, p.engine) for p in served]
     return workers, placement
+
+
+def overlaps_update(r, specs: list[PolicySpec]) -> bool:
+    """``rollout.overlap_update`` resolved for one host of ``specs``."""
+    if r.mode != "async" or r.overlap_update == "off" or any(s.offload_weights for s in specs):
+        return False
+    return r.overlap_update == "on" or (specs[0].device.startswith("cuda") and r.engine in ("auto", "hf", "static"))
 
 
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:

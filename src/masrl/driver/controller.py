@@ -144,7 +144,8 @@ class Controller:
     def update(self, traces: list[Trace] | None = None, *, keep_pending: bool = False) -> dict[str, dict[str, float]]:
         """Train every worker; with ``traces``, write the advantage each call was trained with onto it.
         A host in this process updates holding its device's compute lock, so an engine batch never
-        reads weights an optimizer step is writing (asynchronous rollouts generate meanwhile)."""
+        reads weights an optimizer step is writing, unless its engine samples from a copy of the
+        weights (``overlaps_update``): then batches run during the update on the old weights."""
         metrics: dict[str, dict[str, float]] = {}
         adv: dict[str, float] = {}
         shared = self._shared_calls()
@@ -152,7 +153,9 @@ class Controller:
             w.park()
 
         def one(w):
-            lock = self.batchers[self.workers.index(w)].compute_lock or contextlib.nullcontext()
+            lock = self.batchers[self.workers.index(w)].compute_lock
+            if lock is None or w.overlaps_update:  # its engine reads a copy: it keeps sampling meanwhile
+                lock = contextlib.nullcontext()
             with lock:
                 return (w.train_step({p: shared[p] for p in w.policy_names if p in shared}, keep_pending=keep_pending),
                         w.advantages())

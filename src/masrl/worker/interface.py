@@ -101,13 +101,15 @@ class PolicyHost(abc.ABC):
     """What the driver may call on a host of policies. Attributes every host sets at construction:
     ``name``, ``specs`` (policy name -> ``PolicySpec``), ``policy_names``, ``trainable_names``, and
     ``separate_process`` (it runs in another process: the driver updates several such hosts at
-    once). (Not ``remote``: Ray's actor classes own that name.)"""
+    once) and ``overlaps_update`` (its engine samples from a copy of the weights, so the driver may
+    let it generate while it updates). (Not ``remote``: Ray's actor classes own that name.)"""
 
     name: str
     specs: dict[str, PolicySpec]
     policy_names: list[str]
     trainable_names: list[str]
     separate_process: bool = False
+    overlaps_update: bool = False
 
     # -- rollout -------------------------------------------------------------------------------
     @host_method("split", _concat)

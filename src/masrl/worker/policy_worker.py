@@ -8,7 +8,9 @@ takes and returns plain picklable data, so the same class runs in-process or as 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -31,12 +33,14 @@ from masrl.worker.offload import PinnedStash
 from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
 from masrl.worker.training import Sample, train_policy
+from masrl.worker.weight_copy import WeightCopy
 
 
 class PolicyWorker(PolicyHost):
     def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
                  device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
-                 engine_options: dict | None = None, threads: int | None = None, name: str | None = None):
+                 engine_options: dict | None = None, threads: int | None = None, name: str | None = None,
+                 overlap_update: bool = False):
         if threads:  # in a process of its own (a Ray actor): the run's thread count applies here too
             torch.set_num_threads(threads)
         self.name = name or "worker-" + "-".join(p.name for p in policies)
@@ -48,8 +52,6 @@ class PolicyWorker(PolicyHost):
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
         self.prompts = PromptRenderer(tok)  # remembers recent turns, to continue a conversation exactly
-        self.engine: Engine = make_engine(engine, self.host.model, tok, stop_token_ids(tok, self.host.core),
-                                          device=device, seed=seed, **(engine_options or {}))
         self.optimizers: dict[str, MasterWeightsAdamW] = {}
         for spec in policies:
             if spec.trainable:
@@ -59,10 +61,20 @@ class PolicyWorker(PolicyHost):
                 )
                 if spec.offload_optimizer:
                     self.optimizers[spec.name].offload()
+        # overlap_update: the engine samples from its own copy of the trainable weights (WeightCopy),
+        # so an update can run while it generates; the buffer then takes calls during an update
+        self.copy = (WeightCopy(self.host.model, {n: self.host.policy_parameters(n) for n in self.optimizers})
+                     if overlap_update and self.optimizers else None)
+        self.overlaps_update = self.copy is not None
+        self.engine: Engine = make_engine(engine, self.copy.model if self.copy else self.host.model, tok,
+                                          stop_token_ids(tok, self.host.core), device=device, seed=seed,
+                                          **(engine_options or {}))
+        self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
         self.critics: dict = {}  # policy -> Critic (a separate value model; set by the builder)
         self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)
+        self.published = dict(self.updates)  # the version of the weights the engine samples from, per policy
         self.emas = {n: WeightEMA(self.host.policy_parameters(n), spec.schedule.ema)
                      for n, spec in self.host.policies.items() if n in self.optimizers and spec.schedule.ema}
         self.last_advantages: dict[str, float] = {}
@@ -184,7 +196,9 @@ class PolicyWorker(PolicyHost):
         fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p, ok in zip(calls, prompts, fits) if ok]
-        outputs = iter(self.engine.generate(requests) if requests else [])
+        with self.copy.lock if self.copy else contextlib.nullcontext():  # a publish waits for this batch
+            outputs = iter(self.engine.generate(requests) if requests else [])
+            versions = dict(self.published)
         results: list[GenResult | Exception] = []
         for c, p, ok in zip(calls, prompts, fits):
             if not ok:  # that call alone fails; the engine never sees it
@@ -193,10 +207,12 @@ class PolicyWorker(PolicyHost):
                 continue
             o = next(outputs)
             self.prompts.remember(c.call_id, p, o.completion_ids)
-            version = self.updates.get(c.policy, 0)
+            version = versions.get(c.policy, 0)
             if c.record and self.host.policies[c.policy].trainable:
-                self.buffer[c.call_id] = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs,
-                                                c.sampling.temperature, dict(c.key), version=version)
+                sample = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs, c.sampling.temperature,
+                                dict(c.key), version=version)
+                with self._buffer_lock:
+                    self.buffer[c.call_id] = sample
             results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version))
         return results
 
@@ -220,7 +236,8 @@ class PolicyWorker(PolicyHost):
         return dict(self.last_advantages)
 
     def drop(self, call_ids: list[str]) -> int:
-        return sum(self.buffer.pop(c, None) is not None for c in call_ids)
+        with self._buffer_lock:
+            return sum(self.buffer.pop(c, None) is not None for c in call_ids)
 
     @torch.no_grad()
     def score(self, policy: str, samples: list[Sample]) -> list[list[float]]:
@@ -248,37 +265,55 @@ class PolicyWorker(PolicyHost):
     def train_step(self, shared: dict[str, list[Sample]] | None = None,
                    keep_pending: bool = False) -> dict[str, dict[str, float]]:
         """Update every trainable policy on its rewarded calls (plus calls ``shared`` into it from
-        other policies), then clear the buffer (``keep_pending``: but for calls not rewarded yet)."""
+        other policies), then clear the buffer (``keep_pending``: but for calls not rewarded yet).
+        With ``overlap_update`` the engine keeps generating meanwhile: calls it buffers during the
+        update are not part of it and stay."""
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
         self._resident()
-        for name in self.optimizers:
-            if (self.step + 1) % self.host.policies[name].schedule.update_every:
-                waiting.add(name)
-                continue
-            extra = (shared or {}).get(name, [])
-            samples = [s for s in self.buffer.values() if s.policy == name and s.reward is not None] + extra
-            samples, stale = self._fresh(name, samples)
-            if samples:
-                metrics[name] = self._update(name, samples, len(extra))
-                metrics[name].update(stale)
-            elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped
-                metrics[name] = stale
+        with self._buffer_lock:
+            view = dict(self.buffer)
+        with self.copy.updating() if self.copy else contextlib.nullcontext():
+            for name in self.optimizers:
+                if (self.step + 1) % self.host.policies[name].schedule.update_every:
+                    waiting.add(name)
+                    continue
+                extra = (shared or {}).get(name, [])
+                samples = [s for s in view.values() if s.policy == name and s.reward is not None] + extra
+                samples, stale = self._fresh(name, samples)
+                if samples:
+                    metrics[name] = self._update(name, samples, len(extra))
+                    metrics[name].update(stale)
+                elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped
+                    metrics[name] = stale
         updated = [n for n, m in metrics.items() if "loss" in m]
         if updated:
-            self.engine.weights_updated(updated)
+            self._publish(updated)
         self.last_advantages = {
             s.call_id: (sum(s.token_adv) / len(s.token_adv) if s.token_adv else s.advantage)
-            for s in self.buffer.values() if s.reward is not None and s.policy in updated}
-        unrewarded = sum(1 for s in self.buffer.values() if s.reward is None)  # pending, under keep_pending
+            for s in view.values() if s.reward is not None and s.policy in updated}
+        unrewarded = sum(1 for s in view.values() if s.reward is None)  # pending, under keep_pending
         for m in metrics.values():
             m["unrewarded_calls"] = float(unrewarded)
-        self.buffer = {k: s for k, s in self.buffer.items()
-                       if (s.policy in waiting and s.reward is not None) or (keep_pending and s.reward is None)}
+        gone = [k for k, s in view.items()
+                if not ((s.policy in waiting and s.reward is not None) or (keep_pending and s.reward is None))]
+        with self._buffer_lock:
+            for k in gone:
+                self.buffer.pop(k, None)
         self.step += 1
         if self.offload_weights:
             self._park_after_update(metrics)
         return metrics
+
+    def _publish(self, policies: list[str] | None = None) -> None:
+        """The engine samples the live weights of ``policies`` (default: all) from its next batch on."""
+        with self.copy.lock if self.copy else contextlib.nullcontext():
+            if self.copy:
+                self.copy.publish(policies)
+            self.engine.weights_updated(policies)
+            for p in policies if policies is not None else list(self.updates):
+                if p in self.updates:
+                    self.published[p] = self.updates[p]
 
     def _fresh(self, name: str, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
         """The samples within ``max_staleness`` versions of the weights about to update, and the
@@ -365,7 +400,6 @@ class PolicyWorker(PolicyHost):
         d = Path(directory)
         for name in self.trainable_names:
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
-        self.engine.weights_updated()
         for critic in self._distinct_critics():
             f = d / "critics" / f"{critic.name}.pt"
             if f.is_file():
@@ -376,6 +410,7 @@ class PolicyWorker(PolicyHost):
             self.step = state["step"]
             self.reward_stats = {k: RunningMoments.from_state(v) for k, v in state.get("reward_stats", {}).items()}
             self.updates.update(state.get("updates", {}))
+        self._publish()
         for name, ema in self.emas.items():
             if (d / name / "ema.pt").is_file():
                 ema.load_state_dict(torch.load(d / name / "ema.pt", weights_only=True))
@@ -387,13 +422,13 @@ class PolicyWorker(PolicyHost):
         self._eval_stack = ExitStack()
         for ema in self.emas.values():
             self._eval_stack.enter_context(ema.swapped_in())
-        self.engine.weights_updated(list(self.emas))
+        self._publish(list(self.emas))
 
     def end_eval(self) -> None:
         stack = self.__dict__.pop("_eval_stack", None)
         if stack is not None:
             stack.close()
-            self.engine.weights_updated(list(self.emas))
+            self._publish(list(self.emas))
 
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed;

@@ -1,0 +1,125 @@
+"""rollout.overlap_update: the engine samples from its own copy of the trainable weights, so an
+update runs while episodes generate; the new weights reach the engine only when published, and the
+calls sampled from then on carry the new version. Real tiny-random models on this CPU."""
+
+import asyncio
+import threading
+
+import pytest
+import torch
+from tinycfg import prepared_trainer, tiny_config
+
+from masrl.config import SamplingParams, load_config
+from masrl.driver.async_loop import AsyncRollouts, async_step
+from masrl.messages import GenCall
+
+
+def _data(base, run_dir, steps=3, **rollout):
+    data = tiny_config(base, run_dir, steps=steps)
+    data["rollout"].update(mode="async", overlap_update="on", **rollout)
+    return data
+
+
+def _call(policy: str, i: int) -> GenCall:
+    return GenCall(f"c{i}", policy, [{"role": "user", "content": "What is 2 + 3?"}],
+                   SamplingParams(temperature=1.0, max_new_tokens=8, stop=[]), seed=7,
+                   key={"task_id": "t", "agent": "solver", "turn": 0})
+
+
+def _sampled(w, policy: str, i: int):
+    res = w.generate([_call(policy, i)])[0]
+    s = w.buffer[f"c{i}"]
+    return res.version, s.completion_ids, s.logprobs
+
+
+def test_the_engine_samples_its_copy_until_the_update_is_published(tmp_path):
+    tr, workers, _ = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    w = workers["shared"]
+    assert w.overlaps_update and w.engine.model is not w.host.model
+    v0, ids0, lp0 = _sampled(w, "shared", 0)
+    with torch.no_grad():  # what an optimizer step does to the live weights
+        for p in w.host.policy_parameters("shared"):
+            p.add_(torch.randn_like(p) * 0.5)
+    v1, ids1, lp1 = _sampled(w, "shared", 1)
+    assert (v1, ids1, lp1) == (v0, ids0, lp0)  # the engine still reads the weights it had
+    w.updates["shared"] += 1
+    w._publish(["shared"])
+    v2, _, lp2 = _sampled(w, "shared", 2)
+    assert v2 == 1 and lp2 != lp0  # from the publish on: the new weights, the new version
+    live = dict(w.host.model.named_parameters())
+    assert all(torch.equal(p, live[n]) for n, p in w.copy.model.named_parameters())
+    tr.rt.close()
+
+
+def test_a_lora_copy_shares_the_base_and_copies_only_the_adapters(tmp_path):
+    tr, workers, _ = prepared_trainer(_data("math_team_lora", tmp_path), tmp_path)
+    w = next(iter(workers.values()))
+    live = dict(w.host.model.named_parameters())
+    copied = {n for n, p in w.copy.model.named_parameters() if p.data_ptr() != live[n].data_ptr()}
+    trainable = {n for n, p in live.items() if any(p is q for _, src in w.copy.pairs.values() for q in src)}
+    assert copied and copied == trainable
+    assert all("lora_" in n for n in copied)
+    assert w.copy.copied_bytes() < sum(p.numel() * p.element_size() for p in live.values()) / 10
+    tr.rt.close()
+
+
+def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
+    """An engine batch started during an update is not held back by it and is tagged with the old
+    version; the update trains only what it took and keeps the calls that arrived meanwhile."""
+    tr, workers, _ = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    w = workers["shared"]
+    for i in range(4):  # rewarded calls for one update
+        _sampled(w, "shared", 100 + i)
+        w.buffer[f"c{100 + i}"].reward = float(i % 2)
+    inside, release, seen = threading.Event(), threading.Event(), {}
+    real = w._update
+
+    def slow_update(*a, **k):  # the update holds on until a generation has run inside it
+        m = real(*a, **k)
+        inside.set()
+        assert release.wait(60)
+        return m
+
+    w._update = slow_update
+    th = threading.Thread(target=lambda: seen.update(m=w.train_step(keep_pending=True)))
+    th.start()
+    assert inside.wait(60)
+    seen["during"] = _sampled(w, "shared", 200)  # would deadlock if the engine waited for the update
+    release.set()
+    th.join(60)
+    assert seen["during"][0] == 0 and seen["m"]["shared"]["n_seqs"] == 4
+    assert set(w.buffer) == {"c200"} and _sampled(w, "shared", 201)[0] == 1
+    tr.rt.close()
+
+
+def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_updates(tmp_path):
+    tr, workers, before = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    w = workers["shared"]
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs, seen = [], []
+        for _ in range(3):
+            recs.append(await async_step(tr, rollouts))
+            seen += tr._last_traces
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs, seen
+
+    recs, traces = asyncio.run(go())
+    assert sum(r["async"]["calls_during_update"] for r in recs) > 0
+    assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1
+    assert w.fingerprint("shared") != before["shared"] and not w.buffer
+    tr.rt.close()
+
+
+def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
+    data = tiny_config("math_team_shared", tmp_path)
+    data["rollout"]["overlap_update"] = "on"
+    with pytest.raises(Exception, match="overlap_update: on needs rollout.mode: async"):
+        load_config(data=data)
+    data["rollout"]["mode"] = "async"
+    data["policies"]["shared"]["offload_weights"] = True
+    with pytest.raises(Exception, match="policies.shared.offload_weights"):
+        load_config(data=data)

@@ -1,67 +1,113 @@
-"""Synchronous against asynchronous rollouts, same config, same run: trained calls per second.
+"""Synchronous against asynchronous rollouts, same config, same run: trained calls (samples) per second.
 
-The math team (four agents on one policy) with a reward that keeps group variance, random
-weights; ``--steps`` updates of ``--tasks`` tasks x ``--samples`` samples each side, after one
-warm-up update. Prints trained calls/s for both and their ratio, with each side's mean staleness.
-On one device the engine and the optimizer take turns (the compute lock), so async can only win
-the time the synchronous step spends waiting for its slowest trace and between phases; policies
-on other devices (Ray) would also overlap generation with the update itself.
+Each mode trains ``--steps`` updates after one warm-up update, in a process of its own, on the same
+workload; rewards are a hash of each completion (random weights never answer right, and a hash keeps
+every group's variance), so this measures throughput, not learning.
 
-    python benchmarks/bench_async.py [--model tiny-random] [--steps 4] [--tasks 8] [--samples 4] [--tokens 32]
+Workloads (``--workload``):
+  solver     one call per task: bench_gpu.py's GRPO shape (64 tasks x 8 samples x 256 tokens on the
+             0.5B shape) when run with ``--tasks 64 --samples 8 --tokens 256``;
+  team       the math team (four agents, one policy): fixed turns;
+  long_tail  benchmarks/long_tail.py: 1 to ``--max-turns`` turns per episode (geometric), so a
+             synchronous step waits for its longest episode.
+
+Modes (``--modes``, comma separated):
+  sync              generate every episode of a step, then update;
+  async             rollout.mode async, rollout.overlap_update on: the engine samples from its own copy
+                    of the weights while the update runs (on CUDA in a stream of its own);
+  async-turns       rollout.mode async, overlap_update off: episodes run on while the update waits for
+                    the engine's batch and the engine waits for the update (the compute lock);
+  async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
+
+    python benchmarks/bench_async.py [--workload team] [--model tiny-random] [--device cpu] [--steps 4]
+        [--tasks 8] [--samples 4] [--tokens 32] [--modes sync,async,async-turns]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
+sys.path.insert(0, str(ROOT / "benchmarks"))  # long_tail: the workflow
+
+WORKFLOWS = {"solver": ("math_solver", ["solver"]), "team": ("math_team", ["solver", "verifier", "refiner", "finalizer"]),
+             "long_tail": ("long_tail:LongTail", ["agent"])}
 
 
-def config(model: str, mode: str, a) -> dict:
+def config(a, mode: str) -> dict:
+    wf, agents = WORKFLOWS[a.workload]
+    per_step = a.tasks * a.samples
     agent = {"policy": "shared", "temperature": 1.0, "max_new_tokens": a.tokens}
-    return {"name": f"bench_async_{mode}", "model": model, "policies": {"shared": {}},
-            "agents": {n: dict(agent) for n in ("solver", "verifier", "refiner", "finalizer")},
-            "workflow": {"name": "math_team"},
-            "data": {"train": {"source": "arithmetic", "n": 2000, "seed": 1},
+    data = {"name": f"bench_async_{mode}", "model": a.model, "device": a.device, "precision": a.precision,
+            "policies": {"shared": {"optim": {"lr": 1e-6}}},
+            "agents": {n: dict(agent) for n in agents},
+            "workflow": {"name": wf, "options": {"max_turns": a.max_turns} if a.workload == "long_tail" else {}},
+            "data": {"train": {"source": "arithmetic", "n": 5000, "seed": 1},
                      "eval": {"source": "arithmetic", "n": 4, "seed": 2}},
-            "rollout": {"tasks_per_step": a.tasks, "samples_per_task": a.samples, "mode": mode, "max_in_flight": 256,
-                        "max_batch_size": 256},
-            "rewards": [{"type": "helpers:task_hash_reward"}], "algorithm": {"micro_batch_size": 16},
+            "rollout": {"tasks_per_step": a.tasks, "samples_per_task": a.samples, "mode": "sync",
+                        "max_in_flight": 2 * per_step, "max_batch_size": a.max_batch or per_step},
+            "rewards": [{"type": "helpers:task_hash_reward"}],
+            "algorithm": {"micro_batch_tokens": a.micro_batch_tokens},
             "train": {"steps": a.steps + 1, "eval_before": False, "eval_after": False, "save_every": 0}}
+    if mode != "sync":
+        data["rollout"]["mode"] = "async"
+        data["rollout"]["overlap_update"] = "off" if mode == "async-turns" else "on"
+        if mode.startswith("async-s"):
+            data["policies"]["shared"]["max_staleness"] = int(mode[len("async-s"):])
+    return data
 
 
-def measure(model: str, mode: str, a, run_dir: Path) -> dict:
+def child(a, mode: str) -> dict:
+    """One mode, in this process: trained calls/s over ``--steps`` updates after a warm-up."""
+    import torch
+
     from masrl.config import load_config
     from masrl.driver.async_loop import AsyncRollouts, async_step
     from masrl.driver.loop import Trainer
 
-    tr = Trainer(load_config(data=config(model, mode, a)), run_dir=run_dir)
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    tr = Trainer(load_config(data=config(a, mode)), run_dir=Path(a.run_dir) / mode)
     tr.prepare(resume=False)
 
     async def go():
-        rollouts = AsyncRollouts(tr) if mode == "async" else None
+        rollouts = AsyncRollouts(tr) if mode != "sync" else None
 
         async def step():
             return await (async_step(tr, rollouts) if rollouts else tr.train_step())
 
-        await step()  # warm-up
+        await step()  # warm-up: graphs captured, kernels tuned
+        sync()
         t0 = time.perf_counter()
-        recs = [await step() for _ in range(a.steps)]
+        recs = []
+        for _ in range(a.steps):
+            recs.append(await step())
+            recs[-1]["t"] = time.perf_counter() - t0
+        sync()
         dt = time.perf_counter() - t0
         if rollouts:
             await rollouts.stop()
         await tr.rt.controller.aclose()
-        trained = sum(r["policies"]["shared"]["n_seqs"] for r in recs if "shared" in r["policies"])
-        stale = [r["policies"]["shared"].get("staleness_mean", 0.0) for r in recs if "shared" in r["policies"]]
-        return {"calls_s": trained / dt, "seconds": dt, "staleness": sum(stale) / max(1, len(stale))}
+        pol = [r["policies"].get("shared", {}) for r in recs]
+        return {"calls_s": sum(p.get("n_seqs", 0) for p in pol) / dt, "seconds": dt,
+                "tokens_s": sum(p.get("trained_tokens", 0) for p in pol) / dt,
+                "staleness": sum(p.get("staleness_mean", 0.0) for p in pol) / max(1, len(pol)),
+                "dropped": sum(p.get("stale_dropped", 0.0) for p in pol),
+                "during_update": sum(r.get("async", {}).get("calls_during_update", 0) for r in recs),
+                "update_s": sum(p.get("update_s", 0.0) for p in pol) / max(1, len(pol)),
+                "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
 
     try:
         return asyncio.run(go())
@@ -69,29 +115,65 @@ def measure(model: str, mode: str, a, run_dir: Path) -> dict:
         tr.rt.close()
 
 
+def run_child(mode: str, argv: list[str], run_dir: str) -> dict:
+    cmd = [sys.executable, __file__, *argv, "--child", mode, "--run-dir", run_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = proc.stderr.strip().splitlines()[-8:]
+        print(f"  {mode} failed ({proc.returncode}):\n    " + "\n    ".join(tail), flush=True)
+        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", choices=sorted(WORKFLOWS), default="team")
     ap.add_argument("--model", default="tiny-random")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", default="auto")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--max-batch", type=int, default=0, help="engine batch; default tasks x samples")
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096)
+    ap.add_argument("--modes", default="sync,async,async-turns")
+    ap.add_argument("--child")
+    ap.add_argument("--run-dir")
+    ap.add_argument("--json")
     a = ap.parse_args()
-    import torch
-
+    if a.child:
+        print("RESULT " + json.dumps(child(a, a.child)), flush=True)
+        return
+    argv = [x for x in sys.argv[1:]]
+    modes = a.modes.split(",")
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("sync", "async"):
-            out[mode] = measure(a.model, mode, a, Path(tmp) / mode)
-    print(f"command: python benchmarks/bench_async.py {' '.join(sys.argv[1:])}\n"
+        for mode in modes:
+            out[mode] = run_child(mode, argv, tmp)
+            print(f"  {mode}: {out[mode]}", flush=True)
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    print(f"\ncommand: python benchmarks/bench_async.py {' '.join(argv)}\n"
           f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"cuda {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'}")
-    print(f"math team, model {a.model}, {a.steps} updates of {a.tasks} tasks x {a.samples} samples, "
-          f"{a.tokens} new tokens per call at most\n")
-    print("| mode | trained calls/s | seconds | mean staleness (versions) |\n| --- | --- | --- | --- |")
+          f"GPU {gpu}")
+    print(f"workload {a.workload}, model {a.model} ({a.precision}), {a.steps} updates of {a.tasks} tasks x {a.samples} "
+          f"samples, {a.tokens} new tokens per call at most\n")
+    print("| mode | trained calls/s | trained tok/s | seconds | vs sync | mean staleness | stale dropped "
+          "| calls sampled during updates | update s | peak GiB |\n" + "| --- " * 10 + "|")
+    base = out.get("sync", {}).get("calls_s")
     for mode, r in out.items():
-        print(f"| {mode} | {r['calls_s']:.1f} | {r['seconds']:.1f} | {r['staleness']:.2f} |")
-    print(f"\nasync / sync: {out['async']['calls_s'] / out['sync']['calls_s']:.2f}x")
+        if "error" in r:
+            print(f"| {mode} | failed: {r['error'][:80]} |" + " |" * 8)
+            continue
+        ratio = f"{r['calls_s'] / base:.2f}x" if base else "-"
+        print(f"| {mode} | {r['calls_s']:.1f} | {r['tokens_s']:,.0f} | {r['seconds']:.1f} | {ratio} | {r['staleness']:.2f} "
+              f"| {r['dropped']:.0f} | {r['during_update']} | {r['update_s']:.2f} | {r['peak_gb']:.1f} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"argv": argv, "gpu": gpu, "results": out}, indent=2))
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def config(a, mode: str) -> dict:
             "train": {"steps": a.steps + 1, "eval_before": False, "eval_after": False, "save_every": 0}}
     if mode != "sync":
         data["rollout"]["mode"] = "async"
-        data["rollout"]["overlap_update"] = "off" if mode == "async-turns" else "on"
+        data["rollout"]["overlap_update"] = mode != "async-turns"
         if mode.startswith("async-s"):
             data["policies"]["shared"]["max_staleness"] = int(mode[len("async-s"):])
     return data

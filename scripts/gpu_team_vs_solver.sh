@@ -3,11 +3,12 @@
 # the math team with role credit against one solver at equal training compute (512 model calls a step on
 # both sides), every seed of both arms side by side on one GPU; held-out accuracy on 120 unseen problems
 # every 10 steps. Writes $OUT/compare.html (masrl compare) and $OUT/runs.tgz (metrics, evals, logs).
-# STEPS, SEEDS, LIMIT (seconds per run), EXTRA (overrides for every run) and ARMS (of team_roles, solver,
-# team_plain, team_cf; default the first two) can be set in the environment.
+# STEPS, SEEDS, LIMIT (seconds per run), EVAL (steps between held-out evaluations), EXTRA (overrides for
+# every run) and ARMS (of team_roles, solver, team_plain, team_cf, solver_async: the solver with
+# rollout.mode async; default the first two) can be set in the environment.
 set -uo pipefail
 STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}
-common=(device=cuda "train.steps=$STEPS" train.eval_every=10 train.save_every=0 data.eval.n=120 train.log_traces=4
+common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 data.eval.n=120 train.log_traces=4
         rollout.max_in_flight=256 rollout.max_batch_size=256 algorithm.micro_batch_tokens=16384 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
 mkdir -p "$R" "$OUT"
@@ -25,6 +26,8 @@ for a in ${ARMS:-team_roles solver}; do
     team_plain) arm team_plain configs/math_team_shared.yaml "${team[@]}" ;;
     team_cf) arm team_cf configs/math_team_counterfactual.yaml "${team[@]}" ;;
     solver) arm solver configs/math_solver.yaml rollout.tasks_per_step=64 rollout.samples_per_task=8 ;;
+    solver_async) arm solver_async configs/math_solver.yaml rollout.tasks_per_step=64 rollout.samples_per_task=8 \
+                    rollout.mode=async ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done

@@ -171,12 +171,12 @@ class RolloutConfig(Strict):
     mode: Literal["sync", "async"] = Field(
         "sync", description="sync: each step generates, then updates; async: episodes keep running while policies "
                             "update (driver/async_loop.py), each call tagged with its weights' version")
-    overlap_update: Literal["auto", "on", "off"] = Field(
+    overlap_update: Literal["auto"] | bool = Field(
         "auto", description="async mode: the engine samples from its own copy of the trainable weights, so a policy's "
                             "update runs while episodes keep generating (on CUDA in a stream of its own); the new "
                             "weights are copied in when the update ends (worker/weight_copy.py). Costs one copy of "
                             "the trainable weights (LoRA: the adapters only). auto: on in async mode on CUDA with "
-                            "the hf or static engine; off: the engine and the update take turns")
+                            "the hf or static engine; false: the engine and the update take turns")
     counterfactual: CounterfactualConfig | None = Field(
         None, description="counterfactual credit per call ({k, agents}): costs k re-runs of the rest of the trace per "
                           "credited call, reported per step")
@@ -364,13 +364,13 @@ class RunConfig(Strict):
     def _check_async(self) -> None:
         """Options that live in the synchronous step are refused with the async mode, by name."""
         if self.rollout.mode != "async":
-            if self.rollout.overlap_update == "on":
-                raise ValueError("rollout.overlap_update: on needs rollout.mode: async (a synchronous step never "
+            if self.rollout.overlap_update is True:
+                raise ValueError("rollout.overlap_update: true needs rollout.mode: async (a synchronous step never "
                                  "generates during an update); set rollout.mode: async or remove overlap_update")
             return
         offloaded = [n for n, p in self.policies.items() if p.offload_weights]
-        if self.rollout.overlap_update == "on" and offloaded:
-            raise ValueError(f"rollout.overlap_update: on keeps the weights on the device while they update, but "
+        if self.rollout.overlap_update is True and offloaded:
+            raise ValueError(f"rollout.overlap_update: true keeps the weights on the device while they update, but "
                              f"policies.{offloaded[0]}.offload_weights moves them out; set one of them off")
         refused = [k for k, on in (("rollout.counterfactual", self.rollout.counterfactual is not None),
                                    ("rollout.dynamic_sampling", self.rollout.dynamic_sampling > 0),

@@ -16,7 +16,7 @@ from masrl.messages import GenCall
 
 def _data(base, run_dir, steps=3, **rollout):
     data = tiny_config(base, run_dir, steps=steps)
-    data["rollout"].update(mode="async", overlap_update="on", **rollout)
+    data["rollout"].update(mode="async", overlap_update=True, **rollout)
     return data
 
 
@@ -116,8 +116,8 @@ def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_update
 
 def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
     data = tiny_config("math_team_shared", tmp_path)
-    data["rollout"]["overlap_update"] = "on"
-    with pytest.raises(Exception, match="overlap_update: on needs rollout.mode: async"):
+    data["rollout"]["overlap_update"] = True
+    with pytest.raises(Exception, match="overlap_update: true needs rollout.mode: async"):
         load_config(data=data)
     data["rollout"]["mode"] = "async"
     data["policies"]["shared"]["offload_weights"] = True

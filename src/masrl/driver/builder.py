@@ -292,9 +292,9 @@ def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[
 
 def overlaps_update(r, specs: list[PolicySpec]) -> bool:
     """``rollout.overlap_update`` resolved for one host of ``specs``."""
-    if r.mode != "async" or r.overlap_update == "off" or any(s.offload_weights for s in specs):
+    if r.mode != "async" or r.overlap_update is False or any(s.offload_weights for s in specs):
         return False
-    return r.overlap_update == "on" or (specs[0].device.startswith("cuda") and r.engine in ("auto", "hf", "static"))
+    return r.overlap_update is True or (specs[0].device.startswith("cuda") and r.engine in ("auto", "hf", "static"))
 
 
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:

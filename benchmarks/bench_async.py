@@ -19,6 +19,10 @@ Modes (``--modes``, comma separated):
                     the engine's batch and the engine waits for the update (the compute lock);
   async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
 
+``--rollout-device cuda:1`` (policies.X.rollout_device) trains on ``--device`` and samples on the
+other GPU, in every mode: the synchronous step still does one after the other, the asynchronous
+loop does both at once.
+
     python benchmarks/bench_async.py [--workload team] [--model tiny-random] [--device cpu] [--steps 4]
         [--tasks 8] [--samples 4] [--tokens 32] [--modes sync,async,async-turns]
 """
@@ -40,17 +44,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
 sys.path.insert(0, str(ROOT / "benchmarks"))  # long_tail: the workflow
 
-WORKFLOWS = {"solver": ("math_solver", ["solver"]), "team": ("math_team", ["solver", "verifier", "refiner", "finalizer"]),
+TEAM = ["solver", "verifier", "refiner", "finalizer"]
+WORKFLOWS = {"solver": ("math_solver", ["solver"]), "team": ("math_team", TEAM), "team_two": ("math_team", TEAM),
              "long_tail": ("long_tail:LongTail", ["agent"])}
+
+
+def policy_of(workload: str, agent: str) -> str:
+    """team_two: solver and verifier on one policy, refiner and finalizer on another; else one policy."""
+    if workload == "team_two":
+        return "reasoner" if agent in ("solver", "verifier") else "writer"
+    return "shared"
 
 
 def config(a, mode: str) -> dict:
     wf, agents = WORKFLOWS[a.workload]
     per_step = a.tasks * a.samples
-    agent = {"policy": "shared", "temperature": 1.0, "max_new_tokens": a.tokens}
+    names = sorted({policy_of(a.workload, n) for n in agents})
     data = {"name": f"bench_async_{mode}", "model": a.model, "device": a.device, "precision": a.precision,
-            "policies": {"shared": {"optim": {"lr": 1e-6}}},
-            "agents": {n: dict(agent) for n in agents},
+            "policies": {p: {"optim": {"lr": 1e-6}} | ({"rollout_device": a.rollout_device} if a.rollout_device else {})
+                         for p in names},
+            "agents": {n: {"policy": policy_of(a.workload, n), "temperature": 1.0, "max_new_tokens": a.tokens}
+                       for n in agents},
+            "runtime": {"placement": a.placement},
             "workflow": {"name": wf, "options": {"max_turns": a.max_turns} if a.workload == "long_tail" else {}},
             "data": {"train": {"source": "arithmetic", "n": 5000, "seed": 1},
                      "eval": {"source": "arithmetic", "n": 4, "seed": 2}},
@@ -63,7 +78,8 @@ def config(a, mode: str) -> dict:
         data["rollout"]["mode"] = "async"
         data["rollout"]["overlap_update"] = mode != "async-turns"
         if mode.startswith("async-s"):
-            data["policies"]["shared"]["max_staleness"] = int(mode[len("async-s"):])
+            for p in names:
+                data["policies"][p]["max_staleness"] = int(mode[len("async-s"):])
     return data
 
 
@@ -100,14 +116,14 @@ def child(a, mode: str) -> dict:
         if rollouts:
             await rollouts.stop()
         await tr.rt.controller.aclose()
-        pol = [r["policies"].get("shared", {}) for r in recs]
+        pol = [m for r in recs for m in r["policies"].values()]
         return {"calls_s": sum(p.get("n_seqs", 0) for p in pol) / dt, "seconds": dt,
                 "tokens_s": sum(p.get("trained_tokens", 0) for p in pol) / dt,
                 "staleness": sum(p.get("staleness_mean", 0.0) for p in pol) / max(1, len(pol)),
                 "dropped": sum(p.get("stale_dropped", 0.0) for p in pol),
                 "during_update": sum(r.get("async", {}).get("calls_during_update", 0) for r in recs),
-                "update_s": sum(p.get("update_s", 0.0) for p in pol) / max(1, len(pol)),
-                "peak_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+                "update_s": sum(r.get("update_s", 0.0) for r in recs) / max(1, len(recs)),  # the step's, wall
+                "peak_gb": max([p.get("gpu_peak_gb", 0.0) for p in pol], default=0.0)}
 
     try:
         return asyncio.run(go())
@@ -139,6 +155,10 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=8)
     ap.add_argument("--max-batch", type=int, default=0, help="engine batch; default tasks x samples")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
+    ap.add_argument("--rollout-device", help="policies.X.rollout_device: the engine samples on this device (cuda:1) "
+                                             "while the policy trains on --device")
+    ap.add_argument("--placement", choices=["local", "ray"], default="local",
+                    help="ray: a Ray actor per policy (team_two on two GPUs: one each)")
     ap.add_argument("--modes", default="sync,async,async-turns")
     ap.add_argument("--child")
     ap.add_argument("--run-dir")
@@ -160,8 +180,9 @@ def main() -> None:
     print(f"\ncommand: python benchmarks/bench_async.py {' '.join(argv)}\n"
           f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"GPU {gpu}")
-    print(f"workload {a.workload}, model {a.model} ({a.precision}), {a.steps} updates of {a.tasks} tasks x {a.samples} "
-          f"samples, {a.tokens} new tokens per call at most\n")
+    layout = f"{a.placement}" + (f", trains on {a.device}, samples on {a.rollout_device}" if a.rollout_device else "")
+    print(f"workload {a.workload} ({layout}), model {a.model} ({a.precision}), {a.steps} updates of {a.tasks} "
+          f"tasks x {a.samples} samples, {a.tokens} new tokens per call at most\n")
     print("| mode | trained calls/s | trained tok/s | seconds | vs sync | mean staleness | stale dropped "
           "| calls sampled during updates | update s | peak GiB |\n" + "| --- " * 10 + "|")
     base = out.get("sync", {}).get("calls_s")

@@ -102,6 +102,11 @@ class PolicyConfig(Strict):
                                                      "many ranks (one actor each, with num_cpus/num_gpus each), "
                                                      "calls split among them, gradients summed (torch.distributed: "
                                                      "NCCL on cuda, gloo on cpu)")
+    rollout_device: str | None = Field(None, pattern=DEVICE, description="the device its engine samples on, when not "
+                                       "`device` (where it trains): the engine keeps its own copy of the weights "
+                                       "there, refreshed after each update (worker/weight_copy.py); with "
+                                       "rollout.mode async the two devices work at once. LoRA policies on one base "
+                                       "share it; runtime.placement local only")
     max_staleness: int | None = Field(None, ge=0, description="calls sampled by weights more than this many updates "
                                                             "older than the ones being updated are dropped from the "
                                                             "update and counted (stale_dropped); None: any age")

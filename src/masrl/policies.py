@@ -31,6 +31,7 @@ class PolicySpec:
     data_parallel: int = 1  # ranks (runtime.placement ray)
     shard_optimizer: bool = False  # ZeRO-1 over the ranks
     max_staleness: int | None = None  # calls sampled more than this many versions ago are dropped
+    rollout_device: str | None = None  # resolved: where its engine samples, when not ``device``
     engine: object | None = None  # EngineConfig: served by an OpenAI-compatible endpoint
 
     @property

@@ -440,3 +440,40 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     assert m["staleness_max"] == 0 and m["n_seqs"] == 16
     assert m["lp_mismatch"] < 5 * max(got["m"]["shared"]["lp_mismatch"], 1e-3)
     tr.rt.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_path):
+    """policies.X.rollout_device: the engine and its copy of the weights live on cuda:1, the model and
+    optimizer on cuda:0; after each update the copy equals the trained weights, the engine's logprobs
+    agree with the trainer's, and in async mode calls are sampled while the update runs."""
+    from tinycfg import prepared_trainer, tiny_config
+
+    from masrl.driver.async_loop import AsyncRollouts, async_step
+
+    data = tiny_config("math_team_shared", tmp_path, steps=3, model="random-smollm2-135m", device="cuda:0",
+                       precision="bf16", policies__shared__rollout_device="cuda:1")
+    data["rollout"].update(mode="async", tasks_per_step=4, samples_per_task=4)
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    w = workers["shared"]
+    assert w.overlaps_update and str(next(w.copy.model.parameters()).device) == "cuda:1"
+    assert str(next(w.host.model.parameters()).device) == "cuda:0"
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs = [await async_step(tr, rollouts) for _ in range(3)]
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs
+
+    recs = asyncio.run(go())
+    live = dict(w.host.model.named_parameters())
+    assert all(torch.equal(p.cpu(), live[n].cpu()) for n, p in w.copy.model.named_parameters())
+    gaps = [r["policies"]["shared"]["lp_mismatch"] for r in recs]
+    print(f"[gpu] rollout on cuda:1, training on cuda:0: calls during updates "
+          f"{[r['async']['calls_during_update'] for r in recs]}, lp mismatch {['%.2e' % g for g in gaps]}, "
+          f"staleness {[r['policies']['shared']['staleness_mean'] for r in recs]}")
+    assert sum(r["async"]["calls_during_update"] for r in recs) > 0
+    assert recs[0]["policies"]["shared"]["lp_mismatch"] < 2e-2  # version-0 calls scored by version-0 weights
+    assert w.fingerprint("shared") != before["shared"]
+    tr.rt.close()

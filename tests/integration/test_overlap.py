@@ -123,3 +123,14 @@ def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
     data["policies"]["shared"]["offload_weights"] = True
     with pytest.raises(Exception, match="policies.shared.offload_weights"):
         load_config(data=data)
+
+
+def test_rollout_device_is_refused_where_it_cannot_apply_and_dropped_when_it_is_the_training_device(tmp_path):
+    from masrl.driver.builder import build_policies
+
+    data = tiny_config("math_team_shared", tmp_path)
+    data["policies"]["shared"]["rollout_device"] = "cpu"
+    assert build_policies(load_config(data=data))[0].rollout_device is None  # the device it trains on
+    data["runtime"] = {"placement": "ray"}
+    with pytest.raises(Exception, match="policies.shared.rollout_device: not with runtime.placement ray"):
+        build_policies(load_config(data=data))

@@ -49,11 +49,12 @@ def build_policies(cfg: RunConfig) -> list[PolicySpec]:
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
-            shared.setdefault(s.model, set()).add(s.device)
+            shared.setdefault(s.model, set()).add(s.device + (f" (rollout on {s.rollout_device})" if s.rollout_device else ""))
     for model, devices in shared.items():
         if len(devices) > 1:
             raise ConfigError(f"LoRA policies on base '{model}' share one copy of it, so they need one device; "
-                              f"they ask for {', '.join(sorted(devices))}: set the same policies.<name>.device")
+                              f"they ask for {', '.join(sorted(devices))}: set the same policies.<name>.device "
+                              f"(and rollout_device)")
     return specs
 
 
@@ -79,7 +80,24 @@ def _policy_spec(cfg: RunConfig, name: str, p) -> PolicySpec:
                       offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
                       offload_weights=p.offload_weights, share_from=dict(p.share_from), share_is_cap=p.share_is_cap,
                       critic=p.critic, num_cpus=p.num_cpus, num_gpus=p.num_gpus, data_parallel=p.data_parallel,
-                      shard_optimizer=p.shard_optimizer, max_staleness=p.max_staleness)
+                      shard_optimizer=p.shard_optimizer, max_staleness=p.max_staleness,
+                      rollout_device=_rollout_device(cfg, name, p, device))
+
+
+def _rollout_device(cfg: RunConfig, name: str, p, device: str) -> str | None:
+    """``policies.X.rollout_device`` resolved; None when it is the training device (or unset)."""
+    if p.rollout_device is None:
+        return None
+    key = f"policies.{name}.rollout_device"
+    for bad, why in ((cfg.runtime.placement == "ray", "runtime.placement ray (an actor sees one GPU)"),
+                     (p.data_parallel > 1, "data_parallel"), (p.offload_weights, "offload_weights")):
+        if bad:
+            raise ConfigError(f"{key}: not with {why} yet; remove one of them")
+    try:
+        where = resolve_device(p.rollout_device)
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    return None if where == device else where
 
 
 def _policy_device(cfg: RunConfig, name: str, p) -> str:
@@ -258,7 +276,8 @@ def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[
         engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     hosts = group_hosts([p for p in policies if p.engine is None])
     kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
-                   engine=r.engine, engine_options=engine_options if uses_static_engine(r.engine, specs[0].device) else {})
+                   engine=r.engine, rollout_device=specs[0].rollout_device,
+                   engine_options=engine_options if uses_static_engine(r.engine, sampling_device(specs[0])) else {})
               for i, (_, specs) in enumerate(hosts)]
     if cfg.runtime.placement != "ray":  # a Ray actor runs one call at a time: it cannot generate while it updates
         for k, (_, specs) in zip(kwargs, hosts):
@@ -294,7 +313,12 @@ def overlaps_update(r, specs: list[PolicySpec]) -> bool:
     """``rollout.overlap_update`` resolved for one host of ``specs``."""
     if r.mode != "async" or r.overlap_update is False or any(s.offload_weights for s in specs):
         return False
-    return r.overlap_update is True or (specs[0].device.startswith("cuda") and r.engine in ("auto", "hf", "static"))
+    return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda") and r.engine in ("auto", "hf", "static"))
+
+
+def sampling_device(spec: PolicySpec) -> str:
+    """Where a policy's engine samples: its ``rollout_device``, else where it trains."""
+    return spec.rollout_device or spec.device
 
 
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:
@@ -305,7 +329,7 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
     for i, w in enumerate(workers):
         spec = w.specs[w.policy_names[0]]
         elsewhere = on_ray or spec.engine is not None  # not on this process's cores
-        lock = None if elsewhere else locks.setdefault(spec.device, threading.Lock())
+        lock = None if elsewhere else locks.setdefault(sampling_device(spec), threading.Lock())
         out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
                            compute_lock=lock, name=f"worker{i}",
                            # a call whose episode was cancelled mid-batch was sampled and kept: forget it

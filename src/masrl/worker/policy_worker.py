@@ -40,7 +40,7 @@ class PolicyWorker(PolicyHost):
     def __init__(self, model_name: str, policies: list[PolicySpec], algo: AlgorithmConfig | None = None, *,
                  device: str = "cpu", precision: str = "auto", seed: int = 0, engine: str = "auto",
                  engine_options: dict | None = None, threads: int | None = None, name: str | None = None,
-                 overlap_update: bool = False):
+                 overlap_update: bool = False, rollout_device: str | None = None):
         if threads:  # in a process of its own (a Ray actor): the run's thread count applies here too
             torch.set_num_threads(threads)
         self.name = name or "worker-" + "-".join(p.name for p in policies)
@@ -62,13 +62,17 @@ class PolicyWorker(PolicyHost):
                 if spec.offload_optimizer:
                     self.optimizers[spec.name].offload()
         # overlap_update: the engine samples from its own copy of the trainable weights (WeightCopy),
-        # so an update can run while it generates; the buffer then takes calls during an update
-        self.copy = (WeightCopy(self.host.model, {n: self.host.policy_parameters(n) for n in self.optimizers})
-                     if overlap_update and self.optimizers else None)
-        self.overlaps_update = self.copy is not None
+        # so an update can run while it generates; the buffer then takes calls during an update.
+        # rollout_device: that copy (whole) lives on another device, and the engine samples there
+        self.rollout_device = rollout_device if rollout_device and rollout_device != device else None
+        self.copy = None
+        if (overlap_update and self.optimizers) or self.rollout_device:
+            self.copy = WeightCopy(self.host.model, {n: self.host.policy_parameters(n) for n in self.optimizers},
+                                   device=self.rollout_device)
+        self.overlaps_update = overlap_update and self.copy is not None
         self.engine: Engine = make_engine(engine, self.copy.model if self.copy else self.host.model, tok,
-                                          stop_token_ids(tok, self.host.core), device=device, seed=seed,
-                                          **(engine_options or {}))
+                                          stop_token_ids(tok, self.host.core), device=self.rollout_device or device,
+                                          seed=seed, **(engine_options or {}))
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running

@@ -7,6 +7,9 @@ sampled from then on carry the new version. Every tensor that no optimizer write
 frozen policy, buffers) is shared with the live model, not copied: for LoRA per agent the copy costs
 the adapters' size only; for a full-parameter policy, one more copy of its weights.
 
+With ``device`` (``policies.X.rollout_device``) the copy lives on another device, whole (a frozen base
+too), and the engine samples there: generation and training then run on two devices at once.
+
 On CUDA the update runs on a stream of its own, so its kernels and the engine's can run at the same
 time; ``publish`` waits for that stream before copying.
 """
@@ -22,18 +25,22 @@ from torch import nn
 
 
 class WeightCopy:
-    def __init__(self, model: nn.Module, trainable: dict[str, list[nn.Parameter]]):
-        """``trainable``: policy name -> the live parameters its optimizer writes."""
-        written = {id(p) for ps in trainable.values() for p in ps}
-        memo: dict[int, object] = {id(t): t for t in list(model.parameters()) + list(model.buffers())
-                                   if id(t) not in written}
-        self.model = copy.deepcopy(model, memo)  # shares every tensor in memo, copies the rest
+    def __init__(self, model: nn.Module, trainable: dict[str, list[nn.Parameter]], device: str | None = None):
+        """``trainable``: policy name -> the live parameters its optimizer writes; ``device``: where the
+        copy lives (default: the model's own device)."""
+        dev = next(model.parameters()).device
+        if device is not None and torch.device(device) != dev:  # all of it there (moving a shared tensor
+            self.model = copy.deepcopy(model).to(device)  # would move the live model's own)
+        else:
+            written = {id(p) for ps in trainable.values() for p in ps}
+            memo: dict[int, object] = {id(t): t for t in list(model.parameters()) + list(model.buffers())
+                                       if id(t) not in written}
+            self.model = copy.deepcopy(model, memo)  # shares every tensor in memo, copies the rest
         self.model.requires_grad_(False).eval()
         mine = dict(self.model.named_parameters(remove_duplicate=False))
         name_of = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         self.pairs = {pol: ([mine[name_of[id(p)]] for p in ps], [p for p in ps]) for pol, ps in trainable.items()}
         self.lock = threading.Lock()  # held by an engine batch, and by a publish
-        dev = next(model.parameters()).device
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 
     def copied_bytes(self) -> int:

@@ -17,6 +17,7 @@ data once per device; ops that disagree (or fail) fall back to torch, as does ev
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -30,6 +31,12 @@ except ImportError:  # pragma: no cover - depends on the install
 
 _VERDICT: dict[str, dict[str, bool]] = {}
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _on(t: torch.Tensor):
+    """Triton launches on the current CUDA device: make it the tensor's (a policy may train on one GPU
+    and sample on another, in one process)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 # -- torch versions ---------------------------------------------------------------------------------
@@ -159,7 +166,8 @@ def _rope_launch(x, cos, sin, sign: float):
     c = cos.expand(*x.shape[:-2], 1, D).reshape(tokens, D)
     s = sin.expand(*x.shape[:-2], 1, D).reshape(tokens, D)
     y = torch.empty_like(x)
-    _rope_kernel[(tokens, heads)](x, c, s, y, heads, sign, HALF=D // 2)
+    with _on(x):  # Triton launches on the current device: make it the tensors'
+        _rope_kernel[(tokens, heads)](x, c, s, y, heads, sign, HALF=D // 2)
     return y
 
 
@@ -170,7 +178,8 @@ class _SwiGLU(torch.autograd.Function):
         ctx.save_for_backward(gate, up)
         y = torch.empty_like(gate)
         n = gate.numel()
-        _swiglu_fwd[(triton.cdiv(n, 1024),)](gate, up, y, n, BLOCK=1024)
+        with _on(gate):
+            _swiglu_fwd[(triton.cdiv(n, 1024),)](gate, up, y, n, BLOCK=1024)
         return y
 
     @staticmethod
@@ -179,7 +188,8 @@ class _SwiGLU(torch.autograd.Function):
         go = go.contiguous()
         dg, du = torch.empty_like(gate), torch.empty_like(up)
         n = gate.numel()
-        _swiglu_bwd[(triton.cdiv(n, 1024),)](gate, up, go, dg, du, n, BLOCK=1024)
+        with _on(gate):
+            _swiglu_bwd[(triton.cdiv(n, 1024),)](gate, up, go, dg, du, n, BLOCK=1024)
         return dg, du
 
 
@@ -190,8 +200,9 @@ class _TokenLogprobs(torch.autograd.Function):
         N, V = logits.shape
         lp = torch.empty(N, dtype=torch.float32, device=logits.device)
         lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-        (_logprob_fwd_s if _INTERPRET else _logprob_fwd)[(N,)](logits, tokens, lp, lse, V, logits.stride(0), BLOCK=4096,
-                                                               num_warps=8)
+        with _on(logits):
+            (_logprob_fwd_s if _INTERPRET else _logprob_fwd)[(N,)](logits, tokens, lp, lse, V, logits.stride(0),
+                                                                   BLOCK=4096, num_warps=8)
         ctx.save_for_backward(logits, tokens, lse)
         return lp
 
@@ -200,8 +211,9 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, tokens, lse = ctx.saved_tensors
         dz = torch.empty_like(logits)
         N, V = logits.shape
-        (_logprob_bwd_s if _INTERPRET else _logprob_bwd)[(N,)](logits, tokens, lse, go.contiguous().float(), dz, V,
-                                                               logits.stride(0), BLOCK=4096, num_warps=8)
+        with _on(logits):
+            (_logprob_bwd_s if _INTERPRET else _logprob_bwd)[(N,)](logits, tokens, lse, go.contiguous().float(), dz,
+                                                                   V, logits.stride(0), BLOCK=4096, num_warps=8)
         return dz, None
 
 

@@ -64,13 +64,28 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    "agents": r["rollout"].get("agents", {}), "outcome": r["rollout"].get("outcome"),
                    "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
                    "policies": _policy_metrics(r), "policy_kl": r.get("policy_kl", {}),
-                   "alarms": r.get("alarms", [])} for r in steps],
+                   "alarms": r.get("alarms", []),
+                   "calls_during_update": r.get("async", {}).get("calls_during_update")} for r in steps],
+        "staleness": staleness_histogram(steps),
         "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
         "traces": kept,
         "note": (f"Traces: those logged per step (train.log_traces), of {len(keep)} of {len(trace_steps)} steps"
                  f"{' (evenly spread)' if len(keep) < len(trace_steps) else ''}; texts cut at {max_chars} characters."),
     }
+
+
+def staleness_histogram(steps: list[dict]) -> dict[str, dict[int, float]]:
+    """Per policy: how many of its trained or dropped calls were sampled how many versions before
+    the weights they updated (the ``staleness_<age>`` counts of every step, summed)."""
+    out: dict[str, dict[int, float]] = {}
+    for r in steps:
+        for p, m in r.get("policies", {}).items():
+            for k, v in m.items():
+                if k.startswith("staleness_") and k[len("staleness_"):].isdigit():
+                    age = int(k[len("staleness_"):])
+                    out.setdefault(p, {})[age] = out.get(p, {}).get(age, 0.0) + v
+    return {p: dict(sorted(h.items())) for p, h in out.items()}
 
 
 def _policy_metrics(rec: dict) -> dict:
@@ -112,6 +127,11 @@ table.kv td{padding:1px 8px 1px 0;vertical-align:top}
 <h2>Agents</h2><div class="charts" id="agent-charts"></div>
 <h2>Policies</h2><div class="charts" id="policy-charts"></div>
 <h2>Step time</h2><div class="charts" id="time-charts"></div>
+<div id="async-section" style="display:none"><h2>Staleness and off-policy correction</h2>
+<div class="muted">Each trained call's age: updates between the weights that sampled it and those it updated
+(rollout.mode async); calls older than policies.X.max_staleness are dropped. Importance weights: the
+trainer's probability of each token over the engine's.</div>
+<table class="kv" id="staleness-table"></table><div class="charts" id="async-charts"></div></div>
 <h2>Held-out</h2><div class="charts" id="eval-charts"></div>
 <h2>Trace browser</h2>
 <div>step<select id="step-select"></select>task<select id="task-select"></select></div>
@@ -156,6 +176,14 @@ for(const [key,title] of [['loss','loss'],['kl','KL'],['clip_frac','clip fractio
 const klPairs=names('policy_kl');
 if(klPairs.length) chart(document.getElementById('policy-charts'),'KL between policies',klPairs.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policy_kl||{})[p]])})));
 chart(document.getElementById('time-charts'),'seconds per step',['rollout_s','update_s','eval_s','checkpoint_s'].map(k=>({name:k.replace('_s',''),points:steps.map(s=>[s.step,s[k]])})));
+const hist=D.staleness||{};
+if(Object.values(hist).some(h=>Object.keys(h).some(a=>+a>0))||steps.some(s=>s.calls_during_update!==null&&s.calls_during_update!==undefined)){document.getElementById('async-section').style.display='block';
+  const tb=document.getElementById('staleness-table'), ages=[...new Set([].concat(...Object.values(hist).map(h=>Object.keys(h).map(Number))))].sort((a,b)=>a-b);
+  const head=el('tr');head.appendChild(el('td',{},'policy \\ age'));for(const a of ages)head.appendChild(el('td',{},String(a)));tb.appendChild(head);
+  for(const p in hist){const r=el('tr',{'data-policy':p});r.appendChild(el('td',{},p));for(const a of ages)r.appendChild(el('td',{},String(hist[p][a]||0)));tb.appendChild(r);}
+  for(const [key,title] of [['staleness_mean','mean staleness'],['stale_dropped','calls dropped as stale'],['ratio','importance ratio (mean)'],['tis_weight','truncated IS weight (mean)'],['mis_masked','share of tokens masked (MIS)']])
+    chart(document.getElementById('async-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));
+  chart(document.getElementById('async-charts'),'calls sampled during the update',[{name:'calls',points:steps.map(s=>[s.step,s.calls_during_update])}]);}
 const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];
 chart(document.getElementById('eval-charts'),'held-out accuracy',evalKeys.map(k=>({name:k==='outcome'?'accuracy':k,points:D.evals.map(e=>[e.step,e[k]])})));
 const stepSel=document.getElementById('step-select'), taskSel=document.getElementById('task-select');

@@ -83,8 +83,51 @@ def test_the_report_opens_in_chromium_and_shows_a_call(run_dir, tmp_path):
         assert ("advantage -" in header) if call["advantage"] is None else (f"advantage {call['advantage']:.3f}" in header)
         parts = box.find_element(By.CSS_SELECTOR, "table.reward-parts").text
         assert all(name in parts for name in call["reward_parts"])
+        assert not driver.find_element(By.ID, "async-section").is_displayed()  # a synchronous run: every call age 0
         shot = tmp_path / "report.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
+    finally:
+        driver.quit()
+
+
+def _browser(tmp_path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,2400"):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(DRIVER), options=opts)
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver")
+def test_an_async_run_reports_its_staleness_histogram_and_corrections(tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from masrl.report import build_report, collect
+
+    d = tmp_path / "run"
+    data = tiny_config("math_team_shared", d, steps=3)
+    data["rollout"].update(mode="async", overlap_update=True)
+    data["algorithm"]["mis"] = [0.5, 2.0]
+    train(load_config(data=data))
+    steps = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
+    hist = collect(d)["staleness"]["shared"]
+    seen = sum(s["policies"]["shared"]["n_seqs"] + s["policies"]["shared"]["stale_dropped"] for s in steps)
+    assert sum(hist.values()) == seen and max(hist) >= 1  # every trained call counted once, some a version old
+    driver = _browser(tmp_path)
+    try:
+        driver.get(build_report(d).resolve().as_uri())
+        assert driver.find_element(By.ID, "async-section").is_displayed()
+        row = driver.find_element(By.CSS_SELECTOR, "#staleness-table tr[data-policy='shared']").text.split()
+        assert [float(x) for x in row[1:]] == list(hist.values())
+        titles = {e.get_attribute("data-title") for e in driver.find_elements(By.CSS_SELECTOR, "#async-charts svg")}
+        assert {"mean staleness per policy", "share of tokens masked (MIS) per policy",
+                "calls sampled during the update"} <= titles
+        mis = driver.find_element(By.CSS_SELECTOR, "svg[data-title='share of tokens masked (MIS) per policy']")
+        assert mis.find_elements(By.CSS_SELECTOR, "polyline")
     finally:
         driver.quit()

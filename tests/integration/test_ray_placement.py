@@ -122,3 +122,34 @@ def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
     assert ra != rb and ra == pytest.approx(la, rel=1e-6)
     shares = sorted(p.name for p in (saved / "shared").glob("optimizer*.pt"))
     assert shares == ["optimizer.pt", "optimizer.rank1.pt"], (saved, shares)
+
+
+def test_async_rollouts_with_two_policies_in_two_ray_actors(tmp_path):
+    """rollout.mode async on Ray: one actor per policy, episodes run on through the updates (which run
+    in both actors at once), whole groups train once each, and calls carry their versions."""
+    from masrl.driver.async_loop import AsyncRollouts, async_step
+
+    data = _config(tmp_path, "ray")
+    data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)
+    tr, workers, before = prepared_trainer(data, tmp_path / "ray")
+    try:
+        async def go():
+            rollouts = AsyncRollouts(tr)
+            recs, seen = [], []
+            for _ in range(3):
+                recs.append(await async_step(tr, rollouts))
+                seen += tr._last_traces
+            await rollouts.stop()
+            await tr.rt.controller.aclose()
+            return recs, seen
+
+        recs, traces = asyncio.run(go())
+        after = {p: w.fingerprint(p) for p, w in workers.items()}
+    finally:
+        tr.rt.close()
+    assert all(not w.overlaps_update for w in workers.values())  # an actor runs one call at a time
+    assert sum(r["async"]["episodes_running_at_update"] for r in recs) > 0
+    trained = sum(m["n_seqs"] for r in recs for m in r["policies"].values())
+    assert trained == sum(len(t.calls) for t in traces)  # every finished call of both policies trained once
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1
+    assert all(after[p] != before[p] for p in after)

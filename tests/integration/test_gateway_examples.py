@@ -21,3 +21,37 @@ def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
     after = {p: workers[p].fingerprint(p) for p in ("planner", "solver")}
     assert after["planner"] != before["planner"] and after["solver"] != before["solver"]
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_the_langgraph_team_trains_in_async_mode_with_adapters_published_from_a_copy(tmp_path):
+    """rollout.mode async with the gateway's outside agents and a LoRA adapter per agent: the user's
+    graph keeps calling while the adapters update (the engine samples a copy that shares the base),
+    every finished call trains once, and both adapters change."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    from masrl.driver.async_loop import AsyncRollouts, async_step
+
+    data = tiny_config("external_langgraph_lora", tmp_path, steps=3)
+    data["rollout"].update(mode="async", overlap_update=True)
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    w = workers["planner"]
+    live = dict(w.host.model.named_parameters())
+    shared = [n for n, p in w.copy.model.named_parameters() if p.data_ptr() == live[n].data_ptr()]
+    assert shared and all("lora_" not in n for n in shared)  # the base is not copied
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs, seen = [], []
+        for _ in range(3):
+            recs.append(await async_step(tr, rollouts))
+            seen += tr._last_traces
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs, seen
+
+    recs, traces = asyncio.run(go())
+    assert all(r["rollout"]["failed"] == 0 for r in recs)
+    for p in ("planner", "solver"):
+        assert sum(r["policies"][p]["n_seqs"] for r in recs) == sum(1 for t in traces for c in t.calls if c.agent == p)
+        assert w.fingerprint(p) != before[p]
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1  # later episodes: published adapters

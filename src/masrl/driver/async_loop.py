@@ -15,7 +15,9 @@ continuously, ``rollout.tasks_per_step`` tasks ahead of the updates:
   in-flight generations finish their engine batch on the old weights and wait; hosts on other
   devices (Ray) generate through the whole update;
 - every call records the version of the weights that sampled it; an update reports its calls'
-  staleness and drops those past ``policies.X.max_staleness``; ``algorithm.tis_cap`` and
+  staleness and drops those past ``policies.X.max_staleness``, which also bounds how far episodes
+  run ahead of the updates (as AReaL's rollout controller does), so few calls are sampled only to
+  be dropped; ``algorithm.tis_cap`` and
   ``algorithm.mis`` correct with the recomputed logprobs;
 - an update trains on its groups' calls and keeps the calls of episodes still running
   (``train_step(keep_pending=True)``); a checkpoint follows an update, so a kill loses at most the
@@ -66,11 +68,16 @@ class AsyncRollouts:
         self.groups: dict[int, list] = {}
         self.ready: list[tuple[Task, list]] = []
         self.started = time.perf_counter()
+        bounds = [p.max_staleness for p in cfg.policies.values() if p.max_staleness is not None]
+        self.max_staleness = min(bounds) if bounds else None
 
     def fill(self) -> None:
-        """Launch tasks until ``2 x tasks_per_step`` are in flight or waiting (one step ahead)."""
+        """Launch tasks until ``2 x tasks_per_step`` are in flight or waiting (one step ahead); with
+        ``max_staleness`` s, no further than the task stream's first ``(updates + s + 1) x
+        tasks_per_step`` tasks, so that a call is not sampled only to be dropped as too old."""
         ahead = len({k for k in self.running.values()}) + len(self.ready)
-        while ahead < 2 * self.r.tasks_per_step:
+        limit = None if self.max_staleness is None else (self.tr.step + self.max_staleness + 1) * self.r.tasks_per_step
+        while ahead < 2 * self.r.tasks_per_step and (limit is None or self.next_task < limit):
             k = self.next_task
             self.next_task += 1
             task = self.stream[k]
@@ -86,6 +93,9 @@ class AsyncRollouts:
         (groups completed beyond those wait, unrewarded, for the next update)."""
         while len(self.ready) < self.r.tasks_per_step:
             self.fill()
+            if not self.running:  # cannot happen: the staleness bound always admits this update's tasks
+                raise RuntimeError(f"async rollouts: {len(self.ready)} groups ready, none running, "
+                                   f"{self.r.tasks_per_step} needed")
             done, _ = await asyncio.wait(list(self.running), return_when=asyncio.FIRST_COMPLETED)
             for job in done:
                 k = self.running.pop(job)

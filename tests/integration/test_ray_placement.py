@@ -153,3 +153,33 @@ def test_async_rollouts_with_two_policies_in_two_ray_actors(tmp_path):
     assert trained == sum(len(t.calls) for t in traces)  # every finished call of both policies trained once
     assert max(c.policy_version for t in traces for c in t.calls) >= 1
     assert all(after[p] != before[p] for p in after)
+
+
+def test_async_rollouts_with_a_data_parallel_policy_on_two_ranks(tmp_path):
+    """rollout.mode async with policies.X.data_parallel 2: calls split over the ranks as they arrive,
+    each update trains every finished call once (the ranks' counts summed) and the ranks stay equal."""
+    from masrl.driver.async_loop import AsyncRollouts, async_step
+
+    data = tiny_config("math_team_shared", tmp_path, steps=3, threads=1, seed=0)
+    data["runtime"] = {"placement": "ray", "address": "local"}
+    data["policies"]["shared"]["data_parallel"] = 2
+    data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    try:
+        async def go():
+            rollouts = AsyncRollouts(tr)
+            recs, seen = [], []
+            for _ in range(3):
+                recs.append(await async_step(tr, rollouts))
+                seen += tr._last_traces
+            await rollouts.stop()
+            await tr.rt.controller.aclose()
+            return recs, seen
+
+        recs, traces = asyncio.run(go())
+        ranks = [r.fingerprint("shared") for r in tr.rt.workers[0].ranks]
+    finally:
+        tr.rt.close()
+    assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1
+    assert ranks[0] == ranks[1] != before["shared"]

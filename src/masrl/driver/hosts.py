@@ -113,10 +113,12 @@ class RankedHost(PolicyHost):
         self.name = ranks[0].name.rsplit("-rank", 1)[0]
         self.specs, self.policy_names = ranks[0].specs, ranks[0].policy_names
         self.trainable_names = ranks[0].trainable_names
-        self.pool = ThreadPoolExecutor(len(ranks), thread_name_prefix=self.name)  # one thread per rank, kept
 
     def run(self, m, *args, **kwargs):
-        """Run interface method ``m`` on the ranks as it declares."""
+        """Run interface method ``m`` on the ranks as it declares. Each call gets threads of its own,
+        one per rank: with asynchronous rollouts an update (whose ranks wait for each other in a
+        collective) and a generation run at once, and a shared pool of one thread per rank could
+        hand both of one rank's calls the threads while another rank's part of the update waits."""
         if m.fan_out == "first":
             return getattr(self.ranks[0], m.name)(*args, **kwargs)
         if m.fan_out == "refuse":
@@ -126,13 +128,14 @@ class RankedHost(PolicyHost):
             items, n = args[0], len(self.ranks)
             size = -(-len(items) // n)
             parts = [items[i * size:(i + 1) * size] for i in range(n)]
-            outs = self.pool.map(lambda rp: getattr(rp[0], m.name)(rp[1], *args[1:], **kwargs) if rp[1] else [],
-                                 zip(self.ranks, parts))
+            with ThreadPoolExecutor(n, thread_name_prefix=f"{self.name}-{m.name}") as pool:
+                outs = list(pool.map(lambda rp: getattr(rp[0], m.name)(rp[1], *args[1:], **kwargs) if rp[1] else [],
+                                     zip(self.ranks, parts)))
         else:
-            outs = self.pool.map(lambda r: getattr(r, m.name)(*args, **kwargs), self.ranks)
-        return m.combine(list(outs))
+            with ThreadPoolExecutor(len(self.ranks), thread_name_prefix=f"{self.name}-{m.name}") as pool:
+                outs = list(pool.map(lambda r: getattr(r, m.name)(*args, **kwargs), self.ranks))
+        return m.combine(outs)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False)
         for r in self.ranks:
             r.close()

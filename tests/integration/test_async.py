@@ -2,7 +2,6 @@
 are whole, every finished call trains once, calls carry their weights' version, and a run killed
 with SIGKILL resumes."""
 
-import asyncio
 import json
 import os
 import signal
@@ -14,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tinycfg import prepared_trainer, tiny_config
+from tinycfg import prepared_trainer, run_async, tiny_config
 
 from masrl.driver import checkpoints as ckpt
-from masrl.driver.async_loop import AsyncRollouts, async_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,17 +30,7 @@ def test_async_updates_train_whole_groups_once_each_and_tag_versions(tmp_path):
     tr, workers, before = prepared_trainer(_data(tmp_path), tmp_path)
     w = workers["shared"]
 
-    async def go():
-        rollouts = AsyncRollouts(tr)
-        recs, seen = [], []
-        for _ in range(3):
-            recs.append(await async_step(tr, rollouts))
-            seen += tr._last_traces
-        await rollouts.stop()
-        await tr.rt.controller.aclose()
-        return recs, seen
-
-    recs, traces = asyncio.run(go())
+    recs, traces = run_async(tr, 3)
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["async"]["episodes_running_at_update"] > 0 for r in recs)  # episodes ran on through updates
     assert all(r["rollout"]["traces"] == 2 * 3 for r in recs)  # every update took tasks_per_step whole groups
@@ -64,17 +52,10 @@ def test_max_staleness_bounds_how_far_episodes_run_ahead_and_drops_what_is_older
     data["policies"]["shared"]["max_staleness"] = bound
     tr, _, _ = prepared_trainer(data, tmp_path)
 
-    async def go():
-        rollouts = AsyncRollouts(tr)
-        recs = []
-        for _ in range(4):
-            recs.append(await async_step(tr, rollouts))
-            assert rollouts.next_task <= (tr.step + bound + 1) * 2  # tasks_per_step 2
-        await rollouts.stop()
-        await tr.rt.controller.aclose()
-        return recs
+    def within_bound(rollouts):
+        assert rollouts.next_task <= (tr.step + bound + 1) * 2  # tasks_per_step 2
 
-    recs = asyncio.run(go())
+    recs, _ = run_async(tr, 4, within_bound)
     m = [r["policies"]["shared"] for r in recs]
     ages = {}
     for x in m:

@@ -4,7 +4,7 @@ graph with a LoRA adapter per agent, each run as the user's own program with OPE
 import asyncio
 
 import pytest
-from tinycfg import prepared_trainer, tiny_config
+from tinycfg import prepared_trainer, run_async, tiny_config
 
 
 def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
@@ -29,7 +29,6 @@ def test_the_langgraph_team_trains_in_async_mode_with_adapters_published_from_a_
     every finished call trains once, and both adapters change."""
     pytest.importorskip("langgraph")
     pytest.importorskip("langchain_openai")
-    from masrl.driver.async_loop import AsyncRollouts, async_step
 
     data = tiny_config("external_langgraph_lora", tmp_path, steps=3)
     data["rollout"].update(mode="async", overlap_update=True)
@@ -39,17 +38,7 @@ def test_the_langgraph_team_trains_in_async_mode_with_adapters_published_from_a_
     shared = [n for n, p in w.copy.model.named_parameters() if p.data_ptr() == live[n].data_ptr()]
     assert shared and all("lora_" not in n for n in shared)  # the base is not copied
 
-    async def go():
-        rollouts = AsyncRollouts(tr)
-        recs, seen = [], []
-        for _ in range(3):
-            recs.append(await async_step(tr, rollouts))
-            seen += tr._last_traces
-        await rollouts.stop()
-        await tr.rt.controller.aclose()
-        return recs, seen
-
-    recs, traces = asyncio.run(go())
+    recs, traces = run_async(tr, 3)
     assert all(r["rollout"]["failed"] == 0 for r in recs)
     for p in ("planner", "solver"):
         assert sum(r["policies"][p]["n_seqs"] for r in recs) == sum(1 for t in traces for c in t.calls if c.agent == p)

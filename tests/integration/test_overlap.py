@@ -2,15 +2,13 @@
 update runs while episodes generate; the new weights reach the engine only when published, and the
 calls sampled from then on carry the new version. Real tiny-random models on this CPU."""
 
-import asyncio
 import threading
 
 import pytest
 import torch
-from tinycfg import prepared_trainer, tiny_config
+from tinycfg import prepared_trainer, run_async, tiny_config
 
 from masrl.config import SamplingParams, load_config
-from masrl.driver.async_loop import AsyncRollouts, async_step
 from masrl.messages import GenCall
 
 
@@ -96,17 +94,7 @@ def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_update
     tr, workers, before = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
     w = workers["shared"]
 
-    async def go():
-        rollouts = AsyncRollouts(tr)
-        recs, seen = [], []
-        for _ in range(3):
-            recs.append(await async_step(tr, rollouts))
-            seen += tr._last_traces
-        await rollouts.stop()
-        await tr.rt.controller.aclose()
-        return recs, seen
-
-    recs, traces = asyncio.run(go())
+    recs, traces = run_async(tr, 3)
     assert sum(r["async"]["calls_during_update"] for r in recs) > 0
     assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
     assert max(c.policy_version for t in traces for c in t.calls) >= 1

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from tinycfg import prepared_trainer, tiny_config  # noqa: E402
+from tinycfg import prepared_trainer, run_async, tiny_config  # noqa: E402
 
 
 def _config(tmp_path, placement):
@@ -127,23 +127,12 @@ def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
 def test_async_rollouts_with_two_policies_in_two_ray_actors(tmp_path):
     """rollout.mode async on Ray: one actor per policy, episodes run on through the updates (which run
     in both actors at once), whole groups train once each, and calls carry their versions."""
-    from masrl.driver.async_loop import AsyncRollouts, async_step
 
     data = _config(tmp_path, "ray")
     data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)
     tr, workers, before = prepared_trainer(data, tmp_path / "ray")
     try:
-        async def go():
-            rollouts = AsyncRollouts(tr)
-            recs, seen = [], []
-            for _ in range(3):
-                recs.append(await async_step(tr, rollouts))
-                seen += tr._last_traces
-            await rollouts.stop()
-            await tr.rt.controller.aclose()
-            return recs, seen
-
-        recs, traces = asyncio.run(go())
+        recs, traces = run_async(tr, 3)
         after = {p: w.fingerprint(p) for p, w in workers.items()}
     finally:
         tr.rt.close()
@@ -158,7 +147,6 @@ def test_async_rollouts_with_two_policies_in_two_ray_actors(tmp_path):
 def test_async_rollouts_with_a_data_parallel_policy_on_two_ranks(tmp_path):
     """rollout.mode async with policies.X.data_parallel 2: calls split over the ranks as they arrive,
     each update trains every finished call once (the ranks' counts summed) and the ranks stay equal."""
-    from masrl.driver.async_loop import AsyncRollouts, async_step
 
     data = tiny_config("math_team_shared", tmp_path, steps=3, threads=1, seed=0)
     data["runtime"] = {"placement": "ray", "address": "local"}
@@ -166,17 +154,7 @@ def test_async_rollouts_with_a_data_parallel_policy_on_two_ranks(tmp_path):
     data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)
     tr, workers, before = prepared_trainer(data, tmp_path)
     try:
-        async def go():
-            rollouts = AsyncRollouts(tr)
-            recs, seen = [], []
-            for _ in range(3):
-                recs.append(await async_step(tr, rollouts))
-                seen += tr._last_traces
-            await rollouts.stop()
-            await tr.rt.controller.aclose()
-            return recs, seen
-
-        recs, traces = asyncio.run(go())
+        recs, traces = run_async(tr, 3)
         ranks = [r.fingerprint("shared") for r in tr.rt.workers[0].ranks]
     finally:
         tr.rt.close()

@@ -64,3 +64,26 @@ def prepared_trainer(data: dict, run_dir: Path):
     tr.prepare(resume=False)
     workers = {p: w for w in tr.rt.workers for p in w.policy_names}
     return tr, workers, {p: workers[p].fingerprint(p) for p in workers}
+
+
+def run_async(tr, updates: int, check=None) -> tuple[list[dict], list]:
+    """``updates`` updates of the asynchronous loop, then its running episodes stopped and the batchers
+    closed; returns each update's record and the traces the updates trained. ``check(rollouts)``,
+    when given, runs after every update."""
+    import asyncio
+
+    from masrl.driver.async_loop import AsyncRollouts, async_step
+
+    async def go():
+        rollouts = AsyncRollouts(tr)
+        recs, seen = [], []
+        for _ in range(updates):
+            recs.append(await async_step(tr, rollouts))
+            seen += tr._last_traces
+            if check is not None:
+                check(rollouts)
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return recs, seen
+
+    return asyncio.run(go())

@@ -312,10 +312,7 @@ class Gateway:
 
         try:
             _, ctx = self._context(request)
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
+            body = await _json_body(request)
             posted = post_rewards(ctx.trace, body if isinstance(body, list) else [body])
         except BadRequest as exc:
             return web.json_response(_error(exc.status, exc.message, exc.param), status=exc.status)
@@ -328,10 +325,7 @@ class Gateway:
 
         try:
             _, ctx = self._context(request)
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
+            body = await _json_body(request)
             if not isinstance(body, dict) or "answer" not in body:
                 raise BadRequest(400, 'send {"answer": ...}', "answer")
             ctx.trace.state["posted_answer"] = body["answer"]
@@ -351,10 +345,7 @@ class Gateway:
         rid = None
         try:
             rid, ctx = self._context(request)
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
+            body = await _json_body(request)
             req = parse_request(body, ctx.agents, chat=chat, agent=request.headers.get("X-Masrl-Agent"))
             if rid is None and isinstance(body.get("temperature"), (int, float)):  # serving: the request's choice
                 ctx.temperature = float(body["temperature"])
@@ -372,6 +363,14 @@ class Gateway:
             return web.json_response(_error(503, f"the model could not answer: {exc}"), status=503)
         self.served += 1
         return web.json_response(chat_response(call, bool(req["tool_specs"])) if chat else completion_response(call))
+
+
+async def _json_body(request):
+    """The request's JSON body, or a 400 that says it is not JSON."""
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(400, f"the body is not valid JSON ({exc})") from None
 
 
 def _error(status: int, message: str, param: str | None = None) -> dict:

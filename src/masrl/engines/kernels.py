@@ -21,11 +21,12 @@ uses the kernels only if they agree, and its CPU path always uses torch.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.nn.functional as F
+
+from masrl.modeling.fused import on_device
 
 try:  # triton comes with torch's CUDA builds; CPU-only installs lack it
     import triton
@@ -35,12 +36,6 @@ except ImportError:  # pragma: no cover - depends on the install
 
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _on(t: torch.Tensor):
-    """Triton launches on the current CUDA device: make it the tensor's (a policy may train on one GPU
-    and sample on another, in one process)."""
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def available(device: torch.device) -> bool:
@@ -185,7 +180,7 @@ if triton is not None:
 def rms_norm(x, w, eps):
     y = torch.empty_like(x)
     n = x.shape[-1]
-    with _on(x):  # Triton launches on the current device: make it the tensors'
+    with on_device(x):  # Triton launches on the current device: make it the tensors'
         _rms_norm_kernel[(x.shape[0],)](x, w, y, x.stride(0), y.stride(0), n, eps, BLOCK=triton.next_power_of_2(n))
     return y
 
@@ -194,7 +189,7 @@ def rope_and_cache(qkv, cos, sin, kc, vc, slot, H: int, Hkv: int, D: int):
     B = qkv.shape[0]
     q = torch.empty((B, H, D), dtype=qkv.dtype, device=qkv.device)
     assert kc.stride(3) == 1 and kc.stride() == vc.stride() and cos.stride(0) == sin.stride(0)
-    with _on(qkv):
+    with on_device(qkv):
         _rope_cache_kernel[(B, H + Hkv)](qkv, cos, sin, q, kc, vc, slot, qkv.stride(0), cos.stride(0),
                                          kc.stride(0), kc.stride(1), kc.stride(2), H=H, HKV=Hkv, D=D, HALF=D // 2)
     return q.view(B, Hkv, H // Hkv, D)
@@ -205,7 +200,7 @@ def decode_attention(q, kc, vc, bias, S: int, scale: float):
     o = torch.empty_like(q)
     assert q.is_contiguous() and kc.stride(3) == 1 and kc.stride() == vc.stride() and bias.stride(1) == 1
     kernel = _decode_attn_kernel_s if _INTERPRET else _decode_attn_kernel
-    with _on(q):
+    with on_device(q):
         kernel[(B, Hkv)](q, kc, vc, bias, o, S, scale, kc.stride(0), kc.stride(1), kc.stride(2), bias.stride(0),
                          HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BLOCK=64,
                          PREC="ieee" if q.dtype == torch.float32 else "tf32")
@@ -217,7 +212,7 @@ def silu_mul(gu):
     n = n2 // 2
     y = torch.empty((B, n), dtype=gu.dtype, device=gu.device)
     block = 1024
-    with _on(gu):
+    with on_device(gu):
         _silu_mul_kernel[(B, triton.cdiv(n, block))](gu, y, gu.stride(0), y.stride(0), n, BLOCK=block)
     return y
 

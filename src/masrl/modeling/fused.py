@@ -33,7 +33,7 @@ _VERDICT: dict[str, dict[str, bool]] = {}
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _on(t: torch.Tensor):
+def on_device(t: torch.Tensor):
     """Triton launches on the current CUDA device: make it the tensor's (a policy may train on one GPU
     and sample on another, in one process)."""
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
@@ -166,7 +166,7 @@ def _rope_launch(x, cos, sin, sign: float):
     c = cos.expand(*x.shape[:-2], 1, D).reshape(tokens, D)
     s = sin.expand(*x.shape[:-2], 1, D).reshape(tokens, D)
     y = torch.empty_like(x)
-    with _on(x):  # Triton launches on the current device: make it the tensors'
+    with on_device(x):  # Triton launches on the current device: make it the tensors'
         _rope_kernel[(tokens, heads)](x, c, s, y, heads, sign, HALF=D // 2)
     return y
 
@@ -178,7 +178,7 @@ class _SwiGLU(torch.autograd.Function):
         ctx.save_for_backward(gate, up)
         y = torch.empty_like(gate)
         n = gate.numel()
-        with _on(gate):
+        with on_device(gate):
             _swiglu_fwd[(triton.cdiv(n, 1024),)](gate, up, y, n, BLOCK=1024)
         return y
 
@@ -188,7 +188,7 @@ class _SwiGLU(torch.autograd.Function):
         go = go.contiguous()
         dg, du = torch.empty_like(gate), torch.empty_like(up)
         n = gate.numel()
-        with _on(gate):
+        with on_device(gate):
             _swiglu_bwd[(triton.cdiv(n, 1024),)](gate, up, go, dg, du, n, BLOCK=1024)
         return dg, du
 
@@ -200,7 +200,7 @@ class _TokenLogprobs(torch.autograd.Function):
         N, V = logits.shape
         lp = torch.empty(N, dtype=torch.float32, device=logits.device)
         lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-        with _on(logits):
+        with on_device(logits):
             (_logprob_fwd_s if _INTERPRET else _logprob_fwd)[(N,)](logits, tokens, lp, lse, V, logits.stride(0),
                                                                    BLOCK=4096, num_warps=8)
         ctx.save_for_backward(logits, tokens, lse)
@@ -211,7 +211,7 @@ class _TokenLogprobs(torch.autograd.Function):
         logits, tokens, lse = ctx.saved_tensors
         dz = torch.empty_like(logits)
         N, V = logits.shape
-        with _on(logits):
+        with on_device(logits):
             (_logprob_bwd_s if _INTERPRET else _logprob_bwd)[(N,)](logits, tokens, lse, go.contiguous().float(), dz,
                                                                    V, logits.stride(0), BLOCK=4096, num_warps=8)
         return dz, None

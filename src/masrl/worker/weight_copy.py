@@ -39,7 +39,7 @@ class WeightCopy:
         self.model.requires_grad_(False).eval()
         mine = dict(self.model.named_parameters(remove_duplicate=False))
         name_of = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
-        self.pairs = {pol: ([mine[name_of[id(p)]] for p in ps], [p for p in ps]) for pol, ps in trainable.items()}
+        self.pairs = {pol: ([mine[name_of[id(p)]] for p in ps], list(ps)) for pol, ps in trainable.items()}
         self.lock = threading.Lock()  # held by an engine batch, and by a publish
         self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
 

@@ -285,7 +285,9 @@ class PolicyWorker(PolicyHost):
                 extra = (shared or {}).get(name, [])
                 samples = [s for s in view.values() if s.policy == name and s.reward is not None] + extra
                 samples, stale = self._fresh(name, samples)
-                if samples:
+                # data parallel: the ranks update together or not at all (a rank whose share of the
+                # calls is empty, as async rollouts can leave it, still joins the others' collectives)
+                if (self.dp.sum(float(len(samples))) if self.dp is not None else samples):
                     metrics[name] = self._update(name, samples, len(extra))
                     metrics[name].update(stale)
                 elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped

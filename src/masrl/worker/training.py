@@ -343,9 +343,9 @@ def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dic
         "n_tokens": float(sum(len(s.completion_ids) for s in samples)),
         "trained_tokens": sums.get("tokens", 0.0),
         "skipped_zero_adv": float(st.skipped),
-        "reward_mean": sum(rewards) / len(rewards),
+        "reward_mean": sum(rewards) / max(1, len(rewards)),  # a data-parallel rank may hold none
         "adv_abs_mean": sum((sum(map(abs, s.token_adv)) / max(1, len(s.token_adv))) if s.token_adv else abs(s.advantage)
-                            for s in samples) / len(samples),  # per token for token-level estimators
+                            for s in samples) / max(1, len(samples)),  # per token for token-level estimators
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
         "lp_mismatch_max": st.mismatch_max,
     }

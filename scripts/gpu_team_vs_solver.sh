@@ -1,38 +1,68 @@
 #!/usr/bin/env bash
 # On the GPU host, after `source scripts/gpu_setup.sh` and the SmolLM2 install (gpu_smollm2_install.sh):
-# the math team with role credit against one solver at equal training compute (512 model calls a step on
-# both sides), every seed of both arms side by side on one GPU; held-out accuracy on 120 unseen problems
-# every 10 steps. Writes $OUT/compare.html (masrl compare) and $OUT/runs.tgz (metrics, evals, logs).
-# STEPS, SEEDS, LIMIT (seconds per run), EVAL (steps between held-out evaluations), EXTRA (overrides for
-# every run) and ARMS (of team_roles, solver, team_plain, team_cf, solver_async: the solver with
-# rollout.mode async; default the first two) can be set in the environment.
+# teams against their single agents at equal training compute, every seed of every arm side by side on
+# one GPU; held-out results on 120 unseen tasks every EVAL steps. Writes $OUT/compare.html (masrl
+# compare) and $OUT/runs.tgz (metrics, evals, logs).
+#
+# Arms (ARMS, default "team_roles solver"): math, CALLS model calls a step (default 512) split as
+# CALLS / (8 samples x calls per task) tasks:
+#   team_roles, team_plain, team_cf   the four-agent math team (4 calls a task)
+#   checked                           solver + checker with a calculator + finalizer (3 calls a task)
+#   solver, solver_async              one solver (1 call), the second with rollout.mode async
+#   solver_calc                       one solver whose calculation the calculator computes (1 call)
+# code, CODE_TEAM_TASKS (default 16) and CODE_SOLVER_TASKS (default 24) tasks of 8 samples a step:
+#   code_team                         code_team_review: coder -> tests -> reviewer -> coder (1-3 calls a task)
+#   code_solver                       one coder, one call, no tests shown
+# MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
+# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL and EXTRA (overrides
+# for every run) can be set too.
 set -uo pipefail
-STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}
+STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}; CALLS=${CALLS:-512}
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 data.eval.n=120 train.log_traces=4
         rollout.max_in_flight=256 rollout.max_batch_size=256 algorithm.micro_batch_tokens=16384 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
 mkdir -p "$R" "$OUT"
+declare -A CFG=()
 arm() {  # name config overrides...
   local name=$1 cfg=$2; shift 2
+  CFG[$name]=$cfg
   for s in $SEEDS; do
     timeout "$LIMIT" python3 -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
       "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1 &
   done
 }
-team=(rollout.tasks_per_step=16 rollout.samples_per_task=8)
+math() {  # calls per task -> the rollout overrides for CALLS model calls a step
+  echo "rollout.tasks_per_step=$((CALLS / (8 * $1))) rollout.samples_per_task=8"
+}
 for a in ${ARMS:-team_roles solver}; do
   case $a in
-    team_roles) arm team_roles configs/math_team_roles.yaml "${team[@]}" ;;
-    team_plain) arm team_plain configs/math_team_shared.yaml "${team[@]}" ;;
-    team_cf) arm team_cf configs/math_team_counterfactual.yaml "${team[@]}" ;;
-    solver) arm solver configs/math_solver.yaml rollout.tasks_per_step=64 rollout.samples_per_task=8 ;;
-    solver_async) arm solver_async configs/math_solver.yaml rollout.tasks_per_step=64 rollout.samples_per_task=8 \
-                    rollout.mode=async ;;
+    team_roles) arm team_roles configs/math_team_roles.yaml $(math 4) ;;
+    team_plain) arm team_plain configs/math_team_shared.yaml $(math 4) ;;
+    team_cf) arm team_cf configs/math_team_counterfactual.yaml $(math 4) ;;
+    checked) arm checked configs/math_team_checked.yaml $(math 3) ;;
+    solver) arm solver configs/math_solver.yaml $(math 1) ;;
+    solver_async) arm solver_async configs/math_solver.yaml $(math 1) rollout.mode=async ;;
+    solver_calc) arm solver_calc configs/math_solver_calculator.yaml $(math 1) ;;
+    code_team) arm code_team configs/code_team_review.yaml \
+                 "rollout.tasks_per_step=${CODE_TEAM_TASKS:-16}" rollout.samples_per_task=8 ;;
+    code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
+                   rollout.samples_per_task=8 ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done
 wait
-for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|error|Error" "$f" | tail -4; done
-python3 -m masrl.cli compare "$R"/*-seed*/ --out "$OUT/compare.html"
-tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/eval_*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
+if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
+  for name in "${!CFG[@]}"; do
+    case $name in solver*|code_solver) ;; *) continue ;; esac
+    for s in $SEEDS; do
+      python3 -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" "seed=$s" \
+        "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \
+        > "$R/$name-seed$s-maj$MAJ.log" 2>&1 &
+    done
+  done
+  wait
+fi
+for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|maj@|error|Error" "$f" | tail -4; done
+python3 -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
+tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
 ls -la "$OUT"

@@ -9,12 +9,14 @@ from masrl.workflows.debate import Debate
 from masrl.workflows.env import EnvWorkflow
 from masrl.workflows.external import External
 from masrl.workflows.graph import Graph
+from masrl.workflows.math_checked import MathChecked
 from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
 from masrl.workflows.rag import RAG
 from masrl.workflows.search_team import SearchAgent, SearchTeam
 
-REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver, "code_team": CodeTeam, "code_solver": CodeSolver,
+REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
+            "math_checked": MathChecked, "code_team": CodeTeam, "code_solver": CodeSolver,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
             "rag": RAG, "graph": Graph, "env": EnvWorkflow, "external": External}
 

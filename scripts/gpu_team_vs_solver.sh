@@ -13,6 +13,9 @@
 # code, CODE_TEAM_TASKS (default 16) and CODE_SOLVER_TASKS (default 24) tasks of 8 samples a step:
 #   code_team                         code_team_review: coder -> tests -> reviewer -> coder (1-3 calls a task)
 #   code_solver                       one coder, one call, no tests shown
+# search, SEARCH_TEAM_TASKS (default 8) and SEARCH_AGENT_TASKS (default 24) tasks of 8 samples a step:
+#   search_team                       search_team_shared: planner, searcher, summarizer, updater, answerer (6 calls)
+#   search_agent                      one agent that calls search itself (up to 3 calls)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
 # calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL and EXTRA (overrides
 # for every run) can be set too.
@@ -47,6 +50,10 @@ for a in ${ARMS:-team_roles solver}; do
                  "rollout.tasks_per_step=${CODE_TEAM_TASKS:-16}" rollout.samples_per_task=8 ;;
     code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
                    rollout.samples_per_task=8 ;;
+    search_team) arm search_team configs/search_team_shared.yaml "rollout.tasks_per_step=${SEARCH_TEAM_TASKS:-8}" \
+                   rollout.samples_per_task=8 ;;
+    search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
+                    rollout.samples_per_task=8 ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done

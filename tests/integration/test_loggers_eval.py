@@ -60,3 +60,18 @@ def test_unknown_logger_packages_and_factories_are_config_errors(tmp_path):
     data["train"]["loggers"] = ["jsonl", "nosuchmodule:make"]
     with pytest.raises(ConfigError, match="cannot import module 'nosuchmodule'"):
         train(load_config(data=data))
+
+
+def test_held_out_tasks_of_several_levels_are_also_reported_per_level(tmp_path):
+    from masrl.data import arithmetic
+    from masrl.driver.loop import evaluate
+
+    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data["data"]["eval"] = {"source": "arithmetic", "n": 6, "seed": 2, "levels": [1, 3]}
+    summary = evaluate(load_config(data=data))
+    want: dict[str, int] = {}
+    for t in arithmetic.generate(6, seed=2, levels=[1, 3]):
+        want[str(t.meta["level"])] = want.get(str(t.meta["level"]), 0) + 1
+    assert {lvl: b["traces"] for lvl, b in summary["by_level"].items()} == want
+    total = sum(b["outcome"] * b["traces"] for b in summary["by_level"].values())
+    assert total == pytest.approx(summary["outcome"] * summary["traces"])

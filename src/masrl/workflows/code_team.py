@@ -5,10 +5,11 @@ coder      <code>program</code>               (turn 0, then once per reflection)
 verifier   the sandbox running the tests: a tool (``run_tests``), not a model
 reflector  <reflection>what went wrong and the fix</reflection>
 
-Up to ``max_turns`` coder turns; the loop stops once every test passes. The coder sees test
-results on the *visible* cases only (the generator's ``visible_tests``; for a task without them,
-verdicts without expected values), and every score counts all cases, so copying expected values
-from feedback into the code does not pay.
+Up to ``max_turns`` coder turns; the loop stops once the visible tests pass (every test, for a task
+without a visible split). The coder sees test results on the *visible* cases only (the generator's
+``visible_tests``; for a task without them, verdicts without expected values) and nothing of the
+hidden ones, which only score: every score counts all cases, so copying expected values from
+feedback into the code does not pay, and the hidden cases never tell the team to try again.
 
 Credit (paid by the ``credit`` reward): the coder's turn 0 earns its pass rate, each later coder
 turn the change in pass rate it made; a reflection earns the change in pass rate of the coder
@@ -87,20 +88,26 @@ def summarize_report(report) -> dict:
 
 def feedback(result: dict, visible: int | None) -> str:
     """What the coder and reflector are shown: verdicts of the visible cases (with their messages),
-    or, without a visible split, verdicts only (messages could name expected values)."""
-    if result["all_passed"]:
-        return "all tests passed"
+    nothing about the hidden ones; or, without a visible split, verdicts only (messages could name
+    expected values)."""
     cases = result["cases"]
     if visible is None:
+        if result["all_passed"]:
+            return "all tests passed"
         bad = sum(1 for v, _ in cases if v != "OK")
         kinds = sorted({v for v, _ in cases if v != "OK"})
         return f"{bad} of {len(cases)} tests failed ({', '.join(kinds)})"
-    lines = [f"test {i + 1}: passed" if v == "OK" else f"test {i + 1}: {v} {m}".strip() for i, (v, m) in
-             enumerate(cases[:visible])]
-    hidden = cases[visible:]
-    if hidden:
-        lines.append(f"{sum(v == 'OK' for v, _ in hidden)} of {len(hidden)} hidden tests passed")
-    return "; ".join(lines)
+    return "; ".join(f"test {i + 1}: passed" if v == "OK" else f"test {i + 1}: {v} {m}".strip()
+                     for i, (v, m) in enumerate(cases[:visible]))
+
+
+def seen_passing(result: dict, visible: int | None) -> bool:
+    """Whether the tests the team may see all pass (the visible ones; all, without a split): when the
+    team stops retrying. Hidden cases only score, so they never decide a retry."""
+    cases = result["cases"]
+    if visible is None or not cases or (cases[0][0] == "RE" and len(cases) == 1):
+        return bool(result["all_passed"])
+    return all(v == "OK" for v, _ in cases[:visible])
 
 
 def _full_spec(task: Task) -> tuple[TestSpec, int | None]:
@@ -183,7 +190,7 @@ class CodeTeam:
             if refl is not None:
                 refl.credit = rate - rates[-1]
             rates.append(rate)
-            if result["all_passed"] or turn == self.max_turns - 1:
+            if seen_passing(result, visible) or turn == self.max_turns - 1:
                 break
             shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
             body = f"Task: {q}\nCode:\n{code}\nTests: {shown}"

@@ -44,6 +44,11 @@ def _numeric_equal(a: str, b: str) -> bool | None:
     return abs(x - y) <= 1e-6 * max(1.0, abs(y))
 
 
+def answer_score(pred, gold) -> float:
+    """1.0 when ``pred`` states the gold answer (``answers_equivalent``), else 0.0 (also for None)."""
+    return float(answers_equivalent(pred, gold))
+
+
 def answers_equivalent(pred, gold) -> bool:
     """True when ``pred`` states the same answer as ``gold`` (or, for a list of golds, as any of them)."""
     if pred is None:

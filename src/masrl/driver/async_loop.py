@@ -109,7 +109,7 @@ class AsyncRollouts:
         for task, traces in batch:  # rewards now, so that the update trains this batch's groups and no others
             ctl.assign_rewards(traces, {task.id: task})
         # calls no reward paid would wait for ever among the pending ones (keep_pending): they go now
-        unpaid = [c.call_id for _, traces in batch for t in traces if not t.failed for c in t.calls if c.reward is None]
+        unpaid = [c for _, traces in batch for t in traces if not t.failed for c in t.calls if c.reward is None]
         if unpaid:
             ctl.drop_calls(unpaid)
         return batch

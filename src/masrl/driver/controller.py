@@ -101,18 +101,13 @@ class Controller:
 
     def drop_traces(self, traces: list[Trace]) -> None:
         """Take these traces' calls out of the next update (each host forgets its own)."""
-        self.drop_calls([c.call_id for tr in traces for c in tr.calls], {c.call_id: c.policy for tr in traces
-                                                                           for c in tr.calls})
+        self.drop_calls([c for tr in traces for c in tr.calls])
 
-    def drop_calls(self, call_ids: list[str], policy_of: dict[str, str] | None = None) -> None:
-        """Forget these calls at their hosts (every host, when their policies are not given)."""
-        if policy_of is None:
-            for w in self.workers:
-                w.drop(call_ids)
-            return
+    def drop_calls(self, calls: list) -> None:
+        """Forget these calls (trace call records) at the hosts that served them."""
         drops: dict[int, list[str]] = {}
-        for cid in call_ids:
-            drops.setdefault(self.worker_of[policy_of[cid]], []).append(cid)
+        for c in calls:
+            drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
         for i, ids in drops.items():
             self.workers[i].drop(ids)
 

@@ -128,13 +128,12 @@ class RankedHost(PolicyHost):
             items, n = args[0], len(self.ranks)
             size = -(-len(items) // n)
             parts = [items[i * size:(i + 1) * size] for i in range(n)]
-            with ThreadPoolExecutor(n, thread_name_prefix=f"{self.name}-{m.name}") as pool:
-                outs = list(pool.map(lambda rp: getattr(rp[0], m.name)(rp[1], *args[1:], **kwargs) if rp[1] else [],
-                                     zip(self.ranks, parts)))
+            jobs = [lambda r=r, part=part: getattr(r, m.name)(part, *args[1:], **kwargs) if part else []
+                    for r, part in zip(self.ranks, parts)]
         else:
-            with ThreadPoolExecutor(len(self.ranks), thread_name_prefix=f"{self.name}-{m.name}") as pool:
-                outs = list(pool.map(lambda r: getattr(r, m.name)(*args, **kwargs), self.ranks))
-        return m.combine(outs)
+            jobs = [lambda r=r: getattr(r, m.name)(*args, **kwargs) for r in self.ranks]
+        with ThreadPoolExecutor(len(jobs), thread_name_prefix=f"{self.name}-{m.name}") as pool:
+            return m.combine(list(pool.map(lambda job: job(), jobs)))
 
     def close(self) -> None:
         for r in self.ranks:

@@ -70,6 +70,7 @@ class PolicyWorker(PolicyHost):
             self.copy = WeightCopy(self.host.model, {n: self.host.policy_parameters(n) for n in self.optimizers},
                                    device=self.rollout_device)
         self.overlaps_update = overlap_update and self.copy is not None
+        self._engine_lock = self.copy.lock if self.copy else contextlib.nullcontext()  # a batch, or a publish
         self.engine: Engine = make_engine(engine, self.copy.model if self.copy else self.host.model, tok,
                                           stop_token_ids(tok, self.host.core), device=self.rollout_device or device,
                                           seed=seed, **(engine_options or {}))
@@ -200,7 +201,7 @@ class PolicyWorker(PolicyHost):
         fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p, ok in zip(calls, prompts, fits) if ok]
-        with self.copy.lock if self.copy else contextlib.nullcontext():  # a publish waits for this batch
+        with self._engine_lock:  # a publish waits for this batch
             outputs = iter(self.engine.generate(requests) if requests else [])
             versions = dict(self.published)
         results: list[GenResult | Exception] = []
@@ -313,7 +314,7 @@ class PolicyWorker(PolicyHost):
 
     def _publish(self, policies: list[str] | None = None) -> None:
         """The engine samples the live weights of ``policies`` (default: all) from its next batch on."""
-        with self.copy.lock if self.copy else contextlib.nullcontext():
+        with self._engine_lock:
             if self.copy:
                 self.copy.publish(policies)
             self.engine.weights_updated(policies)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from masrl.agents import AgentRole
-from masrl.data.answers import answers_equivalent, to_number
+from masrl.data.answers import answer_score, answers_equivalent, to_number
 from masrl.data.tasks import Task
 from masrl.trace import Trace
 from masrl.workflows import math_prompts as P
@@ -35,9 +35,6 @@ REVISE_EXAMPLES = [
      "<solution>15 - 6 = 9</solution><answer>9</answer>"),
 ]
 
-
-def _correct(value, task: Task) -> float:
-    return 1.0 if value is not None and answers_equivalent(value, task.answer) else 0.0
 
 
 def vote(answers: list) -> object:
@@ -78,9 +75,9 @@ class Debate:
                                                 + "; ".join(s for j, s in enumerate(shown) if j != i)), turn=r)
                          for i, a in enumerate(names)]
             history.append(list(await asyncio.gather(*revisions)))
-        correct = [[_correct(c.parsed.get("answer"), task) for c in rnd] for rnd in history]
+        correct = [[answer_score(c.parsed.get("answer"), task.answer) for c in rnd] for rnd in history]
         final = vote([c.parsed.get("answer") for c in history[-1]])
-        won = _correct(final, task)
+        won = answer_score(final, task.answer)
         for r, rnd in enumerate(history):
             for i, c in enumerate(rnd):
                 c.turn_score = correct[r][i]
@@ -94,7 +91,7 @@ class Debate:
         answers = [c.parsed.get("answer") for c in trace.calls if c.turn == len(correct) - 1]
         agree = [a is not None and trace.final_answer is not None and answers_equivalent(a, str(trace.final_answer))
                  for a in answers]
-        out = {"outcome": _correct(trace.final_answer, task), "round0_accuracy": sum(correct[0]) / self.n,
+        out = {"outcome": answer_score(trace.final_answer, task.answer), "round0_accuracy": sum(correct[0]) / self.n,
                "final_accuracy": sum(last) / self.n, "agreement": sum(agree) / max(1, len(agree))}
         out.update({f"debater_{i}/accuracy": v for i, v in enumerate(last)})
         return out

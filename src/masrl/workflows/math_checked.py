@@ -21,7 +21,7 @@ right final answer. Per-agent metrics: ``solver/accuracy``, ``checker/accuracy``
 from __future__ import annotations
 
 from masrl.agents import AgentRole
-from masrl.data.answers import answers_equivalent
+from masrl.data.answers import answer_score, answers_equivalent
 from masrl.data.tasks import Task
 from masrl.parsing import TagSpec, nonempty, parse_tags
 from masrl.tools.base import Tool
@@ -49,9 +49,6 @@ FINALIZER_EXAMPLES = [
 def parse_checker(text: str):
     return parse_tags(text, [TagSpec("expr", nonempty)])
 
-
-def _correct(value, task: Task) -> float:
-    return 1.0 if value is not None and answers_equivalent(value, task.answer) else 0.0
 
 
 class MathChecked:
@@ -86,8 +83,8 @@ class MathChecked:
         fin = await ctx.call("finalizer", P.few_shot(FINALIZER_SYSTEM, FINALIZER_EXAMPLES,
                                                      f"Question: {q}\nSolver: {stated}\nCalculator: {shown}"))
         answer = fin.parsed.get("answer")
-        sol.turn_score, chk.turn_score, fin.turn_score = _correct(first, task), _correct(computed, task), \
-            _correct(answer, task)
+        for call, value in ((sol, first), (chk, computed), (fin, answer)):
+            call.turn_score = answer_score(value, task.answer)
         if self.role_credit:
             sol.credit, chk.credit, fin.credit = sol.turn_score, chk.turn_score, fin.turn_score
         ctx.state.update(first_answer=first, computed=computed)
@@ -95,9 +92,9 @@ class MathChecked:
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         first, computed = trace.state.get("first_answer"), trace.state.get("computed")
-        outcome = _correct(trace.final_answer, task)
+        outcome = answer_score(trace.final_answer, task.answer)
         agree = first is not None and computed is not None and answers_equivalent(first, computed)
-        return {"outcome": outcome, "solver/accuracy": _correct(first, task),
-                "checker/accuracy": _correct(computed, task), "finalizer/accuracy": outcome,
+        return {"outcome": outcome, "solver/accuracy": answer_score(first, task.answer),
+                "checker/accuracy": answer_score(computed, task.answer), "finalizer/accuracy": outcome,
                 "agree": float(agree)}
 

@@ -8,7 +8,7 @@ calculation does not compute): the single agent with the tool the checked math t
 from __future__ import annotations
 
 from masrl.agents import AgentRole
-from masrl.data.answers import answers_equivalent
+from masrl.data.answers import answer_score
 from masrl.data.tasks import Task
 from masrl.tools.base import Tool
 from masrl.tools.calculator import calculator_tool
@@ -39,5 +39,4 @@ class MathSolver:
         ctx.finish(answer)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        ok = trace.final_answer is not None and answers_equivalent(trace.final_answer, task.answer)
-        return {"outcome": 1.0 if ok else 0.0}
+        return {"outcome": answer_score(trace.final_answer, task.answer)}

@@ -24,7 +24,7 @@ rather than for the team's answer, which every agent shares:
 from __future__ import annotations
 
 from masrl.agents import AgentRole
-from masrl.data.answers import answers_equivalent, to_number
+from masrl.data.answers import answer_score, answers_equivalent, to_number
 from masrl.data.tasks import Task
 from masrl.parsing import TagSpec, is_number, one_of, parse_tags
 from masrl.trace import Trace
@@ -51,9 +51,6 @@ def parse_refiner(text: str):
 def parse_finalizer(text: str):
     return parse_tags(text, FINALIZER_TAGS)
 
-
-def _correct(value, task: Task) -> float:
-    return 1.0 if value is not None and answers_equivalent(value, task.answer) else 0.0
 
 
 def verdict_credit(status: str, solver_correct: float) -> float:
@@ -83,7 +80,7 @@ class MathTeam:
         sol = await ctx.call("solver", P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
         solution = sol.parsed.get("solution") or sol.completion.strip()
         first = sol.parsed.get("answer")
-        sol.turn_score = _correct(first, task)
+        sol.turn_score = answer_score(first, task.answer)
         body = f"Question: {q}\nSolution: {solution}"
 
         ver = await ctx.call("verifier", P.few_shot(P.VERIFIER_SYSTEM, P.VERIFIER_EXAMPLES, body))
@@ -95,13 +92,13 @@ class MathTeam:
             "refiner", P.few_shot(P.REFINER_SYSTEM, P.REFINER_EXAMPLES, f"{body}\nCheck: {status}. {feedback}".strip())
         )
         refined = ref.parsed.get("solution") or solution
-        ref.turn_score = _correct(to_number(refined), task)
+        ref.turn_score = answer_score(to_number(refined), task.answer)
 
         fin = await ctx.call(
             "finalizer", P.few_shot(P.FINALIZER_SYSTEM, P.FINALIZER_EXAMPLES, f"Question: {q}\nSolution: {refined}")
         )
         answer = fin.parsed.get("answer")
-        fin.turn_score = _correct(answer, task)
+        fin.turn_score = answer_score(answer, task.answer)
         if self.role_credit:
             sol.credit = sol.turn_score
             ver.credit = verdict_credit(status, sol.turn_score)
@@ -112,8 +109,8 @@ class MathTeam:
         ctx.finish(answer)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        outcome = _correct(trace.final_answer, task)
-        first = _correct(trace.state.get("first_answer"), task)
+        outcome = answer_score(trace.final_answer, task.answer)
+        first = answer_score(trace.state.get("first_answer"), task.answer)
         status = trace.state.get("status")
         judged = {"correct": 1.0, "incorrect": 0.0}.get(status)
         return {

@@ -91,7 +91,12 @@ def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
 
 
 def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_updates(tmp_path):
-    tr, workers, before = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    data = _data("math_team_shared", tmp_path)
+    # staleness 1 holds the third update's tasks back until the first update is published, so that
+    # update trains calls of version 1 however fast the episodes run (unbounded, a fast machine could
+    # finish all of them on version 0 during the first update, and the check below would be luck)
+    data["policies"]["shared"]["max_staleness"] = 1
+    tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["shared"]
 
     recs, traces = run_async(tr, 3)

@@ -88,8 +88,7 @@ def child(a, mode: str) -> dict:
     import torch
 
     from masrl.config import load_config
-    from masrl.driver.async_loop import AsyncRollouts, async_step
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     def sync():
         if torch.cuda.is_available():
@@ -99,10 +98,10 @@ def child(a, mode: str) -> dict:
     tr.prepare(resume=False)
 
     async def go():
-        rollouts = AsyncRollouts(tr) if mode != "sync" else None
+        rollouts = tr.async_rollouts() if mode != "sync" else None
 
         async def step():
-            return await (async_step(tr, rollouts) if rollouts else tr.train_step())
+            return await (tr.async_step(rollouts) if rollouts else tr.train_step())
 
         await step()  # warm-up: graphs captured, kernels tuned
         sync()

@@ -162,7 +162,7 @@ def child_generate(batch: int, repeats: int) -> dict:
 
 def child_rss(config: str) -> dict:
     from masrl.config import load_config
-    from masrl.driver.loop import train
+    from masrl.driver.run.loop import train
 
     cfg = load_config(ROOT / "configs" / f"{config}.yaml", [
         "train.steps=1", "train.eval_before=false", "train.eval_after=false", "train.save_every=0",

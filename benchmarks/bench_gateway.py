@@ -111,7 +111,7 @@ def config(model: str, workflow: dict, tokens: int) -> dict:
 
 def measure(model: str, workflow: dict, episodes: int, tokens: int, rounds: int, run_dir: Path) -> dict:
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     tr = Trainer(load_config(data=config(model, workflow, tokens)), run_dir=run_dir)
     tr.prepare(resume=False)

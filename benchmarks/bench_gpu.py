@@ -319,7 +319,7 @@ def child_team(steps: int, tasks: int, samples: int) -> dict:
     import asyncio
 
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
     cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [

@@ -35,7 +35,7 @@ def child(side: int, out: str) -> None:
     import yaml
 
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     data = yaml.safe_load((ROOT / "configs" / "math_team_four_policies.yaml").read_text())
     data.update(model="random-qwen2.5-0.5b", device="cuda", precision="bf16", output_dir=out)

@@ -36,7 +36,7 @@ def child(n: int, placement: str, model: str, steps: int, out: str) -> None:
     from tinycfg import tiny_config
 
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     data = tiny_config(CONFIGS[n], Path(out), steps=steps, threads=1, seed=0)
     data["model"] = model

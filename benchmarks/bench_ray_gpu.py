@@ -64,7 +64,7 @@ def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -
 
     sys.path.insert(0, str(ROOT / "tests"))
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     config, placement, ranks = SIDES[side]
     data = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())

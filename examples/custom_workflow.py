@@ -20,8 +20,9 @@ import re
 from masrl.agents import AgentRole
 from masrl.data.answers import answers_equivalent, to_number
 from masrl.tools.base import ToolUseError, tool
-from masrl.workflows import math_prompts as P
-from masrl.workflows.math_team import parse_solver
+from masrl.workflows import math_roles as P
+from masrl.workflows.math_roles import parse_solver
+from masrl.workflows.prompting import few_shot
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 
@@ -63,7 +64,7 @@ class SolveWithCalculator:
         return {"calculator": tool(calculator, description="Evaluate an arithmetic expression (+ - * /)")}
 
     async def run(self, task, ctx):
-        msgs = P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, task.question)
+        msgs = few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, task.question)
         answer = None
         for attempt in range(self.retries + 1):
             call = await ctx.call("solver", msgs, turn=attempt)

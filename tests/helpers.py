@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
 from dataclasses import dataclass
 
@@ -96,3 +98,29 @@ def is_flat_task(task_id: str) -> bool:
 
 def half_flat_reward(weight: float = 1.0):
     return HalfFlatReward(weight=weight)
+
+
+@contextlib.contextmanager
+def update_held_open(worker, timeout_s: float = 60):
+    """Run ``worker.train_step(keep_pending=True)`` in a thread and hold it open once its update has
+    run: the block runs inside the update. Yields a dict that holds the step's metrics under ``m``
+    after the block (the update is released and joined on leaving it)."""
+    inside, release, got = threading.Event(), threading.Event(), {}
+    real = worker._update
+
+    def held(*a, **k):
+        m = real(*a, **k)
+        inside.set()
+        assert release.wait(timeout_s)
+        return m
+
+    worker._update = held
+    th = threading.Thread(target=lambda: got.update(m=worker.train_step(keep_pending=True)))
+    th.start()
+    try:
+        assert inside.wait(timeout_s)
+        yield got
+    finally:
+        release.set()
+        th.join(timeout_s)
+        worker._update = real

@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))  # tinycfg
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # helpers
 
-from helpers import adapter_logprobs, full_logprobs  # noqa: E402
+from helpers import adapter_logprobs, full_logprobs, update_held_open  # noqa: E402
 
 
 def req(prompt, temperature=1.0, max_new_tokens=8, adapter=None, **kw):
@@ -152,7 +152,7 @@ def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):
     from tinycfg import tiny_config
 
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     data = tiny_config("math_team_shared", tmp_path / f"{device}-{precision}", steps=steps, hash_agents=None)
     data.update(device=device, precision=precision, seed=0)
@@ -192,7 +192,7 @@ def test_two_training_steps_on_cuda_move_reward_and_loss_like_the_cpu_run(tmp_pa
 
 def test_checkpoint_saved_on_gpu_loads_on_cpu_and_generates_the_same_greedy_text(tmp_path):
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     tr, _, _, _ = _train(tmp_path, "cuda", "fp32", steps=1)
     ckpt_dir = tr.ckpt_root / "step_000001"
@@ -388,7 +388,6 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     """rollout.overlap_update on CUDA: the update runs on its own stream while the static engine keeps
     sampling from its copy (old version); after the publish the copy equals the live weights bit for
     bit and the next calls' engine logprobs agree with the trainer's as closely as without a copy."""
-    import threading
 
     from tinycfg import prepared_trainer, tiny_config
 
@@ -409,23 +408,8 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
 
     for r in sample(0):
         w.buffer[r.call_id].reward = float(hash(r.text) % 7)
-    inside, release = threading.Event(), threading.Event()
-    real, got = w._update, {}
-
-    def slow(*a, **k):
-        m = real(*a, **k)
-        inside.set()
-        assert release.wait(120)
-        return m
-
-    w._update = slow
-    th = threading.Thread(target=lambda: got.update(m=w.train_step(keep_pending=True)))
-    th.start()
-    assert inside.wait(300)
-    during = sample(1)  # the engine is not held back by the update, and samples the old weights
-    release.set()
-    th.join(300)
-    w._update = real
+    with update_held_open(w, timeout_s=300) as got:
+        during = sample(1)  # the engine is not held back by the update, and samples the old weights
     assert {r.version for r in during} == {0}
     live = dict(w.host.model.named_parameters())
     assert all(torch.equal(p, live[n]) for n, p in w.copy.model.named_parameters())
@@ -449,7 +433,6 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
     agree with the trainer's, and in async mode calls are sampled while the update runs."""
     from tinycfg import prepared_trainer, tiny_config
 
-    from masrl.driver.async_loop import AsyncRollouts, async_step
 
     data = tiny_config("math_team_shared", tmp_path, steps=3, model="random-smollm2-135m", device="cuda:0",
                        precision="bf16", policies__shared__rollout_device="cuda:1")
@@ -460,8 +443,8 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
     assert str(next(w.host.model.parameters()).device) == "cuda:0"
 
     async def go():
-        rollouts = AsyncRollouts(tr)
-        recs = [await async_step(tr, rollouts) for _ in range(3)]
+        rollouts = tr.async_rollouts()
+        recs = [await tr.async_step(rollouts) for _ in range(3)]
         await rollouts.stop()
         await tr.rt.controller.aclose()
         return recs

@@ -4,9 +4,9 @@ import json
 
 from tinycfg import tiny_config
 
+from masrl.cli.report import collect
 from masrl.config import load_config
-from masrl.driver.loop import train
-from masrl.report import collect
+from masrl.driver.run.loop import train
 
 
 def test_alarms_reach_metrics_and_the_report(tmp_path, capsys):

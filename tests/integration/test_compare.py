@@ -8,9 +8,9 @@ import pytest
 from tinycfg import tiny_config
 
 from masrl.cli import main
-from masrl.compare import collect_runs
+from masrl.cli.compare import collect_runs
 from masrl.config import load_config
-from masrl.driver.loop import train
+from masrl.driver.run.loop import train
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 

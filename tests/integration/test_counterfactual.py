@@ -9,7 +9,7 @@ from tinycfg import prepared_trainer, tiny_config
 
 from masrl.agents import AgentRole
 from masrl.config import load_config
-from masrl.driver.counterfactual import branch_points, credit_from_branches
+from masrl.driver.run.counterfactual import branch_points, credit_from_branches
 from masrl.errors import ConfigError
 from masrl.parsing import ParseResult
 from masrl.trace import Call, Trace
@@ -61,8 +61,8 @@ def test_a_branch_replays_the_prefix_and_resamples_the_call(relay, tmp_path):
 
     async def go():
         sem = asyncio.Semaphore(8)
-        trace = await ctl._run_one(task, 0, True, None, sem, seed=7)
-        again = await ctl._run_one(task, 0, True, None, sem, seed=7)
+        trace = await ctl.run_episode(task, 0, True, None, sem, seed=7)
+        again = await ctl.run_episode(task, 0, True, None, sem, seed=7)
         branches = [await ctl.run_branch(task, trace, 1, a, sem, 7) for a in range(2)]
         return trace, again, branches
 
@@ -99,18 +99,18 @@ def test_a_step_pays_counterfactual_credit_and_reports_its_cost(relay, tmp_path)
     tr, _, _ = prepared_trainer(_data(tmp_path, agents=["b"]), tmp_path)
     rec = asyncio.run(tr.train_step())
     cf = rec["counterfactual"]
-    n = len(tr._last_traces)
+    n = len(tr.last_traces)
     assert cf["branches"] == 2 * n and cf["credited_calls"] == n and cf["failed_branches"] == 0
     assert cf["calls"] == 2 * n * 2 and cf["rollout_calls"] == 3 * n  # b and c again, twice per trace
     assert cf["nonzero_credit"] > 0  # resampling b changed some outcomes (a parity of c's text)
-    for t in tr._last_traces:
+    for t in tr.last_traces:
         a, b, c = t.calls
         assert a.counterfactual is None and c.counterfactual is None and -1.0 <= b.counterfactual <= 1.0
         assert b.reward_parts["counterfactual"] == b.counterfactual
     # the same seed gives the same credit
     tr2, _, _ = prepared_trainer(_data(tmp_path / "again", agents=["b"]), tmp_path / "again")
     asyncio.run(tr2.train_step())
-    assert [t.calls[1].counterfactual for t in tr2._last_traces] == [t.calls[1].counterfactual for t in tr._last_traces]
+    assert [t.calls[1].counterfactual for t in tr2.last_traces] == [t.calls[1].counterfactual for t in tr.last_traces]
 
 
 def test_the_reward_and_the_setting_come_together(tmp_path):

@@ -6,7 +6,7 @@ from helpers import is_flat_task
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.data.tasks import Task
-from masrl.driver.dynamic import flat_tasks, fresh_tasks
+from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
 from masrl.trace import Call, Trace
 
 
@@ -33,7 +33,7 @@ def test_flat_tasks_are_dropped_and_refilled_until_the_step_teaches(tmp_path):
     tr, workers, _ = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
     ds = rec["dynamic_sampling"]
-    tasks = sorted({t.task_id for t in tr._last_traces})
+    tasks = sorted({t.task_id for t in tr.last_traces})
     flat = [t for t in tasks if is_flat_task(t)]
     assert ds["flat_tasks_dropped"] == len(flat) > 0 and ds["extra_tasks"] == len(tasks) - 3
     assert ds["teaching_tasks"] == len(tasks) - len(flat) == 3  # refilled to tasks_per_step

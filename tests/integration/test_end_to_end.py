@@ -12,8 +12,8 @@ import yaml
 from tinycfg import ROOT, tiny_config
 
 from masrl.config import load_config
-from masrl.driver import checkpoints as ckpt
-from masrl.driver.loop import train
+from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run.loop import train
 
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
 
@@ -59,7 +59,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     with pytest.raises(MasrlError, match="--resume"):
         train(cfg)
     cfg3 = load_config(data=tiny_config("math_team_two_policies", tmp_path, steps=3))
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     tr = Trainer(cfg3, run_dir=tmp_path)
     tr.prepare(resume=True)
@@ -83,7 +83,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
 
 
 def test_resume_without_a_checkpoint_starts_over_without_duplicate_lines(tmp_path, monkeypatch):
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     cfg = load_config(data=tiny_config("math_solver", tmp_path, steps=2, train__save_every=0,
                                        train__eval_before=True, train__eval_after=True))

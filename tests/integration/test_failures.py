@@ -7,7 +7,7 @@ import pytest
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import Trainer
+from masrl.driver.run.loop import Trainer
 from masrl.errors import ConfigError, InfraError, MasrlError, WorkflowBug
 
 
@@ -66,7 +66,7 @@ def test_failed_traces_are_recorded_and_their_calls_dropped(tmp_path, monkeypatc
     tr = Trainer(cfg, run_dir=tmp_path)
     tr.prepare(resume=False)
     rec = asyncio.run(tr.train_step())
-    traces = tr._last_traces
+    traces = tr.last_traces
     by_sample = {k: [t for t in traces if t.sample_idx == k] for k in range(3)}
     assert all(t.error is None for t in by_sample[0])
     assert all("retrieval backend went away" in t.error for t in by_sample[1])
@@ -116,7 +116,7 @@ def test_call_timeout_is_an_infrastructure_failure(tmp_path):
     tr.prepare(resume=False)
     rec = asyncio.run(tr.train_step())
     assert rec["rollout"]["failed"] == rec["rollout"]["traces"]
-    assert "timed out after" in tr._last_traces[0].error
+    assert "timed out after" in tr.last_traces[0].error
     assert rec["policies"] == {}
     asyncio.run(tr.rt.controller.aclose())
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tinycfg import tiny_config
 
-from masrl.driver import checkpoints as ckpt
+from masrl.driver.run import checkpoints as ckpt
 from masrl.errors import DataError, MasrlError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_a_data_file_that_is_not_utf8_names_the_file_and_line(tmp_path):
 
 def test_a_missing_model_leaves_no_run_directory(tmp_path):
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     data = tiny_config("math_solver", tmp_path / "run", steps=1)
     data["model"] = str(tmp_path / "no-such-model")

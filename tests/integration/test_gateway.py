@@ -12,9 +12,9 @@ import pytest
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
-from masrl.driver.context import WorkflowContext
-from masrl.driver.gateway import Gateway, chat_response
-from masrl.driver.loop import Trainer
+from masrl.driver.rollout.context import WorkflowContext
+from masrl.driver.run.loop import Trainer
+from masrl.driver.serving.gateway import Gateway, chat_response
 from masrl.errors import MasrlError
 from masrl.trace import Call, Trace
 
@@ -40,7 +40,7 @@ def trainer(tmp_path_factory):
 
 def _episode(tr):
     trace = Trace("t-gw", "task-1", 0)
-    ctx = WorkflowContext(trace, tr.rt.agents, tr.rt.controller._submit, train=True, call_timeout_s=60, seed=1)
+    ctx = WorkflowContext(trace, tr.rt.agents, tr.rt.controller.submit, train=True, call_timeout_s=60, seed=1)
     return trace, ctx
 
 
@@ -177,7 +177,7 @@ def test_an_outside_team_trains_through_the_gateway_as_a_function_and_as_a_progr
         data = _data(tmp_path / mode, **options)
         tr, workers, before = prepared_trainer(data, tmp_path / mode)
         rec = asyncio.run(tr.train_step())
-        traces = tr._last_traces
+        traces = tr.last_traces
         assert rec["rollout"]["failed"] == 0 and len(traces) == 6
         assert all([c.agent for c in t.calls] == ["solver", "checker"] and t.calls[1].completion for t in traces)
         assert rec["policies"]["shared"]["n_seqs"] == 12  # both agents' calls trained, exact tokens from the worker
@@ -251,7 +251,7 @@ def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_p
     tr, _, _ = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
     assert rec["rollout"]["failed"] == 0
-    for t in tr._last_traces:
+    for t in tr.last_traces:
         (call,) = t.calls
         assert t.metrics["outcome"] == 0.75 and call.credit == 0.25 and t.final_answer == "42"  # the posted answer
         assert call.reward_parts == {"outcome": 0.75, "credit": 0.25}
@@ -259,7 +259,7 @@ def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_p
 
 
 def test_posted_rewards_are_checked_before_any_is_kept():
-    from masrl.driver.gateway import BadRequest, post_rewards
+    from masrl.driver.serving.gateway import BadRequest, post_rewards
 
     trace = Trace("t", "q", 0)
     trace.calls.append(Call("c1", "t", "q", 0, "solver", "p", 0, []))

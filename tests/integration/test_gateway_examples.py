@@ -14,7 +14,7 @@ def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
     tr, workers, before = prepared_trainer(data, tmp_path)
     assert workers["planner"] is workers["solver"] and workers["planner"].host.is_lora  # one base, two adapters
     rec = asyncio.run(tr.train_step())
-    traces = tr._last_traces
+    traces = tr.last_traces
     assert rec["rollout"]["failed"] == 0 and all([c.agent for c in t.calls] == ["planner", "solver"] for t in traces)
     n = len(traces)
     assert rec["policies"]["planner"]["n_seqs"] == n and rec["policies"]["solver"]["n_seqs"] == n

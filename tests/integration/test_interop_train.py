@@ -11,7 +11,7 @@ def _trainer(tmp_path, train_rows, held_out_rows, stem):
     from tinycfg import tiny_config
 
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     train = write(tmp_path / f"{stem}train.parquet", train_rows)
     held_out = write(tmp_path / f"{stem}test.parquet", held_out_rows)

@@ -6,7 +6,7 @@ import pytest
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import Trainer
+from masrl.driver.run.loop import Trainer
 
 TWO = {
     "policies": {"A": {"optim": {"lr": 1e-2}}, "B": {"optim": {"lr": 1e-2}}},
@@ -42,7 +42,7 @@ def test_reward_on_solver_moves_only_its_policy(base, tmp_path):
     rec, changed, tr = one_step(tiny_config(base, tmp_path, steps=1, hash_agents=["solver"]), tmp_path)
     assert changed == {"A": True, "B": False}
     # A trained only on solver calls: verifier calls are frozen and never buffered
-    n_solver = sum(1 for t in tr._last_traces for c in t.calls if c.agent == "solver")
+    n_solver = sum(1 for t in tr.last_traces for c in t.calls if c.agent == "solver")
     assert rec["policies"]["A"]["n_seqs"] == n_solver
 
 

@@ -7,8 +7,8 @@ import pytest
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import train
-from masrl.driver.metrics import pass_at_k, sample_metrics
+from masrl.driver.observe.metrics import pass_at_k, sample_metrics
+from masrl.driver.run.loop import train
 from masrl.trace import Trace
 
 
@@ -64,7 +64,7 @@ def test_unknown_logger_packages_and_factories_are_config_errors(tmp_path):
 
 def test_held_out_tasks_of_several_levels_are_also_reported_per_level(tmp_path):
     from masrl.data import arithmetic
-    from masrl.driver.loop import evaluate
+    from masrl.driver.run.loop import evaluate
 
     data = tiny_config("math_solver", tmp_path / "run", steps=1)
     data["data"]["eval"] = {"source": "arithmetic", "n": 6, "seed": 2, "levels": [1, 3]}

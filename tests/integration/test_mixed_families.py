@@ -22,6 +22,6 @@ def test_llama_and_qwen2_policies_with_different_tokenizers_train_together(tmp_p
         assert rec["rollout"]["failed"] == 0 and set(rec["policies"]) == {"reasoner", "writer"}
     for p, w in workers.items():
         assert w.fingerprint(p) != before[p]  # both trained
-    trace = tr._last_traces[0]
+    trace = tr.last_traces[0]
     by_agent = {c.agent: c for c in trace.calls}
     assert by_agent["refiner"].policy == "writer" and isinstance(by_agent["refiner"].completion, str)

@@ -57,7 +57,7 @@ def _one_step(data, tmp_path):
     tr, workers, before = prepared_trainer(data, tmp_path)
     try:
         rec = asyncio.run(tr.train_step())
-        return rec, tr._last_traces, workers, before
+        return rec, tr.last_traces, workers, before
     finally:
         asyncio.run(tr.rt.controller.aclose())
         tr.rt.close()
@@ -131,7 +131,7 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
         tr, workers, before = prepared_trainer(data, tmp_path / "run")
         try:
             rec = asyncio.run(tr.train_step())
-            traces = tr._last_traces
+            traces = tr.last_traces
             ver = [c for t in traces for c in t.calls if c.agent == "verifier"]
             print(f"step 1: {rec['rollout']['failed']} failed of {len(traces)}; verifier said {ver[0].completion!r} "
                   f"({ver[0].n_prompt_tokens} prompt / {ver[0].n_completion_tokens} completion tokens)")
@@ -144,9 +144,9 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
             server.terminate()  # the server goes away mid-run: the next step's traces fail as infrastructure
             server.wait(60)
             rec2 = asyncio.run(tr.train_step())
-            print(f"step 2 (server gone): {rec2['rollout']['failed']} failed of {len(tr._last_traces)}; "
-                  f"first error: {tr._last_traces[0].error}")
-            assert rec2["rollout"]["failed"] == len(tr._last_traces)
+            print(f"step 2 (server gone): {rec2['rollout']['failed']} failed of {len(tr.last_traces)}; "
+                  f"first error: {tr.last_traces[0].error}")
+            assert rec2["rollout"]["failed"] == len(tr.last_traces)
         finally:
             asyncio.run(tr.rt.controller.aclose())
             tr.rt.close()

@@ -2,10 +2,10 @@
 update runs while episodes generate; the new weights reach the engine only when published, and the
 calls sampled from then on carry the new version. Real tiny-random models on this CPU."""
 
-import threading
 
 import pytest
 import torch
+from helpers import update_held_open
 from tinycfg import prepared_trainer, run_async, tiny_config
 
 from masrl.config import SamplingParams, load_config
@@ -69,23 +69,9 @@ def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
     for i in range(4):  # rewarded calls for one update
         _sampled(w, "shared", 100 + i)
         w.buffer[f"c{100 + i}"].reward = float(i % 2)
-    inside, release, seen = threading.Event(), threading.Event(), {}
-    real = w._update
-
-    def slow_update(*a, **k):  # the update holds on until a generation has run inside it
-        m = real(*a, **k)
-        inside.set()
-        assert release.wait(60)
-        return m
-
-    w._update = slow_update
-    th = threading.Thread(target=lambda: seen.update(m=w.train_step(keep_pending=True)))
-    th.start()
-    assert inside.wait(60)
-    seen["during"] = _sampled(w, "shared", 200)  # would deadlock if the engine waited for the update
-    release.set()
-    th.join(60)
-    assert seen["during"][0] == 0 and seen["m"]["shared"]["n_seqs"] == 4
+    with update_held_open(w) as seen:  # the update holds on until a generation has run inside it
+        during = _sampled(w, "shared", 200)  # would deadlock if the engine waited for the update
+    assert during[0] == 0 and seen["m"]["shared"]["n_seqs"] == 4
     assert set(w.buffer) == {"c200"} and _sampled(w, "shared", 201)[0] == 1
     tr.rt.close()
 
@@ -119,11 +105,11 @@ def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
 
 
 def test_rollout_device_is_refused_where_it_cannot_apply_and_dropped_when_it_is_the_training_device(tmp_path):
-    from masrl.driver.builder import build_policies
+    from masrl.driver.checks import check_policies
 
     data = tiny_config("math_team_shared", tmp_path)
     data["policies"]["shared"]["rollout_device"] = "cpu"
-    assert build_policies(load_config(data=data))[0].rollout_device is None  # the device it trains on
+    assert check_policies(load_config(data=data))[0].rollout_device is None  # the device it trains on
     data["runtime"] = {"placement": "ray"}
     with pytest.raises(Exception, match="policies.shared.rollout_device: not with runtime.placement ray"):
-        build_policies(load_config(data=data))
+        check_policies(load_config(data=data))

@@ -13,7 +13,7 @@ import pytest
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import train
+from masrl.driver.run.loop import train
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -48,7 +48,7 @@ def test_the_report_opens_in_chromium_and_shows_a_call(run_dir, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 
-    from masrl.report import build_report
+    from masrl.cli.report import build_report
 
     page = build_report(run_dir)
     traces = [json.loads(x) for x in (run_dir / "traces.jsonl").read_text().splitlines()]
@@ -107,7 +107,7 @@ def _browser(tmp_path):
 def test_an_async_run_reports_its_staleness_histogram_and_corrections(tmp_path):
     from selenium.webdriver.common.by import By
 
-    from masrl.report import build_report, collect
+    from masrl.cli.report import build_report, collect
 
     d = tmp_path / "run"
     data = tiny_config("math_team_shared", d, steps=3)

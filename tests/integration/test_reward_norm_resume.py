@@ -7,7 +7,7 @@ def test_running_moments_train_and_survive_a_resume(tmp_path):
     from tinycfg import tiny_config  # noqa: E402
 
     from masrl.config import load_config
-    from masrl.driver.loop import train
+    from masrl.driver.run.loop import train
 
     data = tiny_config("math_team_two_policies", tmp_path, steps=2)
     data["algorithm"].update({"reward_norm": "running", "whiten_advantages": True})

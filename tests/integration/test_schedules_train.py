@@ -8,7 +8,7 @@ import torch
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import train
+from masrl.driver.run.loop import train
 
 
 def test_update_every_lr_schedule_and_ema(tmp_path):

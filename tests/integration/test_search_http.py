@@ -9,7 +9,7 @@ from tinycfg import tiny_config
 
 from masrl.config import load_config
 from masrl.data.qa_tasks import ensure_world
-from masrl.driver.loop import train
+from masrl.driver.run.loop import train
 from masrl.errors import MasrlError
 from masrl.tools.retrieval import BM25Index
 from masrl.tools.retrieval.server import RetrieverServer

@@ -12,7 +12,7 @@ from openai import OpenAI
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.driver.loop import train
+from masrl.driver.run.loop import train
 
 
 def _start(cfg_path, *extra):

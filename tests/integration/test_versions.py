@@ -14,14 +14,14 @@ def test_calls_carry_their_weight_version_and_stale_calls_are_dropped(tmp_path):
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["solver"]
     rec1 = asyncio.run(tr.train_step())
-    assert {c.policy_version for t in tr._last_traces for c in t.calls} == {0}
+    assert {c.policy_version for t in tr.last_traces for c in t.calls} == {0}
     m1 = rec1["policies"]["solver"]
     assert m1["staleness_max"] == 0 and m1["stale_dropped"] == 0 and m1["staleness_0"] == m1["n_seqs"]
     # the next step's calls are sampled by version 1; a call sampled by version 0 is one update too old
-    old = next(iter(tr._last_traces)).calls[0]
+    old = next(iter(tr.last_traces)).calls[0]
     stale = dataclasses.replace(w.buffer.get(old.call_id) or _a_sample(w), call_id="stale-1", version=0, reward=1.0)
     rec2 = asyncio.run(_step_with(tr, w, stale))
-    assert {c.policy_version for t in tr._last_traces for c in t.calls} == {1}
+    assert {c.policy_version for t in tr.last_traces for c in t.calls} == {1}
     m2 = rec2["policies"]["solver"]
     assert m2["stale_dropped"] == 1 and m2["staleness_max"] == 1 and m2["staleness_1"] == 1
     assert m2["n_seqs"] == m1["n_seqs"]  # the stale call did not train

@@ -58,7 +58,7 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
 def prepared_trainer(data: dict, run_dir: Path):
     """A Trainer for ``data`` with its workers built, and each policy's weight fingerprint."""
     from masrl.config import load_config
-    from masrl.driver.loop import Trainer
+    from masrl.driver.run.loop import Trainer
 
     tr = Trainer(load_config(data=data), run_dir=run_dir)
     tr.prepare(resume=False)
@@ -72,14 +72,13 @@ def run_async(tr, updates: int, check=None) -> tuple[list[dict], list]:
     when given, runs after every update."""
     import asyncio
 
-    from masrl.driver.async_loop import AsyncRollouts, async_step
 
     async def go():
-        rollouts = AsyncRollouts(tr)
+        rollouts = tr.async_rollouts()
         recs, seen = [], []
         for _ in range(updates):
-            recs.append(await async_step(tr, rollouts))
-            seen += tr._last_traces
+            recs.append(await tr.async_step(rollouts))
+            seen += tr.last_traces
             if check is not None:
                 check(rollouts)
         await rollouts.stop()

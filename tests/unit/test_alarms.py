@@ -1,7 +1,7 @@
 """Collapse alarms, and the figures they read, worked by hand."""
 
-from masrl.driver.alarms import collapse_alarms
-from masrl.driver.metrics import distinct_n, summarize_traces, zero_variance_groups
+from masrl.driver.observe.alarms import collapse_alarms
+from masrl.driver.observe.metrics import distinct_n, summarize_traces, zero_variance_groups
 from masrl.trace import Call, Trace
 
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from masrl.driver.batcher import Batcher
+from masrl.driver.rollout.batcher import Batcher
 
 
 def test_concurrent_requests_merge_into_one_batch_and_each_caller_gets_its_own_result():

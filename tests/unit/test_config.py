@@ -5,7 +5,8 @@ import pytest
 import yaml
 
 from masrl.config import load_config
-from masrl.driver.builder import build_agents, build_allocators, build_policies, group_hosts
+from masrl.driver.builder import group_hosts
+from masrl.driver.checks import check_agents, check_policies, check_rewards
 from masrl.errors import ConfigError
 from masrl.workflows import build_workflow
 
@@ -22,11 +23,11 @@ def test_there_are_shipped_configs():
 def test_every_shipped_config_loads_and_builds(path):
     cfg = load_config(path)
     wf = build_workflow(cfg.workflow.name, cfg.workflow.options)
-    agents = build_agents(cfg, wf)
-    policies = build_policies(cfg)
+    agents = check_agents(cfg, wf)
+    policies = check_policies(cfg)
     assert set(agents) == set(cfg.agents)
     assert {a.policy for a in agents.values()} == {p.name for p in policies}
-    assert build_allocators(cfg)
+    assert check_rewards(cfg)
     hosts = group_hosts(policies)
     if any(p.is_lora for p in policies):
         assert len(hosts) == 1  # all adapters on one base held once
@@ -79,19 +80,19 @@ def test_missing_dataset_file():
 def test_model_path_that_does_not_exist():
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["model=/no/such/model"])
     with pytest.raises(ConfigError, match=r"model: model '/no/such/model' does not exist"):
-        build_policies(cfg)
+        check_policies(cfg)
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["policies.p.model=/nope"])
     with pytest.raises(ConfigError, match=r"policies.p.model: model '/nope'"):
-        build_policies(cfg)
+        check_policies(cfg)
 
 
 def test_agent_not_in_workflow_and_missing_agent():
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["agents.critic.policy=p"])
     with pytest.raises(ConfigError, match="agents.critic: workflow 'math_solver' has no agent 'critic'"):
-        build_agents(cfg, build_workflow("math_solver", {}))
+        check_agents(cfg, build_workflow("math_solver", {}))
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["workflow.name=math_team"])
     with pytest.raises(ConfigError, match="needs agent"):
-        build_agents(cfg, build_workflow("math_team", {}))
+        check_agents(cfg, build_workflow("math_team", {}))
 
 
 def test_bad_override_syntax_and_files(tmp_path):
@@ -111,7 +112,7 @@ def test_unknown_workflow_and_reward():
     assert "unknown reward type 'shaping'" in err(["rewards=[{type: shaping}]"])
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["rewards=[{type: 'no_such_module:thing'}]"])
     with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
-        build_allocators(cfg)
+        check_rewards(cfg)
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -126,7 +127,7 @@ def test_resolved_config_round_trips(tmp_path):
 def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
     cfg = load_config(data=copy.deepcopy(BASE), overrides=[f"policies.p.{key}=true", "device=cpu", "algorithm.kl_coef=0.1"])
     with pytest.raises(ConfigError, match=f"policies.p.{key}: offloading moves state off a GPU"):
-        build_policies(cfg)
+        check_policies(cfg)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -138,4 +139,4 @@ def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
 def test_data_parallel_switches_are_refused_with_the_key_and_the_fix(overrides, message):
     cfg = load_config(data=copy.deepcopy(BASE), overrides=overrides)
     with pytest.raises(ConfigError, match=message):
-        build_policies(cfg)
+        check_policies(cfg)

@@ -7,7 +7,7 @@ import pytest
 
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
-from masrl.driver.context import WorkflowContext
+from masrl.driver.rollout.context import WorkflowContext
 from masrl.rewards import CreditReward, combine
 from masrl.trace import Trace
 from masrl.workflows.debate import Debate, vote

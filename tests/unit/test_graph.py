@@ -14,8 +14,8 @@ from masrl.agents import AgentSpec
 from masrl.config import WorldConfig
 from masrl.data.qa_tasks import ensure_world, world_tasks
 from masrl.data.tasks import Task
-from masrl.driver.context import WorkflowContext
-from masrl.driver.services import Services
+from masrl.driver.rollout.context import WorkflowContext
+from masrl.driver.rollout.services import Services
 from masrl.errors import ConfigError
 from masrl.trace import Trace
 from masrl.workflows.expr import EvalError, ExprError, compile_expr, compile_template

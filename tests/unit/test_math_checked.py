@@ -7,7 +7,7 @@ import pytest
 
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
-from masrl.driver.context import WorkflowContext
+from masrl.driver.rollout.context import WorkflowContext
 from masrl.tools.base import ToolUseError, run_tool
 from masrl.tools.calculator import calculate, calculator_tool, show
 from masrl.trace import Trace

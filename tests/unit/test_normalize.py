@@ -54,7 +54,7 @@ def test_options_change_the_advantages_the_policy_trains_on():
 
 
 def test_distinct_n_by_hand():
-    from masrl.driver.metrics import distinct_n
+    from masrl.driver.observe.metrics import distinct_n
 
     texts = ["a b a", "a b c"]  # unigrams a b a a b c: 3 distinct of 6; bigrams ab ba ab bc: 3 of 4
     assert distinct_n(texts, 1) == 0.5 and distinct_n(texts, 2) == 0.75

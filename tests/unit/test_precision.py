@@ -28,27 +28,27 @@ def test_device_and_precision_settings_are_validated():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
 def test_asking_for_cuda_without_a_gpu_says_so_and_names_the_key():
-    from masrl.driver.builder import build_policies
+    from masrl.driver.checks import check_policies
 
     assert resolve_device("auto") == "cpu"
     cfg = load_config(data=copy.deepcopy(BASE), overrides=["policies.p.device=cuda:1"])
     with pytest.raises(ConfigError, match=r"policies\.p\.device: device 'cuda:1': this machine has no CUDA GPU"):
-        build_policies(cfg)
+        check_policies(cfg)
 
 
 def test_lora_policies_on_one_base_must_share_a_device(monkeypatch):
-    import masrl.driver.builder as builder
+    import masrl.driver.checks as checks
 
     data = {"policies": {"a": {"lora": {"r": 4}}, "b": {"lora": {"r": 4}, "device": "cpu"}},
             "agents": {"solver": {"policy": "a"}, "x": {"policy": "b"}}, "workflow": {"name": "math_solver"},
             "model": "tiny-random"}
     cfg = load_config(data=copy.deepcopy(data), overrides=["device=cpu"])
-    assert {p.device for p in builder.build_policies(cfg)} == {"cpu"}
+    assert {p.device for p in checks.check_policies(cfg)} == {"cpu"}
     # this machine may have no GPU: pretend one resolves, to reach the check itself
-    monkeypatch.setattr(builder, "resolve_device", lambda name: "cuda:0" if name.startswith("cuda") else name)
+    monkeypatch.setattr(checks, "resolve_device", lambda name: "cuda:0" if name.startswith("cuda") else name)
     cfg = load_config(data=copy.deepcopy(data), overrides=["device=cuda"])
     with pytest.raises(ConfigError, match="share one copy of it, so they need one device"):
-        builder.build_policies(cfg)
+        checks.check_policies(cfg)
 
 
 def test_master_weights_keep_updates_that_bf16_would_round_away():

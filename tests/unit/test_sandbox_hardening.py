@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from masrl.data.test_spec import parse_spec
 from masrl.tools import cgroups
-from masrl.tools.code_tests import parse_spec, verify
+from masrl.tools.code_tests import verify
 from masrl.tools.sandbox import Limits, SandboxUnavailable, check_isolation, isolation, run_python
 
 FAST = Limits(cpu_s=2, wall_s=6, memory_mb=256, output_bytes=10_000, max_procs=16)

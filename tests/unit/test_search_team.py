@@ -8,14 +8,12 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.config import RetrieverConfig, WorldConfig
 from masrl.data.qa_tasks import ensure_world, world_tasks
-from masrl.driver.context import WorkflowContext
-from masrl.driver.services import Services
+from masrl.driver.rollout.context import WorkflowContext
+from masrl.driver.rollout.services import Services
 from masrl.errors import InfraError
 from masrl.rewards import CreditReward, combine
 from masrl.trace import Trace
-from masrl.workflows.search_team import (
-    SearchAgent,
-    SearchTeam,
+from masrl.workflows.search_roles import (
     parse_agent,
     parse_evidence,
     parse_plan,
@@ -23,6 +21,7 @@ from masrl.workflows.search_team import (
     parse_subquestion,
     split_subquestions,
 )
+from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 
 def test_parsers_on_good_and_broken_outputs():

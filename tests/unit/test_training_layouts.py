@@ -141,6 +141,9 @@ def test_an_advantage_estimator_from_config(host, tmp_path):
     rewards = [s.reward for s in samples]
     mean = sum(rewards) / len(rewards)
     assert [s.advantage for s in samples] == pytest.approx([2.0 * (r - mean) for r in rewards])
-    with pytest.raises(ConfigError, match="unknown advantage estimator 'grpoo'"):
-        load_config(data={"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"},
-                          "algorithm": {"advantage": "grpoo"}})
+    from masrl.driver.checks import check_run
+
+    cfg = load_config(data={"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"},
+                            "algorithm": {"advantage": "grpoo"}, "model": "tiny-random"})
+    with pytest.raises(ConfigError, match="algorithm.advantage: unknown advantage estimator 'grpoo'"):
+        check_run(cfg)  # the one validation step, before any model loads

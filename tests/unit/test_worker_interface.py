@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from masrl.config import EngineConfig
-from masrl.driver.hosts import RankedHost, RemoteHost
+from masrl.driver.placement.hosts import RankedHost, RemoteHost
 from masrl.errors import MasrlError
 from masrl.policies import PolicySpec
 from masrl.worker.endpoint import EndpointHost
@@ -96,8 +96,9 @@ def test_an_endpoint_host_answers_the_whole_interface():
 
 
 def test_the_driver_side_imports_no_torch():
-    code = ("import sys; import masrl.driver.controller, masrl.driver.loop, masrl.driver.builder, "
-            "masrl.driver.hosts, masrl.worker.interface; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
+    code = ("import sys; import masrl.driver.rollout.controller, masrl.driver.run.loop, masrl.driver.builder, "
+            "masrl.driver.placement.hosts, masrl.worker.interface; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

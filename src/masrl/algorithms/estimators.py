@@ -25,8 +25,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from masrl.config.loading import load_object
 from masrl.errors import ConfigError
-from masrl.loading import load_object
 
 if TYPE_CHECKING:
     import torch

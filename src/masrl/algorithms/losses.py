@@ -49,11 +49,6 @@ def importance_weights(old: torch.Tensor, rollout: torch.Tensor, cap: torch.Tens
     return weights, kept
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, *,
                clip: float | None = 0.2) -> torch.Tensor:
     """Per-token PPO value loss, ``0.5 * max((v - R)^2, (v_clipped - R)^2)``."""

@@ -13,7 +13,7 @@ import string
 from typing import Callable
 
 from masrl.data.tasks import Task
-from masrl.tools.code_tests import TestSpec
+from masrl.data.test_spec import TestSpec
 
 Family = tuple[str, str, Callable[..., object], Callable[[random.Random], list]]  # fn, text, reference, args
 

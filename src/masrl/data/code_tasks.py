@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 from masrl.data import fields
-from masrl.data.loader import read_rows, source_meta, task_id, where_of
+from masrl.data.loader import read_rows, source_meta, task_id, tasks_from_rows, where_of
 from masrl.data.tasks import Task
+from masrl.data.test_spec import TestSpec, parse_spec
 from masrl.errors import DataError
-from masrl.tools.code_tests import TestSpec, parse_spec
 
 
 def humaneval_path() -> Path:
@@ -49,37 +49,33 @@ def humaneval_program(task: Task, completion: str) -> str:
 
 
 def load_code_tasks(path: str | Path, n: int | None = None) -> list[Task]:
-    """Code tasks from JSONL/Parquet, flat or verl's layout.
+    return tasks_from_rows(read_rows(path), path, code_task, n)
+
+
+def code_task(row: dict, origin: str | Path, i: int) -> Task:
+    """A code row, flat or verl's layout.
 
     Fields: the problem as ``fields.QUESTION``; tests as ``fields.TESTS`` (a spec object, a list of
     cases, APPS' ``{"inputs", "outputs"[, "fn_name"]}``, or any of these as a JSON string); optional
     starter_code | extra_info.starter_code, fn_name (copied into a call spec that lacks it), an id.
     """
-    rows = read_rows(path)
-    tasks = []
-    for i, row in enumerate(rows):
-        where = where_of(path, row, i)
-        _, problem = fields.question_of(row)
-        if problem is None:
-            raise DataError(f"{where}: no problem statement; give one of the fields {', '.join(fields.QUESTION)}")
-        field, raw = fields.first(row, fields.TESTS)
-        if raw is None:
-            raise DataError(f"{where}: no tests; give one of the fields {', '.join(fields.TESTS)}")
-        try:
-            raw = fields.tests_value(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: field '{field}' is not valid JSON ({exc.msg})") from None
-        _, fn_name = fields.first(row, fields.FN_NAME)
-        if isinstance(raw, dict) and raw.get("kind") == "call" and not raw.get("fn_name") and fn_name:
-            raw = {**raw, "fn_name": fn_name}
-        if isinstance(raw, list) and fn_name and raw and isinstance(raw[0], dict) and "expected" in raw[0]:
-            raw = {"kind": "call", "fn_name": fn_name, "cases": raw}
-        spec = parse_spec(raw, where=f"{where}: field '{field}'")
-        _, starter = fields.first(row, fields.STARTER)
-        meta = {"starter_code": starter or "", "fn_name": fn_name or spec.fn_name, **source_meta(row)}
-        tasks.append(Task(task_id(row, path, i), str(problem), spec, meta))
-        if n is not None and len(tasks) >= n:
-            break
-    if not tasks:
-        raise DataError(f"dataset file '{path}' has no rows")
-    return tasks
+    where = where_of(origin, row, i)
+    _, problem = fields.question_of(row)
+    if problem is None:
+        raise DataError(f"{where}: no problem statement; give one of the fields {', '.join(fields.QUESTION)}")
+    field, raw = fields.first(row, fields.TESTS)
+    if raw is None:
+        raise DataError(f"{where}: no tests; give one of the fields {', '.join(fields.TESTS)}")
+    try:
+        raw = fields.tests_value(raw)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: field '{field}' is not valid JSON ({exc.msg})") from None
+    _, fn_name = fields.first(row, fields.FN_NAME)
+    if isinstance(raw, dict) and raw.get("kind") == "call" and not raw.get("fn_name") and fn_name:
+        raw = {**raw, "fn_name": fn_name}
+    if isinstance(raw, list) and fn_name and raw and isinstance(raw[0], dict) and "expected" in raw[0]:
+        raw = {"kind": "call", "fn_name": fn_name, "cases": raw}
+    spec = parse_spec(raw, where=f"{where}: field '{field}'")
+    _, starter = fields.first(row, fields.STARTER)
+    meta = {"starter_code": starter or "", "fn_name": fn_name or spec.fn_name, **source_meta(row)}
+    return Task(task_id(row, origin, i), str(problem), spec, meta)

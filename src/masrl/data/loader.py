@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from masrl.data import fields
 from masrl.data.answers import extract_gold
 from masrl.data.tasks import Task
 from masrl.errors import DataError
+
+RowTask = Callable[[dict, Any, int], Task]  # (row, where it came from, its index) -> Task
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
@@ -76,22 +78,32 @@ def gold_of(value: Any):
     return extract_gold(str(value))
 
 
-def load_math_tasks(path: str | Path, n: int | None = None) -> list[Task]:
-    rows = read_rows(path)
+def tasks_from_rows(rows: Iterable[dict], origin: str | Path, row_task: RowTask, n: int | None = None) -> list[Task]:
+    """The one row loop of every task source: each row read by ``row_task`` (which names the row
+    and the fix when it cannot), the first ``n`` kept; a source with no rows is an error."""
     tasks = []
     for i, row in enumerate(rows):
-        where = where_of(path, row, i)
-        qkey, q = fields.question_of(row)
-        akey, a = fields.first(row, fields.ANSWER)
-        if q is None:
-            raise DataError(f"{where}: no question; give one of the fields {', '.join(fields.QUESTION)}")
-        if a is None:
-            raise DataError(f"{where}: no answer; give one of the fields {', '.join(fields.ANSWER)}")
-        meta = {k: v for k, v in row.items() if k not in (qkey, akey, "__line__") and "." not in str(k)}
-        meta.update(source_meta(row))
-        tasks.append(Task(id=task_id(row, path, i), question=str(q), answer=gold_of(a), meta=meta))
+        tasks.append(row_task(row, origin, i))
         if n is not None and len(tasks) >= n:
             break
     if not tasks:
-        raise DataError(f"dataset file '{path}' has no rows")
+        raise DataError(f"{origin}: no rows (a dataset file with no lines, or a source that returned none)")
     return tasks
+
+
+def math_task(row: dict, origin: str | Path, i: int) -> Task:
+    """A math row: a question and a gold answer (any of the ``fields`` aliases)."""
+    where = where_of(origin, row, i)
+    qkey, q = fields.question_of(row)
+    akey, a = fields.first(row, fields.ANSWER)
+    if q is None:
+        raise DataError(f"{where}: no question; give one of the fields {', '.join(fields.QUESTION)}")
+    if a is None:
+        raise DataError(f"{where}: no answer; give one of the fields {', '.join(fields.ANSWER)}")
+    meta = {k: v for k, v in row.items() if k not in (qkey, akey, "__line__") and "." not in str(k)}
+    meta.update(source_meta(row))
+    return Task(id=task_id(row, origin, i), question=str(q), answer=gold_of(a), meta=meta)
+
+
+def load_math_tasks(path: str | Path, n: int | None = None) -> list[Task]:
+    return tasks_from_rows(read_rows(path), path, math_task, n)

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from masrl.data import fields
-from masrl.data.loader import read_rows, source_meta, task_id, where_of
+from masrl.data.loader import read_rows, source_meta, task_id, tasks_from_rows, where_of
 from masrl.data.tasks import Task
 from masrl.errors import DataError
 
@@ -101,7 +101,7 @@ def _supporting(value) -> list[str]:
     return out
 
 
-def _qa_task(path: str | Path, row: dict, i: int) -> Task:
+def qa_task(row: dict, path: str | Path, i: int) -> Task:
     """One QA row as a task; a bad row is a DataError naming the file, the row and the fix."""
     where = where_of(path, row, i)
     qkey, q = fields.question_of(row)
@@ -127,12 +127,4 @@ def _qa_task(path: str | Path, row: dict, i: int) -> Task:
 
 
 def load_qa_tasks(path: str | Path, n: int | None = None) -> list[Task]:
-    rows = read_rows(path)
-    tasks = []
-    for i, row in enumerate(rows):
-        tasks.append(_qa_task(path, row, i))
-        if n is not None and len(tasks) >= n:
-            break
-    if not tasks:
-        raise DataError(f"dataset file '{path}' has no rows")
-    return tasks
+    return tasks_from_rows(read_rows(path), path, qa_task, n)

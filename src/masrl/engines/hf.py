@@ -5,8 +5,8 @@ Every row carries its own sampling parameters and, on a PEFT model, its own LoRA
 Rows that finish (EOS, a stop string, their own token limit) are dropped from the KV cache once
 half the batch has finished, so a few long answers do not keep paying for the whole batch.
 
-Llama-family models run through ``LlamaDecoder`` (in-place KV cache; see its docstring); any
-other architecture runs the model's own forward with a ``DynamicCache``.
+Llama-family models run through the lean forward (``modeling.lean.LlamaForward``: an in-place KV
+cache); any other architecture runs the model's own forward with a ``DynamicCache``.
 """
 
 from __future__ import annotations

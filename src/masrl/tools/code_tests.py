@@ -1,10 +1,4 @@
-"""Test specs for programs and the verifier that runs them in the sandbox.
-
-Three formats, as plain dicts (what a JSONL row holds):
-
-  {"kind": "stdio",  "cases": [{"input": "1 2\\n", "output": "3\\n"}, ...], "checker": "lines"}
-  {"kind": "call",   "fn_name": "add", "cases": [{"args": [1, 2], "expected": 3}, ...]}
-  {"kind": "assert", "test": "def check(candidate): assert candidate(1, 2) == 3", "entry_point": "add"}
+"""The verifier that runs a program against its task's test spec (``data.test_spec``) in the sandbox.
 
 stdio and call cases of one program run in one process (the harness re-runs the program per
 case with a per-case timer), so a step does not pay a process start per case. Verdicts per case:
@@ -19,22 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from masrl.errors import DataError
-from masrl.tools.checkers import CHECKERS
+from masrl.data.checkers import CHECKERS
+from masrl.data.test_spec import TestSpec
 from masrl.tools.sandbox import Limits, RunResult, Sandbox, run_python
 
 OK, WA, TLE, RE, MLE, CE, OLE = "OK", "WA", "TLE", "RE", "MLE", "CE", "OLE"
 _FROM_STATUS = {"timeout": TLE, "memory": MLE, "output_limit": OLE, "compile_error": CE, "runtime_error": RE}
-
-
-@dataclass(frozen=True)
-class TestSpec:
-    kind: str  # stdio | call | assert
-    cases: tuple = ()
-    checker: str = "lines"
-    fn_name: str | None = None
-    test: str | None = None
-    entry_point: str | None = None
 
 
 @dataclass
@@ -55,62 +39,6 @@ class TestReport:
     @property
     def verdicts(self) -> list[str]:
         return [c.verdict for c in self.cases]
-
-
-def parse_spec(raw: Any, *, where: str = "tests") -> TestSpec:
-    """Validate a test spec (dict or JSON string); errors name ``where`` and the field."""
-    raw = _spec_object(raw, where)
-    kind = raw.get("kind")
-    if kind not in ("stdio", "call", "assert"):
-        raise DataError(f"{where}.kind: must be 'stdio', 'call' or 'assert', got {kind!r}")
-    if kind == "assert":
-        test, entry = raw.get("test"), raw.get("entry_point")
-        if not isinstance(test, str) or not test.strip():
-            raise DataError(f"{where}.test: an assert spec needs test code defining check(candidate)")
-        if not isinstance(entry, str) or not entry:
-            raise DataError(f"{where}.entry_point: an assert spec needs the function name to check")
-        return TestSpec("assert", test=test, entry_point=entry)
-    cases = raw.get("cases")
-    if not isinstance(cases, list) or not cases:
-        raise DataError(f"{where}.cases: must be a non-empty list")
-    checker = raw.get("checker", "lines")
-    if checker not in CHECKERS:
-        raise DataError(f"{where}.checker: unknown checker {checker!r}; use one of {', '.join(CHECKERS)}")
-    for i, c in enumerate(cases):
-        _check_case(c, kind, f"{where}.cases[{i}]")
-    fn = raw.get("fn_name")
-    if kind == "call" and (not isinstance(fn, str) or not fn):
-        raise DataError(f"{where}.fn_name: a call spec needs the function name")
-    return TestSpec(kind, tuple(cases), checker, fn)
-
-
-def _spec_object(raw: Any, where: str) -> dict:
-    """A spec as a dict: JSON text parsed; a bare list of cases is stdio when they have outputs,
-    else call."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-    if isinstance(raw, list):
-        kind = "stdio" if raw and isinstance(raw[0], dict) and "output" in raw[0] else "call"
-        raw = {"kind": kind, "cases": raw}
-    if not isinstance(raw, dict):
-        raise DataError(f"{where}: expected an object with 'kind', got {type(raw).__name__}")
-    return raw
-
-
-def _check_case(c: Any, kind: str, where: str) -> None:
-    if not isinstance(c, dict):
-        raise DataError(f"{where}: must be an object")
-    if kind == "stdio" and not isinstance(c.get("output"), str):
-        raise DataError(f"{where}.output: a stdio case needs the expected output as a string")
-    if kind == "stdio" and not isinstance(c.get("input", ""), str):
-        raise DataError(f"{where}.input: must be a string")
-    if kind == "call" and "expected" not in c:
-        raise DataError(f"{where}.expected: a call case needs the expected return value")
-    if kind == "call" and not isinstance(c.get("args", []), list):
-        raise DataError(f"{where}.args: must be a list of positional arguments")
 
 
 def _normalise(v: Any) -> Any:

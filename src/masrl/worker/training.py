@@ -104,7 +104,7 @@ def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, w
     The output head runs only on completion positions. With gradients it runs over the whole
     micro-batch at once (``micro_batch_tokens`` bounds its memory); without, in chunks. Unless the
     loss needs it (``want_entropy``), entropy is measured on an even sample of ``ENTROPY_ROWS``
-    tokens: ``entropy`` is then NaN on the others (``entropy_mask`` says which have it).
+    tokens: ``entropy`` is then NaN on the others (``torch.isnan`` tells which were measured).
     """
     hidden = suffix_hidden(host, module, batch, checkpoint)
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.select)  # [N, H]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from masrl.config.loading import load_object
 from masrl.errors import ConfigError
-from masrl.loading import load_object
 from masrl.workflows.code_team import CodeSolver, CodeTeam
 from masrl.workflows.debate import Debate
 from masrl.workflows.env import EnvWorkflow

@@ -1,15 +1,35 @@
-"""The Workflow protocol: control flow over agents and tools."""
+"""What a workflow is (``Workflow``) and what it sees while it runs (``Context``).
+
+The driver's ``WorkflowContext`` implements ``Context``; a workflow depends on this protocol only,
+so workflows sit below the driver that runs them.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Any, Protocol
 
 from masrl.agents import AgentRole
 from masrl.data.tasks import Task
-from masrl.trace import Trace
+from masrl.tools.base import ToolResult
+from masrl.trace import Call, Trace
 
-if TYPE_CHECKING:
-    from masrl.driver.context import WorkflowContext
+
+class Context(Protocol):
+    """One episode's view of the run: its trace, its agents and tools, and where it records its end."""
+
+    trace: Trace
+    state: dict[str, Any]
+    train: bool
+
+    async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
+                   tools: list[str] | None = None, tool_specs: list[dict] | None = None,
+                   limit: dict | None = None, extends: str | None = None) -> Call: ...
+
+    async def tool(self, name: str, **args: Any) -> ToolResult: ...
+
+    async def model_tool(self, name: str, args: dict) -> ToolResult: ...
+
+    def finish(self, answer: Any = None, **state: Any) -> None: ...
 
 
 class Workflow(Protocol):
@@ -17,13 +37,14 @@ class Workflow(Protocol):
 
     ``run`` calls ``await ctx.call(agent, messages)`` and ``await ctx.tool(name, **args)`` and
     ends with ``ctx.finish(answer)``. ``score`` returns metrics for the trace; the key
-    ``outcome`` (a float, usually 0 or 1) is what the outcome reward pays.
+    ``outcome`` (a float, usually 0 or 1) is what the outcome reward pays. A workflow with tools
+    (or one that needs the run's back-ends) also defines ``tools(services) -> {name: Tool}``.
     """
 
     name: str
 
     def roles(self) -> dict[str, AgentRole]: ...
 
-    async def run(self, task: Task, ctx: "WorkflowContext") -> None: ...
+    async def run(self, task: Task, ctx: Context) -> None: ...
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]: ...

@@ -19,8 +19,8 @@ from masrl.agents import AgentRole
 from masrl.data.answers import answer_score, answers_equivalent, to_number
 from masrl.data.tasks import Task
 from masrl.trace import Trace
-from masrl.workflows import math_prompts as P
-from masrl.workflows.math_team import parse_solver
+from masrl.workflows import math_roles as P
+from masrl.workflows.math_roles import parse_solver
 
 REVISE_SYSTEM = (
     "You solve math word problems. Other students' answers are shown; check them, then write your own "

@@ -25,7 +25,7 @@ class EnvWorkflow:
         if env in REGISTRY:
             self.factory = REGISTRY[env]
         else:
-            from masrl.loading import load_object
+            from masrl.config.loading import load_object
 
             self.factory = load_object(env, "workflow.options.env")
         self.options, self.max_steps = options, max_steps

@@ -34,7 +34,7 @@ def _docs(docs) -> str:
 
 
 def _numbered(items) -> str:
-    from masrl.workflows.search_team import numbered
+    from masrl.workflows.prompting import numbered
 
     return numbered(["" if x is None else str(x) for x in items or []])
 

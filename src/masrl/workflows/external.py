@@ -1,6 +1,7 @@
 """Train an agent team written outside masrl, unchanged: ``workflow: {name: external, ...}``.
 
-For each task sample masrl opens an episode on its OpenAI-compatible gateway (``driver.gateway``)
+For each task sample masrl opens an episode on its OpenAI-compatible gateway (``driver.serving.gateway``,
+handed to this workflow by the run's services)
 and hands the episode's base URL to your program, which talks to it as to any OpenAI server:
 
 - ``agent: "pkg.module:run"``: masrl calls ``run(task, base_url)`` (sync, in a thread, or async),
@@ -31,10 +32,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from masrl.agents import AgentRole
+from masrl.config.loading import load_object
 from masrl.data.answers import answers_equivalent
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, InfraError
-from masrl.loading import load_object
 from masrl.parsing import ParseResult
 from masrl.trace import Trace
 
@@ -72,6 +73,7 @@ class External:
         self.scorer = load_object(score, "workflow.options.score") if ":" in score else score
         self.timeout_s, self.max_new_tokens, self.api_key, self.port = timeout_s, max_new_tokens, api_key, port
         self._gateway = self._gateway_loop = None  # a task that starts the gateway, and its loop
+        self._new_gateway = None  # the run's gateway factory (services.gateway), given by tools()
         self._pool: ThreadPoolExecutor | None = None  # for a synchronous agent function
 
     def roles(self) -> dict[str, AgentRole]:
@@ -87,10 +89,16 @@ class External:
             self._gateway = asyncio.ensure_future(self._start_gateway())
         return await asyncio.shield(self._gateway)
 
-    async def _start_gateway(self):
-        from masrl.driver.gateway import Gateway
+    def tools(self, services) -> dict:
+        """No tools for the model; the run's services give the gateway the outside program talks to."""
+        self._new_gateway = services.gateway
+        return {}
 
-        gw = Gateway(port=self.port, api_key=self.api_key)
+    async def _start_gateway(self):
+        if self._new_gateway is None:
+            raise RuntimeError("the external workflow runs inside a masrl run: its gateway comes from the run's "
+                               "services (workflow.tools(services) was not called)")
+        gw = self._new_gateway(port=self.port, api_key=self.api_key)
         await gw.start()
         return gw
 

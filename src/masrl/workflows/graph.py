@@ -44,13 +44,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from masrl.agents import AgentRole
-from masrl.config_errors import format_validation_error
+from masrl.config.explain import format_validation_error
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_json_key, parse_tags
 from masrl.trace import Trace
 from masrl.workflows.expr import FUNCTIONS, Expr, ExprError, compile_expr, compile_template
-from masrl.workflows.math_prompts import few_shot
+from masrl.workflows.prompting import few_shot
 
 
 class _Strict(BaseModel):
@@ -124,11 +124,11 @@ def tool_factory(name: str):
 
         return lambda services: search_tools(services)[name]
     if name == "run_tests":
-        from masrl.workflows.code_team import code_tools
+        from masrl.workflows.code_roles import code_tools
 
         return lambda services: code_tools(services)["run_tests"]
     if ":" in name:
-        from masrl.loading import load_object
+        from masrl.config.loading import load_object
 
         return load_object(name, "graph tool")
     raise ConfigError(f"graph tool '{name}' is unknown; use search, search_many, run_tests or 'module:factory'")
@@ -270,7 +270,7 @@ class Graph:
             return lambda trace, task: {"outcome": float(trace.final_answer is not None and answers_equivalent(
                 str(trace.final_answer), task.answer))}
         if ":" in name:
-            from masrl.loading import load_object
+            from masrl.config.loading import load_object
 
             return load_object(name, "graph score")
         raise ConfigError(f"{self.where}: score '{name}' is unknown; use qa, math or 'module:function'")

@@ -27,8 +27,8 @@ from masrl.parsing import TagSpec, nonempty, parse_tags
 from masrl.tools.base import Tool
 from masrl.tools.calculator import calculator_tool
 from masrl.trace import Trace
-from masrl.workflows import math_prompts as P
-from masrl.workflows.math_team import parse_finalizer, parse_solver
+from masrl.workflows import math_roles as P
+from masrl.workflows.math_roles import parse_finalizer, parse_solver
 
 CHECKER_SYSTEM = ("You turn a math word problem into one arithmetic expression that a calculator computes. "
                   "Write only the expression in <expr></expr>.")

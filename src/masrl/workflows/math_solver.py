@@ -13,8 +13,8 @@ from masrl.data.tasks import Task
 from masrl.tools.base import Tool
 from masrl.tools.calculator import calculator_tool
 from masrl.trace import Trace
-from masrl.workflows import math_prompts as P
-from masrl.workflows.math_team import parse_solver
+from masrl.workflows import math_roles as P
+from masrl.workflows.math_roles import parse_solver
 
 
 class MathSolver:

@@ -26,31 +26,14 @@ from __future__ import annotations
 from masrl.agents import AgentRole
 from masrl.data.answers import answer_score, answers_equivalent, to_number
 from masrl.data.tasks import Task
-from masrl.parsing import TagSpec, is_number, one_of, parse_tags
 from masrl.trace import Trace
-from masrl.workflows import math_prompts as P
-
-SOLVER_TAGS = [TagSpec("solution"), TagSpec("answer", is_number)]
-VERIFIER_TAGS = [TagSpec("status", one_of("correct", "incorrect", "uncertain")), TagSpec("feedback")]
-REFINER_TAGS = [TagSpec("solution")]
-FINALIZER_TAGS = [TagSpec("answer", is_number)]
-
-
-def parse_solver(text: str):
-    return parse_tags(text, SOLVER_TAGS)
-
-
-def parse_verifier(text: str):
-    return parse_tags(text, VERIFIER_TAGS)
-
-
-def parse_refiner(text: str):
-    return parse_tags(text, REFINER_TAGS)
-
-
-def parse_finalizer(text: str):
-    return parse_tags(text, FINALIZER_TAGS)
-
+from masrl.workflows import math_roles as P
+from masrl.workflows.math_roles import (
+    parse_finalizer,
+    parse_refiner,
+    parse_solver,
+    parse_verifier,
+)
 
 
 def verdict_credit(status: str, solver_correct: float) -> float:

@@ -27,15 +27,14 @@ from masrl.parsing import ParseResult, parse_json_key
 from masrl.tools.base import Tool
 from masrl.tools.search import search_tools, show_docs
 from masrl.trace import Trace
-from masrl.workflows.math_prompts import few_shot
-from masrl.workflows.search_team import (
+from masrl.workflows.prompting import few_shot, numbered
+from masrl.workflows.search_roles import (
     Q1,
     Q2,
     SUMMARIZER_EXAMPLES,
     SUMMARIZER_SYSTEM,
-    _mentions,
     f1_of,
-    numbered,
+    mentions,
     parse_answer,
     parse_evidence,
 )
@@ -92,8 +91,8 @@ class RAG:
                                                   f"Question: {q}\nNotes: {numbered(evidence)}"))
         found = {str(d.get("id")) for docs in results for d in docs}
         supporting = set(task.meta.get("supporting") or ())
-        grounded = [float(_mentions(e, task.answer)) for e, docs in zip(evidence, results)
-                    if _mentions(" ".join(str(d.get("contents", "")) for d in docs), task.answer)]
+        grounded = [float(mentions(e, task.answer)) for e, docs in zip(evidence, results)
+                    if mentions(" ".join(str(d.get("contents", "")) for d in docs), task.answer)]
         ctx.finish(ans.parsed.get("answer"), hit=len(found & supporting) / len(supporting) if supporting else None,
                    grounded=grounded)
 

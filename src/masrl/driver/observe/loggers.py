@@ -143,7 +143,7 @@ def build_loggers(cfg, run_dir: Path) -> Loggers:
         elif name == "wandb":
             out.append(WandbLogger(run_dir, cfg))
         else:
-            from masrl.loading import load_object
+            from masrl.config.loading import load_object
 
             factory = load_object(name, f"train.loggers.{i}")
             logger = factory(run_dir, cfg)

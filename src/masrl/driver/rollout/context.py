@@ -42,6 +42,9 @@ class Branch:
 
 
 class WorkflowContext:
+    """One episode's context (``workflows.base.Context``): its calls go through ``submit`` to the
+    batchers, its tools run off the event loop, and both are recorded on the trace."""
+
     def __init__(
         self,
         trace: Trace,

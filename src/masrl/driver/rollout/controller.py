@@ -15,18 +15,19 @@ from typing import Callable
 from masrl.agents import AgentSpec
 from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
-from masrl.driver.batcher import Batcher
-from masrl.driver.context import Branch, WorkflowContext
+from masrl.driver.rollout.batcher import Batcher
+from masrl.driver.rollout.context import Branch, WorkflowContext
 from masrl.errors import InfraError, WorkflowBug
 from masrl.messages import GenCall
 from masrl.rewards import combine
 from masrl.seeding import stable_seed
 from masrl.trace import Trace, new_id
 from masrl.worker.interface import PolicyHost
+from masrl.workflows.base import Workflow
 
 
 class Controller:
-    def __init__(self, workflow, agents: dict[str, AgentSpec], workers: list[PolicyHost], batchers: list[Batcher],
+    def __init__(self, workflow: Workflow, agents: dict[str, AgentSpec], workers: list[PolicyHost], batchers: list[Batcher],
                  allocators: list, settings: RolloutConfig, tools: dict[str, Callable] | None = None):
         self.workflow = workflow
         self.agents = agents
@@ -41,13 +42,16 @@ class Controller:
             for p in w.policy_names:
                 self.worker_of[p] = i
 
-    async def _submit(self, agent: str, gen: GenCall):
+    async def submit(self, agent: str, gen: GenCall):
+        """One call to the batcher of the host serving ``gen.policy`` (what a context's ``call`` ends in)."""
         return await self.batchers[self.worker_of[gen.policy]].submit(gen)
 
-    async def _run_one(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem,
-                       seed: int | None = None, branch: Branch | None = None) -> Trace:
+    async def run_episode(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem,
+                          seed: int | None = None, branch: Branch | None = None) -> Trace:
+        """One workflow run of ``task`` (sample ``sample_idx``) under ``sem``, scored; an infrastructure
+        failure is recorded on the trace, a bug raises ``WorkflowBug``."""
         trace = Trace(trace_id=new_id("trace"), task_id=task.id, sample_idx=sample_idx)
-        ctx = WorkflowContext(trace, self.agents, self._submit, train=train, call_timeout_s=self.settings.call_timeout_s,
+        ctx = WorkflowContext(trace, self.agents, self.submit, train=train, call_timeout_s=self.settings.call_timeout_s,
                               tools=self.tools, temperature=temperature,
                               seed=None if seed is None else stable_seed(seed, task.id, sample_idx), branch=branch)
         async with sem:
@@ -71,7 +75,7 @@ class Controller:
 
     async def run_branch(self, task: Task, trace: Trace, at: int, alt: int, sem, seed: int | None) -> Trace:
         """``trace`` re-run from its call ``at`` with alternative ``alt`` of that call (nothing trains)."""
-        return await self._run_one(task, trace.sample_idx, False, None, sem, seed,
+        return await self.run_episode(task, trace.sample_idx, False, None, sem, seed,
                                    branch=Branch(tuple(trace.calls), at, alt))
 
     async def rollout(self, tasks: list[Task], samples_per_task: int, *, train: bool,
@@ -81,7 +85,7 @@ class Controller:
         the sample, the agent and the turn, so the same seed gives the same tokens however the
         calls are batched (None: the engines' own generators)."""
         sem = asyncio.Semaphore(self.settings.max_in_flight)
-        jobs = [asyncio.ensure_future(self._run_one(t, k, train, temperature, sem, seed))
+        jobs = [asyncio.ensure_future(self.run_episode(t, k, train, temperature, sem, seed))
                 for t in tasks for k in range(samples_per_task)]
         traces = []
         try:

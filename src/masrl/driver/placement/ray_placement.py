@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from masrl.driver.hosts import RankedHost, RemoteHost
+from masrl.driver.placement.hosts import RankedHost, RemoteHost
 from masrl.errors import ConfigError
 from masrl.policies import PolicySpec
 from masrl.worker.interface import PolicyHost

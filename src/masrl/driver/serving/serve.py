@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 from masrl.config import RunConfig
-from masrl.driver import checkpoints as ckpt
 from masrl.driver.builder import build_runtime
-from masrl.driver.context import WorkflowContext
-from masrl.driver.gateway import Gateway
+from masrl.driver.rollout.context import WorkflowContext
+from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.serving.gateway import Gateway
 from masrl.errors import ConfigError
 from masrl.trace import Trace, new_id
 
@@ -43,7 +43,7 @@ def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0
 async def _serve(rt, cfg: RunConfig, host: str, port: int, key: str | None, log, ready) -> None:
     def context():
         trace = Trace(trace_id=new_id("serve"), task_id="serve", sample_idx=0)
-        return WorkflowContext(trace, rt.agents, rt.controller._submit, train=False,
+        return WorkflowContext(trace, rt.agents, rt.controller.submit, train=False,
                                call_timeout_s=cfg.rollout.call_timeout_s)
 
     gw = Gateway(host=host, port=port, api_key=key, free_context=context)

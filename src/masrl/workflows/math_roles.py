@@ -1,4 +1,6 @@
-"""Prompts for the math workflows: a short system prompt plus two worked example turns.
+"""The math roles' prompts and parsers, shared by the math team, the solver, the checked team and debate.
+
+Prompts: a short system prompt plus two worked example turns.
 
 A 135M model follows a tag format only when shown one: with an instruction alone, or with an
 example inside the system prompt, SmolLM2-135M-Instruct gave 0/32 outputs in the asked format;
@@ -7,6 +9,8 @@ two example turns, kept short because every prompt token is paid again in the up
 """
 
 from __future__ import annotations
+
+from masrl.parsing import TagSpec, is_number, one_of, parse_tags
 
 SOLVER_SYSTEM = (
     "You solve math word problems. Write the calculation in <solution></solution> "
@@ -46,9 +50,23 @@ FINALIZER_EXAMPLES = [
 ]
 
 
-def few_shot(system: str, examples: list[tuple[str, str]], user: str) -> list[dict[str, str]]:
-    msgs = [{"role": "system", "content": system}]
-    for q, a in examples:
-        msgs += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-    msgs.append({"role": "user", "content": user})
-    return msgs
+SOLVER_TAGS = [TagSpec("solution"), TagSpec("answer", is_number)]
+VERIFIER_TAGS = [TagSpec("status", one_of("correct", "incorrect", "uncertain")), TagSpec("feedback")]
+REFINER_TAGS = [TagSpec("solution")]
+FINALIZER_TAGS = [TagSpec("answer", is_number)]
+
+
+def parse_solver(text: str):
+    return parse_tags(text, SOLVER_TAGS)
+
+
+def parse_verifier(text: str):
+    return parse_tags(text, VERIFIER_TAGS)
+
+
+def parse_refiner(text: str):
+    return parse_tags(text, REFINER_TAGS)
+
+
+def parse_finalizer(text: str):
+    return parse_tags(text, FINALIZER_TAGS)

@@ -33,7 +33,7 @@ def _train(args) -> int:
     import signal
 
     from masrl.config import load_config
-    from masrl.driver.loop import train
+    from masrl.driver.run.loop import train
 
     cfg = load_config(args.config, args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler())
@@ -48,7 +48,7 @@ def _train(args) -> int:
 
 def _eval(args) -> int:
     from masrl.config import load_config
-    from masrl.driver.loop import evaluate
+    from masrl.driver.run.loop import evaluate
 
     cfg = load_config(args.config, args.overrides)
     evaluate(cfg, checkpoint=args.checkpoint)
@@ -56,7 +56,7 @@ def _eval(args) -> int:
 
 
 def _report(args) -> int:
-    from masrl.report import build_report
+    from masrl.cli.report import build_report
 
     path = build_report(args.run_dir, args.out, max_steps=args.max_steps, max_chars=args.max_chars)
     print(f"[masrl] wrote {path} (open it in a browser)")
@@ -67,7 +67,7 @@ def _serve(args) -> int:
     import signal
 
     from masrl.config import load_config
-    from masrl.driver.serve import serve
+    from masrl.driver.serving.serve import serve
 
     cfg = load_config(args.config, args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler(5.0))
@@ -79,7 +79,7 @@ def _serve(args) -> int:
 
 
 def _compare(args) -> int:
-    from masrl.compare import build_compare
+    from masrl.cli.compare import build_compare
 
     path = build_compare(args.run_dirs, args.out)
     print(f"[masrl] wrote {path} (open it in a browser)")
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default="compare.html")
     c.set_defaults(fn=_compare)
-    from masrl import cli_tools
+    from masrl.cli import tools as cli_tools
 
     cli_tools.add_commands(sub)
     return p
@@ -155,6 +155,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

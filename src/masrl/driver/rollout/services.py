@@ -1,5 +1,5 @@
-"""What workflows' tools are built on: the code verifier (sandbox) and the retriever, made once
-per run from config.
+"""What workflows' tools are built on: the code verifier (sandbox), the retriever and the
+OpenAI-compatible gateway, made once per run from config.
 
 A workflow that has tools defines ``tools(services) -> {name: Tool}``; it asks ``services`` for
 what it needs, so the sandbox is set up (and its isolation checked against ``sandbox.require``)
@@ -61,3 +61,10 @@ class Services:
                     corpus = str(ensure_world(w.docs, w.seed, w.dir) / "corpus.jsonl")
                 self._retriever = LocalRetriever(corpus)
         return self._retriever
+
+    def gateway(self, *, port: int = 0, api_key: str | None = None, host: str = "127.0.0.1"):
+        """A new OpenAI-compatible gateway (not started) for a workflow whose agents live in an outside
+        program (``external``); the workflow starts and stops it."""
+        from masrl.driver.serving.gateway import Gateway
+
+        return Gateway(host=host, port=port, api_key=api_key)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import time
 from pathlib import Path
 
@@ -14,29 +13,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from masrl.config import RunConfig, dump_config
+from masrl.data.sources import build_tasks
 from masrl.data.tasks import Task
-from masrl.driver import checkpoints as ckpt
-from masrl.driver import faults
-from masrl.driver.alarms import collapse_alarms
-from masrl.driver.async_loop import AsyncRollouts, async_step
-from masrl.driver.builder import Runtime, build_runtime, build_tasks
-from masrl.driver.counterfactual import counterfactual_credit
-from masrl.driver.dynamic import flat_tasks, fresh_tasks
-from masrl.driver.loggers import build_loggers
-from masrl.driver.metrics import comparison_table, sample_metrics, step_line, summaries_by, summarize_traces
+from masrl.driver.builder import Runtime, build_runtime
+from masrl.driver.checks import check_run
+from masrl.driver.observe.alarms import collapse_alarms
+from masrl.driver.observe.loggers import build_loggers
+from masrl.driver.observe.metrics import comparison_table, sample_metrics, step_line, summaries_by, summarize_traces
+from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import faults
+from masrl.driver.run.async_loop import AsyncRollouts
+from masrl.driver.run.counterfactual import counterfactual_credit
+from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
+from masrl.driver.run.stream import TaskStream, step_tasks
 from masrl.errors import InfraError, MasrlError
 from masrl.rewards import combine
 from masrl.seeding import stable_seed
-
-
-def step_tasks(tasks: list[Task], step: int, n: int, seed: int) -> list[Task]:
-    """Epochs over a seeded shuffle: step k takes the next n tasks (deterministic, so resume-safe)."""
-    order = list(range(len(tasks)))
-    epoch = (step * n) // len(tasks)
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    start = (step * n) % len(tasks)
-    picked = [order[(start + i) % len(order)] for i in range(min(n, len(tasks)))]
-    return [tasks[i] for i in picked]
 
 
 class Trainer:
@@ -45,9 +37,11 @@ class Trainer:
         self.console = console or Console(highlight=False)
         self.run_dir = Path(run_dir or cfg.run_dir())
         self.ckpt_root = self.run_dir / "checkpoints"
+        self.plan = check_run(cfg)  # the whole config, before tasks are drawn or any model loads
         self.train_tasks, self.eval_tasks = build_tasks(cfg)
         self.rt: Runtime | None = None
         self.step = 0
+        self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
 
     def log(self, msg: str) -> None:
         self.console.print(msg, markup=False, soft_wrap=True)
@@ -63,7 +57,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
-            self.rt = build_runtime(self.cfg, log=self.log)
+            self.rt = build_runtime(self.cfg, log=self.log, plan=self.plan)
         except BaseException:
             if created:  # a run that never started leaves nothing behind
                 import shutil
@@ -199,8 +193,23 @@ class Trainer:
         moved = self._take_transfer()
         if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
             rec["transfer"] = moved
-        self._last_traces = traces
+        self.last_traces = traces
         return rec
+
+    def async_rollouts(self) -> AsyncRollouts:
+        """``rollout.mode: async``: episodes that keep running through updates, from this run's step on."""
+        assert self.rt is not None
+        r = self.cfg.rollout
+        bounds = [p.max_staleness for p in self.cfg.policies.values() if p.max_staleness is not None]
+        return AsyncRollouts(self.rt.controller, TaskStream(self.train_tasks, r.tasks_per_step, self.cfg.seed), r,
+                             seed=self.cfg.seed, max_staleness=min(bounds) if bounds else None, updates=self.step)
+
+    async def async_step(self, rollouts: AsyncRollouts) -> dict:
+        """One update of the asynchronous loop; the run's step follows the updates."""
+        done = await rollouts.step()
+        self.step = rollouts.updates
+        self.last_traces = done.traces
+        return done.record
 
     async def _counterfactual(self, traces: list, tasks: list[Task], step: int, refill: int = 0) -> dict | None:
         """``rollout.counterfactual``: each credited call's outcome minus its alternatives' mean, on the calls."""
@@ -249,13 +258,13 @@ class Trainer:
         try:
             if cfg.train.eval_before and self.step == 0:
                 results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
-            rollouts = AsyncRollouts(self) if cfg.rollout.mode == "async" else None
+            rollouts = self.async_rollouts() if cfg.rollout.mode == "async" else None
             while self.step < cfg.train.steps:
-                rec = await (async_step(self, rollouts) if rollouts is not None else self.train_step())
+                rec = await (self.async_step(rollouts) if rollouts is not None else self.train_step())
                 rec["alarms"] = collapse_alarms(rec, self._first_record(rec))
                 loggers.log_step(self.step, rec)
-                loggers.log_traces(self.step, self._last_traces[: cfg.train.log_traces])
-                self._check_failures(rec["rollout"], self._last_traces)
+                loggers.log_traces(self.step, self.last_traces[: cfg.train.log_traces])
+                self._check_failures(rec["rollout"], self.last_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 timing = {}
                 if cfg.train.save_every and self.step % cfg.train.save_every == 0:
@@ -350,7 +359,7 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
 def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console | None = None) -> dict:
     path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
     trainer = Trainer(cfg, console=console)
-    trainer.rt = build_runtime(cfg, log=trainer.log)
+    trainer.rt = build_runtime(cfg, log=trainer.log, plan=trainer.plan)
     if path is not None:
         trainer.load_checkpoint(path, with_optimizer=False)
         trainer.log(f"[masrl] evaluating {path}")

@@ -31,64 +31,64 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 
+from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
-from masrl.driver import faults
+from masrl.driver.observe.metrics import summarize_traces
+from masrl.driver.rollout.controller import Controller
+from masrl.driver.run import faults
+from masrl.driver.run.stream import TaskStream
 from masrl.seeding import stable_seed
+from masrl.trace import Trace
 
 
-class TaskStream:
-    """The k-th task of the run: the synchronous loop's order, step after step."""
+@dataclass
+class AsyncStep:
+    """One update of the asynchronous loop: its metrics record and the traces it trained on."""
 
-    def __init__(self, tasks: list[Task], per_step: int, seed: int):
-        from masrl.driver.loop import step_tasks
-
-        self.tasks, self.per_step, self.seed = tasks, per_step, seed
-        self._step_tasks = step_tasks
-        self._cache: dict[int, list[Task]] = {}
-
-    def __getitem__(self, k: int) -> Task:
-        step, i = divmod(k, self.per_step)
-        if step not in self._cache:
-            self._cache = {step: self._step_tasks(self.tasks, step, self.per_step, self.seed)}
-        return self._cache[step][i % len(self._cache[step])]
+    record: dict
+    traces: list[Trace]
 
 
 class AsyncRollouts:
-    """Keeps episodes running and hands out complete groups, ``tasks_per_step`` at a time."""
+    """Keeps episodes running and hands out complete groups, ``tasks_per_step`` at a time.
 
-    def __init__(self, trainer):
-        self.tr = trainer
-        cfg = trainer.cfg
-        self.r = cfg.rollout
-        self.stream = TaskStream(trainer.train_tasks, self.r.tasks_per_step, cfg.seed)
-        self.next_task = trainer.step * self.r.tasks_per_step  # a resumed run restarts after its checkpoint
-        self.sem = asyncio.Semaphore(self.r.max_in_flight)
+    What it needs of the run is in its arguments: the controller (to run episodes, assign rewards,
+    drop calls and update), the task stream, the rollout settings, the run's seed, the staleness
+    bound, and the number of updates already made (a resumed run restarts after its checkpoint).
+    """
+
+    def __init__(self, controller: Controller, stream: TaskStream, settings: RolloutConfig, *, seed: int,
+                 max_staleness: int | None, updates: int = 0):
+        self.ctl, self.stream, self.r, self.seed = controller, stream, settings, seed
+        self.max_staleness = max_staleness
+        self.updates = updates
+        self.next_task = updates * settings.tasks_per_step
+        self.sem = asyncio.Semaphore(settings.max_in_flight)
         self.running: dict[asyncio.Task, int] = {}
-        self.groups: dict[int, list] = {}
-        self.ready: list[tuple[Task, list]] = []
+        self.groups: dict[int, list[Trace]] = {}
+        self.ready: list[tuple[Task, list[Trace]]] = []
         self.started = time.perf_counter()
-        bounds = [p.max_staleness for p in cfg.policies.values() if p.max_staleness is not None]
-        self.max_staleness = min(bounds) if bounds else None
 
     def fill(self) -> None:
         """Launch tasks until ``2 x tasks_per_step`` are in flight or waiting (one step ahead); with
         ``max_staleness`` s, no further than the task stream's first ``(updates + s + 1) x
         tasks_per_step`` tasks, so that a call is not sampled only to be dropped as too old."""
-        ahead = len({k for k in self.running.values()}) + len(self.ready)
-        limit = None if self.max_staleness is None else (self.tr.step + self.max_staleness + 1) * self.r.tasks_per_step
+        ahead = len(set(self.running.values())) + len(self.ready)
+        limit = None if self.max_staleness is None else (self.updates + self.max_staleness + 1) * self.r.tasks_per_step
         while ahead < 2 * self.r.tasks_per_step and (limit is None or self.next_task < limit):
             k = self.next_task
             self.next_task += 1
             task = self.stream[k]
             self.groups[k] = []
-            seed = stable_seed(self.tr.cfg.seed, "train", "async", k)
+            seed = stable_seed(self.seed, "train", "async", k)
             for s in range(self.r.samples_per_task):
-                job = asyncio.ensure_future(self.tr.rt.controller._run_one(task, s, True, None, self.sem, seed))
+                job = asyncio.ensure_future(self.ctl.run_episode(task, s, True, None, self.sem, seed))
                 self.running[job] = k
             ahead += 1
 
-    async def next_groups(self) -> list[tuple[Task, list]]:
+    async def next_groups(self) -> list[tuple[Task, list[Trace]]]:
         """Wait until ``tasks_per_step`` groups are complete; returns them with their rewards assigned
         (groups completed beyond those wait, unrewarded, for the next update)."""
         while len(self.ready) < self.r.tasks_per_step:
@@ -103,53 +103,46 @@ class AsyncRollouts:
                 self.groups[k].append(trace)
                 if len(self.groups[k]) == self.r.samples_per_task:
                     self.ready.append((self.stream[k], self.groups.pop(k)))
-            faults.point(f"rollout:{self.tr.step + 1}")
+            faults.point(f"rollout:{self.updates + 1}")
         batch, self.ready = self.ready[: self.r.tasks_per_step], self.ready[self.r.tasks_per_step:]
-        ctl = self.tr.rt.controller
         for task, traces in batch:  # rewards now, so that the update trains this batch's groups and no others
-            ctl.assign_rewards(traces, {task.id: task})
+            self.ctl.assign_rewards(traces, {task.id: task})
         # calls no reward paid would wait for ever among the pending ones (keep_pending): they go now
         unpaid = [c for _, traces in batch for t in traces if not t.failed for c in t.calls if c.reward is None]
         if unpaid:
-            ctl.drop_calls(unpaid)
+            self.ctl.drop_calls(unpaid)
         return batch
+
+    async def step(self) -> AsyncStep:
+        """One update: the next complete groups, then the update in a thread while episodes keep running."""
+        t0 = time.perf_counter()
+        groups = await self.next_groups()
+        traces = [t for _, g in groups for t in g]
+        t1 = time.perf_counter()
+        faults.point(f"update:{self.updates + 1}")
+        self.fill()  # the next step's episodes run while this update does
+        running = len(self.running)
+        served = sum(b.stats.items for b in self.ctl.batchers)
+        policies = await asyncio.to_thread(self.ctl.update, traces, keep_pending=True)
+        t2 = time.perf_counter()
+        served = sum(b.stats.items for b in self.ctl.batchers) - served
+        self.updates += 1
+        record = {"step": self.updates, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
+                  "policies": policies, "async": {"episodes_running_at_update": running, "calls_during_update": served,
+                                                  "versions": sorted({c.policy_version for t in traces for c in t.calls})}}
+        return AsyncStep(record, traces)
 
     async def stop(self) -> None:
         """Cancel the episodes still running; their calls leave the hosts' buffers."""
-        ctl = self.tr.rt.controller
-        unfinished = list(ctl.open_traces.values())  # before the cancel: a cancelled episode leaves that list
+        unfinished = list(self.ctl.open_traces.values())  # before the cancel: a cancelled episode leaves that list
         for job in self.running:
             job.cancel()
         left = await asyncio.gather(*self.running, return_exceptions=True)
         self.running.clear()
-        for b in ctl.batchers:  # a batch that was running finishes; its cancelled calls are forgotten
+        for b in self.ctl.batchers:  # a batch that was running finishes; its cancelled calls are forgotten
             await b.drain()
         unfinished += [t for g in self.groups.values() for t in g] + [t for _, g in self.ready for t in g]
         unfinished += [t for t in left if not isinstance(t, BaseException)]
-        ctl.drop_traces(unfinished)
+        self.ctl.drop_traces(unfinished)
         self.groups.clear()
         self.ready.clear()
-
-
-async def async_step(tr, rollouts: AsyncRollouts) -> dict:
-    """One update of the asynchronous loop: the next complete groups, then the update in a thread
-    while episodes keep running."""
-    from masrl.driver.metrics import summarize_traces
-
-    t0 = time.perf_counter()
-    groups = await rollouts.next_groups()
-    traces = [t for _, g in groups for t in g]
-    t1 = time.perf_counter()
-    faults.point(f"update:{tr.step + 1}")
-    rollouts.fill()  # the next step's episodes run while this update does
-    running = len(rollouts.running)
-    ctl = tr.rt.controller
-    served = sum(b.stats.items for b in ctl.batchers)
-    policies = await asyncio.to_thread(ctl.update, traces, keep_pending=True)
-    t2 = time.perf_counter()
-    served = sum(b.stats.items for b in ctl.batchers) - served
-    tr.step += 1
-    tr._last_traces = traces
-    return {"step": tr.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
-            "policies": policies, "async": {"episodes_running_at_update": running, "calls_during_update": served,
-                                            "versions": sorted({c.policy_version for t in traces for c in t.calls})}}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from masrl.cli.report import _read_jsonl
 from masrl.errors import MasrlError
-from masrl.report import _read_jsonl
 
 
 def run_curves(run_dir: Path) -> dict:

@@ -1,0 +1,160 @@
+"""Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
+
+Built-ins: the seeded generators (``arithmetic``, ``code_gen``, ``qa_world``, ``episodes``),
+``humaneval`` and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is
+``source: 'module:function'``: a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows
+it returns as dicts are read like a file's rows of ``kind`` (the same field aliases, the same
+errors naming the row), so a source that only fetches rows needs no parsing of its own;
+``options`` are yours (``data.train.options``). Every source's rows go through one row loop
+(``loader.tasks_from_rows``), and held-out questions are removed from training by text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from masrl.config import DataSourceConfig, RunConfig, WorldConfig
+from masrl.config.loading import load_object
+from masrl.data import arithmetic, code_gen
+from masrl.data.loader import RowTask, math_task, read_rows, tasks_from_rows
+from masrl.data.tasks import Task
+from masrl.errors import ConfigError, DataError
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What a source is asked for: a split's settings, plus the questions it must not return
+    (a built-in generator draws more in their place; others' are filtered out afterwards)."""
+
+    n: int | None
+    seed: int
+    levels: tuple[int, ...]
+    kind: str
+    path: str | None
+    options: dict[str, Any] = field(default_factory=dict)
+    world: WorldConfig = field(default_factory=WorldConfig)
+    exclude: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Source:
+    fn: Callable[[SourceSpec], Iterable[Task | dict]]
+    levels: tuple[int, ...] = (1, 2, 3, 4)  # the ``levels`` it allows (a source that has none ignores them)
+    needs_path: bool = False
+
+
+def _row_kinds() -> dict[str, RowTask]:
+    from masrl.data.code_tasks import code_task
+    from masrl.data.qa_tasks import qa_task
+
+    return {"math": math_task, "code": code_task, "qa": qa_task}
+
+
+def _arithmetic(s: SourceSpec) -> list[Task]:
+    return arithmetic.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
+
+
+def _code_gen(s: SourceSpec) -> list[Task]:
+    return code_gen.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
+
+
+def _qa_world(s: SourceSpec) -> list[Task]:
+    from masrl.data.qa_tasks import world_tasks
+
+    return world_tasks(s.n or 1000, seed=s.seed, world_docs=s.world.docs, world_seed=s.world.seed,
+                       levels=list(s.levels), exclude=set(s.exclude))
+
+
+def _episodes(s: SourceSpec) -> list[Task]:
+    """Seeds for an environment's episodes (workflow ``env``)."""
+    rng = random.Random(f"episodes-{s.seed}")
+    seeds = [rng.getrandbits(48) for _ in range(s.n or 1000)]
+    return [Task(f"ep-{s.seed}-{i}", f"episode {x}", None, {"seed": x}) for i, x in enumerate(seeds)]
+
+
+def _humaneval(s: SourceSpec) -> list[Task]:
+    from masrl.data.code_tasks import load_humaneval
+
+    return load_humaneval()[: s.n]
+
+
+def _file(s: SourceSpec) -> list[dict]:
+    return read_rows(s.path)  # type: ignore[arg-type]
+
+
+SOURCES: dict[str, Source] = {
+    "arithmetic": Source(_arithmetic, levels=(1, 2, 3, 4)),
+    "code_gen": Source(_code_gen, levels=(1, 2)),
+    "qa_world": Source(_qa_world, levels=(1, 2, 3)),
+    "episodes": Source(_episodes),
+    "humaneval": Source(_humaneval),
+    "file": Source(_file, needs_path=True),
+}
+
+
+def check_source(src: DataSourceConfig, key: str) -> Source:
+    """The source ``src`` names, with its settings checked; errors name ``key`` and the fix."""
+    builtin = SOURCES.get(src.source)
+    if builtin is None:
+        if ":" not in src.source:
+            raise ConfigError(f"{key}.source: unknown source '{src.source}'; use one of {', '.join(SOURCES)} or your "
+                              f"own 'module:function' (f(spec: SourceSpec) -> tasks or rows)")
+        fn = load_object(src.source, f"{key}.source")
+        if not callable(fn):
+            raise ConfigError(f"{key}.source: '{src.source}' is not a function")
+        return Source(fn)
+    if builtin.needs_path and not src.path:
+        raise ConfigError(f"{key}: source '{src.source}' needs `path`: a JSONL or Parquet file")
+    if src.options:
+        raise ConfigError(f"{key}.options: source '{src.source}' takes no options (options are for your own "
+                          f"'module:function' source); remove them")
+    if any(level not in builtin.levels for level in src.levels):
+        raise ConfigError(f"{key}.levels: levels of source '{src.source}' must be among "
+                          f"{', '.join(map(str, builtin.levels))}; got {src.levels}")
+    return builtin
+
+
+def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world: WorldConfig | None = None,
+               key: str = "data") -> list[Task]:
+    """The tasks of one split: the source's tasks, its dict rows read as ``src.kind`` rows, the
+    first ``n`` kept, ``exclude``'s questions left out."""
+    source = check_source(src, key)
+    spec = SourceSpec(src.n, src.seed, tuple(src.levels), src.kind, src.path, dict(src.options),
+                      world or WorldConfig(), frozenset(exclude or ()))
+    origin = src.path if src.source == "file" else f"{key}.source '{src.source}'"
+    try:
+        produced = source.fn(spec)
+    except (DataError, ConfigError):
+        raise
+    except Exception as exc:  # the user's source failed: say which, keep the traceback
+        raise DataError(f"{origin} raised {type(exc).__name__}: {exc}") from exc
+    if produced is None:
+        raise DataError(f"{origin} returned None; a source returns tasks (masrl.data.Task) or rows (dicts)")
+    row_task = _row_kinds()[src.kind]
+
+    def read(row, where, i):
+        return row if isinstance(row, Task) else row_task(row, where, i)
+
+    tasks = tasks_from_rows(_as_rows(produced), origin, read, src.n)
+    return [t for t in tasks if t.question not in spec.exclude] if spec.exclude else tasks
+
+
+def _as_rows(items: Iterable) -> Iterable:
+    for x in items:
+        if not isinstance(x, (Task, dict)):
+            raise DataError(f"a task source gave a {type(x).__name__}; it must give masrl.data.Task objects or dicts")
+        yield x
+
+
+def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
+    """Train and held-out tasks; train tasks never repeat an eval question."""
+    eval_tasks = load_tasks(cfg.data.eval, world=cfg.data.world, key="data.eval")
+    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks}, world=cfg.data.world,
+                             key="data.train")
+    if not train_tasks and cfg.train.steps > 0:
+        raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "
+                          "train question is also a held-out one); point data.train and data.eval at different files "
+                          "or splits")
+    return train_tasks, eval_tasks

@@ -124,3 +124,21 @@ def update_held_open(worker, timeout_s: float = 60):
         release.set()
         th.join(timeout_s)
         worker._update = real
+
+
+def word_sums(spec):
+    """A user's own task source (``data.train.source: helpers:word_sums``): rows as dicts, read as
+    math rows (any field alias works), with the offset from ``options``; one ready-made Task too."""
+    from masrl.data.tasks import Task
+
+    offset = spec.options.get("offset", 0)
+    for i in range(spec.n or 10):
+        a, b = spec.seed + i, offset + 2 * i
+        yield {"problem": f"Ada has {a} apples and gets {b} more. How many apples does she have?", "answer": str(a + b),
+               "uid": f"sum-{spec.seed}-{i}"}
+    yield Task("ready-made", "What is 2 + 2?", "4")
+
+
+def broken_rows(spec):
+    """A source whose second row has no answer (the error must name it)."""
+    return [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?"}]

@@ -8,6 +8,7 @@ import torch
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
+from masrl.driver.checks import check_run
 from masrl.errors import ConfigError
 
 
@@ -58,7 +59,7 @@ def test_one_critic_per_policy_and_config_errors(tmp_path):
     grpo = _data(tmp_path, {"c1": {}}, {"reasoner": "c1"})
     grpo["algorithm"]["advantage"] = "grpo"
     with pytest.raises(ConfigError, match="a critic serves gae only"):
-        load_config(data=grpo)
+        check_run(load_config(data=grpo))
     mixed = _data(tmp_path, {"c1": {"model": "tiny-random-qwen2"}}, {"reasoner": "c1"})
     with pytest.raises(ConfigError, match="critics.c1: its model 'tiny-random-qwen2' has another tokenizer"):
         prepared_trainer(mixed, tmp_path / "m")

@@ -85,7 +85,6 @@ def test_a_missing_model_leaves_no_run_directory(tmp_path):
 
     data = tiny_config("math_solver", tmp_path / "run", steps=1)
     data["model"] = str(tmp_path / "no-such-model")
-    tr = Trainer(load_config(data=data), run_dir=tmp_path / "run")
-    with pytest.raises(MasrlError, match="does not exist"):
-        tr.prepare(resume=False)
+    with pytest.raises(MasrlError, match="does not exist"):  # the config is checked before anything is made
+        Trainer(load_config(data=data), run_dir=tmp_path / "run").prepare(resume=False)
     assert not (tmp_path / "run").exists()

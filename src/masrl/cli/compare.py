@@ -10,18 +10,17 @@ its model calls per held-out task. Equal compute is read off the x axes, not ass
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 
-from masrl.cli.report import _read_jsonl
+from masrl.cli.page import read_jsonl, write_page
 from masrl.errors import MasrlError
 
 
 def run_curves(run_dir: Path) -> dict:
     """One run's name, seed, per-step training compute and outcomes, and its held-out evaluations."""
-    records = _read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
         raise MasrlError(f"{run_dir}: no metrics.jsonl; give run directories of `masrl train` (runs/<name>)")
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
@@ -86,35 +85,18 @@ def collect_runs(run_dirs: list[str | Path]) -> dict:
 def build_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
     if not run_dirs:
         raise MasrlError("masrl compare: give one or more run directories")
-    data = json.dumps(collect_runs(run_dirs), default=str).replace("</", "<\\/")
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_PAGE.replace("__DATA__", data), encoding="utf-8")
-    return path
+    return write_page(out, title="masrl compare", body=_BODY, script=_SCRIPT, data=collect_runs(run_dirs),
+                      style="td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}")
 
 
-_PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>masrl compare</title>
-<style>
-body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1300px}
-h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
-.charts{display:flex;flex-wrap:wrap;gap:14px}.chart{border:1px solid #ddd;padding:6px}
-.chart .title{font-weight:600;font-size:13px}.legend span{margin-right:10px;font-size:12px}
-table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}.muted{color:#777;font-size:12px}
-</style></head><body>
-<h1>masrl compare: held-out accuracy against training compute</h1>
+_BODY = """<h1>masrl compare: held-out accuracy against training compute</h1>
 <div class="muted">Each arm is one config name over its seeds: the line is the mean over seeds, the band the min-max.
 Compute counts model calls, completion tokens and rollout + update seconds spent in training so far.</div>
 <h2>Summary</h2><table id="summary"></table>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
-<h2>Training outcome</h2><div class="charts" id="training"></div>
-<script id="data" type="application/json">__DATA__</script>
-<script>
-const D=JSON.parse(document.getElementById('data').textContent), NS='http://www.w3.org/2000/svg';
-const COLORS=['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b'];
-function el(t,a,x){const e=document.createElement(t);for(const k in (a||{}))e.setAttribute(k,a[k]);if(x!==undefined)e.textContent=x;return e;}
-function sv(t,a){const e=document.createElementNS(NS,t);for(const k in a)e.setAttribute(k,a[k]);return e;}
-const f3=v=>v===undefined||v===null?'-':(+v).toFixed(3), big=v=>v===undefined?'-':Math.round(v).toLocaleString();
+<h2>Training outcome</h2><div class="charts" id="training"></div>"""
+
+_SCRIPT = r"""const f3=v=>v===undefined||v===null?'-':(+v).toFixed(3), big=v=>v===undefined?'-':Math.round(v).toLocaleString();
 // points of one arm: per index i (the i-th step or evaluation of every seed), x and y mean and y min-max
 function band(runs,list,xkey,ykey){const n=Math.min(...runs.map(r=>r[list].length));const out=[];
   for(let i=0;i<n;i++){const xs=runs.map(r=>r[list][i][xkey]),ys=runs.map(r=>r[list][i][ykey]).filter(v=>v!==null&&v!==undefined);
@@ -133,8 +115,7 @@ function chart(parent,title,series){const W=400,H=210,P=36,box=el('div',{class:'
       svg.appendChild(sv('polygon',{points:poly.join(' '),fill:c,'fill-opacity':0.15,stroke:'none','data-band':s.name}));
       svg.appendChild(sv('polyline',{points:s.points.map(p=>X(p[0])+','+Y(p[1])).join(' '),fill:'none',stroke:c,'stroke-width':1.8,'data-series':s.name}));});
   } else {const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t);}
-  box.appendChild(svg);const lg=el('div',{class:'legend'});series.forEach((s,i)=>{const sp=el('span',{},'— '+s.name);sp.style.color=COLORS[i%COLORS.length];lg.appendChild(sp);});
-  box.appendChild(lg);parent.appendChild(box);}
+  box.appendChild(svg);legend(box,series);parent.appendChild(box);}
 const T=document.getElementById('summary');
 T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','training calls','training tokens','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
 for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=el('tr');
@@ -146,5 +127,4 @@ for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=e
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}
-</script></body></html>
 """

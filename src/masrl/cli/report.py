@@ -12,23 +12,10 @@ page says so.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from masrl.cli.page import read_jsonl, write_page
 from masrl.errors import MasrlError
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise MasrlError(f"{path}:{i}: not a JSON line (a run killed mid-write?); delete that line") from None
-    return out
 
 
 def _cut(value, n: int):
@@ -42,13 +29,13 @@ def _cut(value, n: int):
 
 
 def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dict:
-    records = _read_jsonl(run_dir / "metrics.jsonl")
+    records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
         raise MasrlError(f"{run_dir} has no metrics.jsonl: is it a masrl run directory (runs/<name>)?")
     steps = [r for r in records if "rollout" in r]
     evals = [r for r in records if "eval" in r]
     timing = {r["step"]: r["timing"] for r in records if "timing" in r}
-    traces = _read_jsonl(run_dir / "traces.jsonl")
+    traces = read_jsonl(run_dir / "traces.jsonl")
     trace_steps = sorted({t["step"] for t in traces})
     keep = set(trace_steps)
     if len(trace_steps) > max_steps:
@@ -100,27 +87,17 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, **kw) -> Pa
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise MasrlError(f"run directory '{run_dir}' does not exist")
-    data = json.dumps(collect(run_dir, **kw), default=str).replace("</", "<\\/")
-    path = Path(out) if out else run_dir / "report.html"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_PAGE.replace("__DATA__", data), encoding="utf-8")
-    return path
+    return write_page(Path(out) if out else run_dir / "report.html", title="masrl report", body=_BODY, style=_STYLE,
+                      script=_SCRIPT, data=collect(run_dir, **kw))
 
 
-_PAGE = r"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>masrl report</title>
-<style>
-body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1300px}
-h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
-.charts{display:flex;flex-wrap:wrap;gap:14px}.chart{border:1px solid #ddd;padding:6px;background:#fff}
-.chart .title{font-weight:600;font-size:13px}.legend span{margin-right:10px;font-size:12px}
-select{margin:0 12px 0 4px}.sample{border:1px solid #ccc;margin:10px 0;padding:8px;border-radius:4px}
+_STYLE = """select{margin:0 12px 0 4px}.sample{border:1px solid #ccc;margin:10px 0;padding:8px;border-radius:4px}
 .call{border-left:4px solid #89b;margin:8px 0;padding:4px 10px;background:#f7f9fb}
 .call h4{margin:2px 0;font-size:13px;cursor:pointer}pre{white-space:pre-wrap;background:#fff;border:1px solid #eee;
-padding:6px;margin:4px 0;max-height:320px;overflow:auto}.err{color:#b00}.muted{color:#777;font-size:12px}
-table.kv td{padding:1px 8px 1px 0;vertical-align:top}
-</style></head><body>
-<h1>masrl run: <span id="name"></span></h1>
+padding:6px;margin:4px 0;max-height:320px;overflow:auto}
+table.kv td{padding:1px 8px 1px 0;vertical-align:top}"""
+
+_BODY = """<h1>masrl run: <span id="name"></span></h1>
 <div class="muted" id="note"></div>
 <details><summary>resolved config</summary><pre id="config"></pre></details>
 <h2>Collapse alarms</h2><ul id="alarms"></ul>
@@ -135,32 +112,25 @@ trainer's probability of each token over the engine's.</div>
 <h2>Held-out</h2><div class="charts" id="eval-charts"></div>
 <h2>Trace browser</h2>
 <div>step<select id="step-select"></select>task<select id="task-select"></select></div>
-<div id="traces"></div>
-<script id="data" type="application/json">__DATA__</script>
-<script>
-const D = JSON.parse(document.getElementById('data').textContent);
-const COLORS = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf'];
-function el(tag, attrs, text){const e=document.createElement(tag);for(const k in (attrs||{}))e.setAttribute(k,attrs[k]);if(text!==undefined)e.textContent=text;return e;}
-function chart(parent, title, series){
-  const W=380,H=180,P=34, box=el('div',{class:'chart'}); box.appendChild(el('div',{class:'title'},title));
-  const pts=[].concat(...series.map(s=>s.points)).filter(p=>p[1]!==null&&p[1]!==undefined&&isFinite(p[1]));
-  const svgNS='http://www.w3.org/2000/svg', svg=document.createElementNS(svgNS,'svg');
-  svg.setAttribute('width',W);svg.setAttribute('height',H);svg.setAttribute('data-title',title);
+<div id="traces"></div>"""
+
+_SCRIPT = r"""function chart(parent,title,series){
+  const W=380,H=180,P=34,box=el('div',{class:'chart'});box.appendChild(el('div',{class:'title'},title));
+  const ok=p=>p[1]!==null&&p[1]!==undefined&&isFinite(p[1]), pts=[].concat(...series.map(s=>s.points)).filter(ok);
+  const svg=sv('svg',{width:W,height:H,'data-title':title});
   if(pts.length){
     let x0=Math.min(...pts.map(p=>p[0])),x1=Math.max(...pts.map(p=>p[0])),y0=Math.min(...pts.map(p=>p[1])),y1=Math.max(...pts.map(p=>p[1]));
     if(x1===x0)x1=x0+1; if(y1===y0){y1=y0+1;y0=y0-1;}
     const X=x=>P+(x-x0)/(x1-x0)*(W-P-8), Y=y=>H-20-(y-y0)/(y1-y0)*(H-34);
-    const axis=document.createElementNS(svgNS,'path');axis.setAttribute('d',`M${P},8V${H-20}H${W-8}`);axis.setAttribute('stroke','#999');axis.setAttribute('fill','none');svg.appendChild(axis);
-    for(const [v,y] of [[y1,Y(y1)],[y0,Y(y0)]]){const t=document.createElementNS(svgNS,'text');t.setAttribute('x',2);t.setAttribute('y',y+4);t.setAttribute('font-size','10');t.textContent=(+v).toPrecision(3);svg.appendChild(t);}
-    const tx=document.createElementNS(svgNS,'text');tx.setAttribute('x',W-60);tx.setAttribute('y',H-4);tx.setAttribute('font-size','10');tx.textContent='step '+x0+'–'+x1;svg.appendChild(tx);
-    series.forEach((s,i)=>{const ps=s.points.filter(p=>p[1]!==null&&p[1]!==undefined&&isFinite(p[1])); if(!ps.length)return;
-      const line=document.createElementNS(svgNS,'polyline');line.setAttribute('fill','none');line.setAttribute('stroke',COLORS[i%COLORS.length]);line.setAttribute('stroke-width','1.8');
-      line.setAttribute('points',ps.map(p=>X(p[0])+','+Y(p[1])).join(' '));line.setAttribute('data-series',s.name);svg.appendChild(line);
-      for(const p of ps){const c=document.createElementNS(svgNS,'circle');c.setAttribute('cx',X(p[0]));c.setAttribute('cy',Y(p[1]));c.setAttribute('r',2.2);c.setAttribute('fill',COLORS[i%COLORS.length]);
-        const tt=document.createElementNS(svgNS,'title');tt.textContent=s.name+' @ step '+p[0]+': '+(+p[1]).toPrecision(4);c.appendChild(tt);svg.appendChild(c);}});
-  } else { const t=document.createElementNS(svgNS,'text');t.setAttribute('x',20);t.setAttribute('y',40);t.textContent='no data';svg.appendChild(t); }
-  box.appendChild(svg); const lg=el('div',{class:'legend'});
-  series.forEach((s,i)=>{const sp=el('span',{},'— '+s.name);sp.style.color=COLORS[i%COLORS.length];lg.appendChild(sp);}); box.appendChild(lg); parent.appendChild(box);
+    svg.appendChild(sv('path',{d:`M${P},8V${H-20}H${W-8}`,stroke:'#999',fill:'none'}));
+    for(const [v,y] of [[y1,Y(y1)],[y0,Y(y0)]]){const t=sv('text',{x:2,y:y+4,'font-size':10});t.textContent=(+v).toPrecision(3);svg.appendChild(t);}
+    const tx=sv('text',{x:W-60,y:H-4,'font-size':10});tx.textContent='step '+x0+'–'+x1;svg.appendChild(tx);
+    series.forEach((s,i)=>{const ps=s.points.filter(ok),c=COLORS[i%COLORS.length]; if(!ps.length)return;
+      svg.appendChild(sv('polyline',{fill:'none',stroke:c,'stroke-width':1.8,points:ps.map(p=>X(p[0])+','+Y(p[1])).join(' '),'data-series':s.name}));
+      for(const p of ps){const dot=sv('circle',{cx:X(p[0]),cy:Y(p[1]),r:2.2,fill:c}),tt=sv('title');
+        tt.textContent=s.name+' @ step '+p[0]+': '+(+p[1]).toPrecision(4);dot.appendChild(tt);svg.appendChild(dot);}});
+  } else { const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t); }
+  box.appendChild(svg); legend(box,series); parent.appendChild(box);
 }
 const steps=D.steps, names=a=>[...new Set([].concat(...steps.map(s=>Object.keys(s[a]||{}))))];
 document.getElementById('name').textContent=D.name; document.getElementById('note').textContent=D.note;
@@ -209,5 +179,4 @@ function show(){const box=document.getElementById('traces');box.innerHTML='';con
       d.appendChild(h);d.appendChild(body);s.appendChild(d);}
     box.appendChild(s);}}
 stepSel.onchange=fillTasks; taskSel.onchange=show; if(traceSteps.length)fillTasks();
-</script></body></html>
 """

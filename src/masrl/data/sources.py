@@ -124,27 +124,28 @@ def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world:
     spec = SourceSpec(src.n, src.seed, tuple(src.levels), src.kind, src.path, dict(src.options),
                       world or WorldConfig(), frozenset(exclude or ()))
     origin = src.path if src.source == "file" else f"{key}.source '{src.source}'"
-    try:
-        produced = source.fn(spec)
-    except (DataError, ConfigError):
-        raise
-    except Exception as exc:  # the user's source failed: say which, keep the traceback
-        raise DataError(f"{origin} raised {type(exc).__name__}: {exc}") from exc
-    if produced is None:
-        raise DataError(f"{origin} returned None; a source returns tasks (masrl.data.Task) or rows (dicts)")
     row_task = _row_kinds()[src.kind]
 
     def read(row, where, i):
         return row if isinstance(row, Task) else row_task(row, where, i)
 
-    tasks = tasks_from_rows(_as_rows(produced), origin, read, src.n)
+    try:
+        produced = source.fn(spec)
+        if isinstance(produced, (str, bytes, dict)) or not hasattr(produced, "__iter__"):
+            raise DataError(f"{origin} returned {type(produced).__name__}; a source returns (or yields) tasks "
+                            f"(masrl.data.Task) or rows (dicts)")
+        tasks = tasks_from_rows(_as_rows(produced, origin), origin, read, src.n)
+    except (DataError, ConfigError):
+        raise
+    except Exception as exc:  # the user's source failed: say which, keep its traceback
+        raise DataError(f"{origin} raised {type(exc).__name__}: {exc}") from exc
     return [t for t in tasks if t.question not in spec.exclude] if spec.exclude else tasks
 
 
-def _as_rows(items: Iterable) -> Iterable:
-    for x in items:
+def _as_rows(items: Iterable, origin: str) -> Iterable:
+    for i, x in enumerate(items):
         if not isinstance(x, (Task, dict)):
-            raise DataError(f"a task source gave a {type(x).__name__}; it must give masrl.data.Task objects or dicts")
+            raise DataError(f"{origin} row {i}: a {type(x).__name__}; a source gives masrl.data.Task objects or dicts")
         yield x
 
 

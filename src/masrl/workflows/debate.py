@@ -21,6 +21,7 @@ from masrl.data.tasks import Task
 from masrl.trace import Trace
 from masrl.workflows import math_roles as P
 from masrl.workflows.math_roles import parse_solver
+from masrl.workflows.prompting import few_shot
 
 REVISE_SYSTEM = (
     "You solve math word problems. Other students' answers are shown; check them, then write your own "
@@ -65,13 +66,13 @@ class Debate:
 
         q = task.question
         names = list(self.roles())
-        first = [ctx.call(a, P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q), turn=0) for a in names]
+        first = [ctx.call(a, few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q), turn=0) for a in names]
         calls = list(await asyncio.gather(*first))
         history = [calls]
         for r in range(1, self.rounds + 1):
             prev = history[-1]
             shown = [f"{c.parsed.get('solution') or '?'} (answer {c.parsed.get('answer') or '?'})" for c in prev]
-            revisions = [ctx.call(a, P.few_shot(REVISE_SYSTEM, REVISE_EXAMPLES, f"Question: {q}\nOther answers: "
+            revisions = [ctx.call(a, few_shot(REVISE_SYSTEM, REVISE_EXAMPLES, f"Question: {q}\nOther answers: "
                                                 + "; ".join(s for j, s in enumerate(shown) if j != i)), turn=r)
                          for i, a in enumerate(names)]
             history.append(list(await asyncio.gather(*revisions)))

@@ -29,6 +29,7 @@ from masrl.tools.calculator import calculator_tool
 from masrl.trace import Trace
 from masrl.workflows import math_roles as P
 from masrl.workflows.math_roles import parse_finalizer, parse_solver
+from masrl.workflows.prompting import few_shot
 
 CHECKER_SYSTEM = ("You turn a math word problem into one arithmetic expression that a calculator computes. "
                   "Write only the expression in <expr></expr>.")
@@ -70,17 +71,17 @@ class MathChecked:
 
     async def run(self, task: Task, ctx) -> None:
         q = task.question
-        sol = await ctx.call("solver", P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
+        sol = await ctx.call("solver", few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
         work = (sol.parsed.get("solution") or "").strip()
         first = sol.parsed.get("answer")
-        chk = await ctx.call("checker", P.few_shot(CHECKER_SYSTEM, CHECKER_EXAMPLES, q))
+        chk = await ctx.call("checker", few_shot(CHECKER_SYSTEM, CHECKER_EXAMPLES, q))
         expr = (chk.parsed.get("expr") or "").strip()
         res = await ctx.tool("calculator", expression=expr) if expr else None
         computed = res.value if res is not None and res.ok else None
         shown = f"{expr} = {computed}" if computed is not None else (
             f"could not compute '{expr}': {res.error}" if res is not None else "no expression")
         stated = f"{work}, answer {first}" if work else f"answer {first}"
-        fin = await ctx.call("finalizer", P.few_shot(FINALIZER_SYSTEM, FINALIZER_EXAMPLES,
+        fin = await ctx.call("finalizer", few_shot(FINALIZER_SYSTEM, FINALIZER_EXAMPLES,
                                                      f"Question: {q}\nSolver: {stated}\nCalculator: {shown}"))
         answer = fin.parsed.get("answer")
         for call, value in ((sol, first), (chk, computed), (fin, answer)):

@@ -15,6 +15,7 @@ from masrl.tools.calculator import calculator_tool
 from masrl.trace import Trace
 from masrl.workflows import math_roles as P
 from masrl.workflows.math_roles import parse_solver
+from masrl.workflows.prompting import few_shot
 
 
 class MathSolver:
@@ -30,7 +31,7 @@ class MathSolver:
         return {"calculator": calculator_tool()} if self.calculator else {}
 
     async def run(self, task: Task, ctx) -> None:
-        sol = await ctx.call("solver", P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, task.question))
+        sol = await ctx.call("solver", few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, task.question))
         answer = sol.parsed.get("answer")
         work = (sol.parsed.get("solution") or "").strip()
         if self.calculator and work:

@@ -34,6 +34,7 @@ from masrl.workflows.math_roles import (
     parse_solver,
     parse_verifier,
 )
+from masrl.workflows.prompting import few_shot
 
 
 def verdict_credit(status: str, solver_correct: float) -> float:
@@ -60,25 +61,25 @@ class MathTeam:
 
     async def run(self, task: Task, ctx) -> None:
         q = task.question
-        sol = await ctx.call("solver", P.few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
+        sol = await ctx.call("solver", few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
         solution = sol.parsed.get("solution") or sol.completion.strip()
         first = sol.parsed.get("answer")
         sol.turn_score = answer_score(first, task.answer)
         body = f"Question: {q}\nSolution: {solution}"
 
-        ver = await ctx.call("verifier", P.few_shot(P.VERIFIER_SYSTEM, P.VERIFIER_EXAMPLES, body))
+        ver = await ctx.call("verifier", few_shot(P.VERIFIER_SYSTEM, P.VERIFIER_EXAMPLES, body))
         status = (ver.parsed.get("status") or "").strip().lower()
         status = status if status in ("correct", "incorrect", "uncertain") else "uncertain"
         feedback = ver.parsed.get("feedback") or ""
 
         ref = await ctx.call(
-            "refiner", P.few_shot(P.REFINER_SYSTEM, P.REFINER_EXAMPLES, f"{body}\nCheck: {status}. {feedback}".strip())
+            "refiner", few_shot(P.REFINER_SYSTEM, P.REFINER_EXAMPLES, f"{body}\nCheck: {status}. {feedback}".strip())
         )
         refined = ref.parsed.get("solution") or solution
         ref.turn_score = answer_score(to_number(refined), task.answer)
 
         fin = await ctx.call(
-            "finalizer", P.few_shot(P.FINALIZER_SYSTEM, P.FINALIZER_EXAMPLES, f"Question: {q}\nSolution: {refined}")
+            "finalizer", few_shot(P.FINALIZER_SYSTEM, P.FINALIZER_EXAMPLES, f"Question: {q}\nSolution: {refined}")
         )
         answer = fin.parsed.get("answer")
         fin.turn_score = answer_score(answer, task.answer)

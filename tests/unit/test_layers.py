@@ -1,0 +1,122 @@
+"""The house's floors, read from the source: every import (module level, inside functions, or
+for type checking only) goes to the same floor or one below, nothing imports in a circle, and no
+folder is a crowded room. docs/design.md draws the same floors."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+PKG = SRC / "masrl"
+
+# top floor first; a package (or loose module) of masrl on each
+FLOORS = [
+    ("cli",),
+    ("driver",),
+    ("workflows", "envs", "rewards"),
+    ("worker",),
+    ("engines",),
+    ("modeling",),
+    ("tools",),
+    ("models",),
+    ("data",),
+    ("algorithms",),
+    ("agents", "policies", "messages", "trace", "parsing", "seeding", "http_client"),
+    ("config",),
+    ("errors",),
+]
+FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """masrl module -> the masrl modules it imports (anywhere in its source)."""
+    modules = {_module(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                # ``from pkg import x``: the module pkg.x when x is one, else pkg itself
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in modules:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    graph[name].add(t)
+    for name in modules:
+        graph.setdefault(name, set())
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of nodes that reach each other (strongly connected, more than one node)."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for w in graph.get(todo.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        return seen
+
+    reached = {v: reach(v) for v in graph}
+    groups = {frozenset({v} | {w for w in reached[v] if v in reached.get(w, ())}) for v in graph}
+    return sorted(sorted(g) for g in groups if len(g) > 1)
+
+
+def _floor_name(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "masrl"
+
+
+def test_no_module_imports_in_a_circle():
+    assert cycles(import_graph()) == []
+
+
+def test_no_package_imports_in_a_circle():
+    packages: dict[str, set[str]] = defaultdict(set)
+    for a, targets in import_graph().items():
+        for b in targets:
+            if _floor_name(a) != _floor_name(b):
+                packages[_floor_name(a)].add(_floor_name(b))
+    assert cycles(packages) == []
+
+
+def test_every_import_goes_down_or_stays_on_its_floor():
+    graph = import_graph()
+    unplaced = sorted({_floor_name(m) for m in graph} - set(FLOOR) - {"masrl"})
+    assert not unplaced, f"place these on a floor in FLOORS (and in docs/design.md): {unplaced}"
+    climbs = [f"{a} -> {b}" for a, targets in graph.items() for b in targets
+              if _floor_name(a) != "masrl" and FLOOR[_floor_name(b)] < FLOOR[_floor_name(a)]]
+    assert climbs == []
+
+
+def test_the_check_sees_a_climb_and_a_circle():
+    """The checks above can fail: a made-up graph with a circle and an import up a floor."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    graph = import_graph()
+    graph["masrl.errors"].add("masrl.driver.builder")
+    assert any(a == "masrl.errors" for a, ts in graph.items() for b in ts if FLOOR[_floor_name(b)] < FLOOR["errors"])
+
+
+def test_rooms_stay_small():
+    loose = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(loose) <= 10, loose
+    for folder in [PKG / "driver", *(p for p in (PKG / "driver").rglob("*") if p.is_dir() and p.name != "__pycache__")]:
+        files = sorted(p.name for p in folder.glob("*.py"))
+        assert len(files) <= 8, (folder, files)

@@ -45,7 +45,13 @@ class ToolError(InfraError):
     (A failure the model caused comes back from ``ctx.tool`` as ``ToolResult(ok=False)``.)"""
 
 
-class ContextOverflow(InfraError):
+class PromptError(InfraError):
+    """One call's prompt cannot be run: it does not render or tokenise (a lone UTF-16 surrogate,
+    say), or it is too long to try. That call fails alone, never its batch; a workflow's episode
+    fails with it (dropped and counted, like any infrastructure failure), the gateway answers 400."""
+
+
+class ContextOverflow(PromptError):
     """A prompt plus the tokens asked for do not fit the model's context (the gateway answers 400)."""
 
     def __init__(self, tokens: int, max_new: int, limit: int):

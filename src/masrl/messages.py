@@ -36,6 +36,7 @@ class GenCall:
     seed: int | None = None  # the call's own sampling seed: its tokens do not depend on its batch
     tools: list[dict] = field(default_factory=list)  # JSON specs of tools the model may call (``tools.calls``)
     extends: str | None = None  # an earlier call whose prompt and sampled completion these messages continue
+    logprobs: int | None = None  # None: none back; 0: each sampled token's logprob; k: and the k likeliest tokens
 
 
 @dataclass
@@ -46,6 +47,8 @@ class GenResult:
     n_completion_tokens: int
     finish_reason: str  # "stop" (EOS or stop string) | "length"
     version: int = 0  # the policy's weight version that sampled it (its updates so far)
+    # when the call asked (GenCall.logprobs): per sampled token {"token", "logprob", "bytes", "top_logprobs"}
+    logprobs: list[dict] | None = None
 
 
 @dataclass

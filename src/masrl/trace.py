@@ -42,6 +42,8 @@ class Call:
     advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained
     trainable: bool = True
     policy_version: int = 0  # the version of the policy's weights that sampled this call (its updates so far)
+    # per-token logprobs, only when the caller asked for them (a gateway request's ``logprobs``); never logged
+    token_logprobs: list[dict] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -76,7 +78,10 @@ class Trace:
         return self.error is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        for c in d["calls"]:
+            c.pop("token_logprobs", None)
+        return d
 
 
 @dataclass(frozen=True)

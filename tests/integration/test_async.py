@@ -96,3 +96,51 @@ def test_an_async_run_killed_with_sigkill_resumes_to_the_end(tmp_path):
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
     assert steps == [1, 2, 3, 4]  # each step once: what the killed run logged past its checkpoint was redone
     assert ckpt.latest_checkpoint(run_dir / "checkpoints").name == "step_000004"
+
+
+def test_an_evaluation_in_async_mode_never_lends_its_weights_to_training_calls(tmp_path):
+    """Evaluation swaps a policy's EMA weights in; with async rollouts, training episodes are still
+    running then. None of their calls may sample while the EMA is in (before the fix, they did)."""
+    data = _data(tmp_path, steps=2, max_in_flight=8)
+    data["policies"]["shared"]["schedule"] = {"ema": 0.5}
+    data["data"]["eval"]["n"] = 4
+    tr, workers, _ = prepared_trainer(data, tmp_path)
+    w = workers["shared"]
+    seen = {"in_eval": False, "training_during_eval": 0, "training": 0, "eval_calls": 0}
+    real_generate, real_begin, real_end = w.generate, w.begin_eval, w.end_eval
+
+    def generate(calls):
+        n = sum(c.record for c in calls)
+        seen["training"] += n
+        if seen["in_eval"]:
+            seen["training_during_eval"] += n
+            seen["eval_calls"] += len(calls) - n
+        return real_generate(calls)
+
+    def begin():
+        real_begin()
+        seen["in_eval"] = True
+
+    def end():
+        seen["in_eval"] = False
+        real_end()
+
+    (batcher,) = tr.rt.controller.batchers  # it calls the worker's generate: what reaches the engine
+    batcher.run_batch, w.begin_eval, w.end_eval = generate, begin, end
+
+    async def go():
+        rollouts = tr.async_rollouts()
+        for _ in range(2):
+            await tr.async_step(rollouts)
+            running = len(rollouts.running)
+            await tr.evaluate("mid-run")  # as the loop's eval_every does, with episodes still running
+        await rollouts.stop()
+        await tr.rt.controller.aclose()
+        return running
+
+    import asyncio
+
+    running = asyncio.run(go())
+    tr.rt.close()
+    assert running > 0 and seen["eval_calls"] > 0  # the evaluation ran while training episodes were in flight
+    assert seen["training"] > 0 and seen["training_during_eval"] == 0

@@ -14,7 +14,8 @@ from tinycfg import prepared_trainer, tiny_config
 from masrl.config import load_config
 from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.run.loop import Trainer
-from masrl.driver.serving.gateway import Gateway, chat_response
+from masrl.driver.serving.gateway import Gateway
+from masrl.driver.serving.wire import chat_response
 from masrl.errors import MasrlError
 from masrl.trace import Call, Trace
 
@@ -259,7 +260,7 @@ def test_an_outside_agent_can_post_its_episodes_outcome_and_a_calls_credit(tmp_p
 
 
 def test_posted_rewards_are_checked_before_any_is_kept():
-    from masrl.driver.serving.gateway import BadRequest, post_rewards
+    from masrl.driver.serving.wire import BadRequest, post_rewards
 
     trace = Trace("t", "q", 0)
     trace.calls.append(Call("c1", "t", "q", 0, "solver", "p", 0, []))

@@ -147,3 +147,28 @@ def test_conditions_loop_until_the_step_limit():
     assert [c.messages[-1]["content"] for c in wrong.calls] == ["try 0: 2+2?", "try 1: 2+2?", "try 2: 2+2?"]
     right = _run(Graph(graph=g), task, None, Echo({"a": "<answer>4</answer>"}))
     assert len(right.calls) == 1 and right.metrics == {"outcome": 1.0, "step_limit_hit": 0.0}
+
+
+def test_no_expression_builds_an_oversized_value():
+    """Repetition, concatenation and big products are refused before the value is built: at load
+    when both sides are literals, at run time otherwise; '%' is arithmetic only."""
+    import time
+
+    from masrl.workflows.expr import MAX_SIZE
+
+    for src in ('"ab" * 100000000', "[1, 2, 3] * 100000000", '"%999999999d" % 1', "9" * 1300 + " * " + "9" * 1300):
+        with pytest.raises(ExprError):
+            compile_expr(src)
+    rep, fmt = compile_expr("xs * 100000000"), compile_expr("s % 1")
+    t0 = time.perf_counter()
+    with pytest.raises(EvalError, match=f"builds more than {MAX_SIZE:,}"):
+        rep({"xs": [1, 2, 3]})
+    with pytest.raises(EvalError, match="arithmetic only"):
+        fmt({"s": "%999999999d"})
+    assert time.perf_counter() - t0 < 0.5  # refused before anything was allocated
+    big = compile_expr("x + y")
+    with pytest.raises(EvalError, match="joining"):
+        big({"x": "a" * MAX_SIZE, "y": "b"})
+    # ordinary uses stay
+    assert compile_expr("xs * 2")({"xs": [1]}) == [1, 1] and compile_expr("n % 3")({"n": 7}) == 1
+    assert compile_expr('"-" * 3 + s')({"s": "x"}) == "---x"

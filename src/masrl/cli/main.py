@@ -68,11 +68,15 @@ def _serve(args) -> int:
 
     from masrl.config import load_config
     from masrl.driver.serving.serve import serve
+    from masrl.tools.web import ServerLimits
 
     cfg = load_config(args.config, args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler(5.0))
     try:
-        serve(cfg, checkpoint=args.checkpoint, host=args.host, port=args.port, api_key_env=args.api_key_env)
+        limits = ServerLimits(idle_timeout_s=args.read_timeout_s, body_timeout_s=args.read_timeout_s,
+                              max_connections=args.max_connections, max_body_bytes=args.max_body_mb * 2**20)
+        serve(cfg, checkpoint=args.checkpoint, host=args.host, port=args.port, api_key_env=args.api_key_env,
+              limits=limits)
     except KeyboardInterrupt:
         print("\n[masrl] stopped", file=sys.stderr)
     return 0
@@ -113,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key-env", help="name of an environment variable holding the key requests must send")
+    s.add_argument("--read-timeout-s", type=float, default=30.0,
+                   help="a connection's request line and headers, and then its body, must arrive within this")
+    s.add_argument("--max-connections", type=int, default=1024, help="open connections; past it a new one gets a 503")
+    s.add_argument("--max-body-mb", type=int, default=16, help="largest request body; a larger one gets a 413")
     s.set_defaults(fn=_serve)
     c = sub.add_parser("compare", help="one HTML page: runs grouped by config name (seeds), held-out accuracy "
                                        "against training calls, tokens and seconds, with the spread over seeds")

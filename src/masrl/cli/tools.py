@@ -28,6 +28,7 @@ def output_file(path: str, what: str) -> Path:
 
 
 def _serve(args) -> int:
+    from masrl.tools import web
     from masrl.tools.retrieval.index import BM25Index
     from masrl.tools.retrieval.server import RetrieverServer
 
@@ -39,14 +40,14 @@ def _serve(args) -> int:
                              max_connections=args.max_connections)
     print(f"[masrl] {len(index)} documents indexed in {time.time() - t0:.1f}s; serving on {server.url} "
           f"(POST /retrieve, GET /health); Ctrl-C to stop", flush=True)
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not web.loopback_host(args.host):
         print(f"[masrl] warning: listening on {args.host}, reachable from other machines", file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         print("\n[masrl] stopped", file=sys.stderr)
     finally:
-        server.httpd.server_close()
+        server.sock.close()
     return 0
 
 
@@ -102,7 +103,7 @@ def add_commands(sub) -> None:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle or half-sent connection is closed")
-    s.add_argument("--max-connections", type=int, default=256, help="open connections past this get a 503")
+    s.add_argument("--max-connections", type=int, default=1024, help="open connections past this get a 503")
     s.set_defaults(fn=_serve)
     i = r.add_parser("index", help="(re)build the index beside the corpus")
     i.add_argument("--corpus", required=True)

@@ -32,7 +32,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1", "[::1]")
 class ServerLimits:
     idle_timeout_s: float = 30.0  # request line and headers must arrive within this
     body_timeout_s: float = 30.0  # the body, once the headers are in
-    max_connections: int = 256  # open connections; past it a new one gets a 503
+    max_connections: int = 1024  # open connections; past it a new one gets a 503
     max_body_bytes: int = 16 * 2**20
 
 
@@ -93,11 +93,11 @@ class _Refuse(asyncio.Protocol):
 class Server:
     """An aiohttp app on a socket, inside the limits. ``await start()``, ``await stop()``."""
 
-    def __init__(self, app, sock: socket.socket, limits: ServerLimits = ServerLimits(), *, refusal: dict | None = None):
-        self.app, self.sock, self.limits = app, sock, limits
+    def __init__(self, app, sock: socket.socket, limits: ServerLimits | None = None, *, refusal: dict | None = None):
+        self.app, self.sock, self.limits = app, sock, limits or ServerLimits()
         self.refused = 0
         self.refusal = error_bytes(503, "Service Unavailable", refusal or {
-            "error": f"too many open connections (more than {limits.max_connections}); try again shortly"})
+            "error": f"too many open connections (more than {self.limits.max_connections}); try again shortly"})
         self._runner = None
         self._server = None
 
@@ -117,8 +117,9 @@ class Server:
     async def start(self) -> None:
         from aiohttp import web
 
+        _room_for(self.limits.max_connections)
         self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
-                                     keepalive_timeout=self.limits.idle_timeout_s)
+                                     keepalive_timeout=self.limits.idle_timeout_s, lingering_time=0)
         await self._runner.setup()
         server = self._runner.server
 
@@ -128,7 +129,8 @@ class Server:
                 return _Refuse(self.refusal)
             return server()
 
-        self._server = await asyncio.get_running_loop().create_server(connection, sock=self.sock)
+        self._server = await asyncio.get_running_loop().create_server(  # a backlog that holds a burst of connects
+            connection, sock=self.sock, backlog=max(128, min(self.limits.max_connections, 4096)))
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -144,8 +146,8 @@ async def read_body(request, limits: ServerLimits) -> bytes:
     from aiohttp import web
 
     if request.content_length is not None and request.content_length > limits.max_body_bytes:
-        raise BodyError(413, f"the body has {request.content_length:,} bytes, more than the {limits.max_body_bytes:,} "
-                             f"this server takes")
+        raise BodyError(413, f"the body has {request.content_length:,} bytes, over this server's limit of "
+                             f"{limits.max_body_bytes:,}")
     try:
         return await asyncio.wait_for(request.read(), limits.body_timeout_s)
     except asyncio.TimeoutError:
@@ -153,10 +155,24 @@ async def read_body(request, limits: ServerLimits) -> bytes:
             request.transport.close()
         raise BodyError(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
     except web.HTTPRequestEntityTooLarge:
-        raise BodyError(413, f"the body is larger than the {limits.max_body_bytes:,} bytes this server takes") from None
+        raise BodyError(413, f"the body is over this server's limit of {limits.max_body_bytes:,} bytes") from None
 
 
 class BodyError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+def _room_for(connections: int) -> None:
+    """Raise this process's soft limit on open files (up to the hard one) so that the connection cap,
+    not the descriptor limit, is what a flood meets."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = connections + 256
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
+    except (ImportError, ValueError, OSError):
+        pass

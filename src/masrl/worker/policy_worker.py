@@ -22,7 +22,7 @@ from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.errors import ContextOverflow
+from masrl.errors import ContextOverflow, PromptError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
@@ -34,6 +34,9 @@ from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
 from masrl.worker.training import Sample, train_policy
 from masrl.worker.weight_copy import WeightCopy
+
+# no tokenizer packs more characters than this into one token on average: a longer prompt cannot fit
+MAX_CHARS_PER_TOKEN = 32
 
 
 class PolicyWorker(PolicyHost):
@@ -194,21 +197,21 @@ class PolicyWorker(PolicyHost):
             self._ema_stash.back([t for e in self.emas.values() for t in e.shadow])
 
     def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
+        """Each call is checked, rendered and tokenised on its own, so one bad prompt fails its own
+        call (a ``PromptError`` in its place) and the others run as one engine batch."""
         self._resident()
-        prompts = [self.render(c.messages, c.template_kwargs, c.tools, extends=c.extends, call_id=c.call_id)
-                   for c in calls]
         limit = self.context_limit()
-        fits = [len(p) + c.sampling.max_new_tokens <= limit for c, p in zip(calls, prompts)]
+        prompts = [self._prompt(c, limit) for c in calls]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
-                    for c, p, ok in zip(calls, prompts, fits) if ok]
+                    for c, p in zip(calls, prompts) if not isinstance(p, Exception)]
         with self._engine_lock:  # a publish waits for this batch
             outputs = iter(self.engine.generate(requests) if requests else [])
             versions = dict(self.published)
         results: list[GenResult | Exception] = []
-        for c, p, ok in zip(calls, prompts, fits):
-            if not ok:  # that call alone fails; the engine never sees it
+        for c, p in zip(calls, prompts):
+            if isinstance(p, Exception):  # that call alone fails; the engine never sees it
                 self.prompts.pending.pop(c.call_id, None)
-                results.append(ContextOverflow(len(p), c.sampling.max_new_tokens, limit))
+                results.append(p)
                 continue
             o = next(outputs)
             self.prompts.remember(c.call_id, p, o.completion_ids)
@@ -218,8 +221,49 @@ class PolicyWorker(PolicyHost):
                                 dict(c.key), version=version)
                 with self._buffer_lock:
                     self.buffer[c.call_id] = sample
-            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version))
+            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version,
+                                     logprobs=None if c.logprobs is None else self._logprobs(c, p, o)))
         return results
+
+    @torch.no_grad()
+    def _logprobs(self, c: GenCall, prompt: list[int], o) -> list[dict]:
+        """The sampled tokens' logprobs as the engine drew them (softmax(logits / T)), and with
+        ``c.logprobs = k > 0`` each position's k likeliest tokens under the same distribution, from
+        one forward pass over the weights that sampled (the engine's copy, when it has one)."""
+        tok = self.host.tokenizer
+        piece = [tok.decode([t], skip_special_tokens=False) for t in o.completion_ids]
+        out = [{"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8", "replace")), "top_logprobs": []}
+               for text, lp in zip(piece, o.logprobs)]
+        if not c.logprobs or not o.completion_ids:
+            return out
+        model = self.copy.model if self.copy is not None else self.host.model
+        ids = torch.tensor([prompt + list(o.completion_ids)], device=next(model.parameters()).device)
+        adapter = self.host.adapter_for(c.policy)
+        with self._engine_lock, _only_adapter(model, adapter, self.host.is_lora):
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()
+        top = torch.log_softmax(logits / max(c.sampling.temperature, 1e-5), dim=-1).topk(c.logprobs, dim=-1)
+        for row, values, indices in zip(out, top.values.tolist(), top.indices.tolist()):
+            for v, i in zip(values, indices):
+                text = tok.decode([i], skip_special_tokens=False)
+                row["top_logprobs"].append({"token": text, "logprob": v, "bytes": list(text.encode("utf-8", "replace"))})
+        return out
+
+    def _prompt(self, c: GenCall, limit: int) -> list[int] | PromptError:
+        """``c``'s prompt ids, or the ``PromptError`` that fails ``c`` alone: too many characters to
+        be worth tokenising (no tokenizer packs more than ``MAX_CHARS_PER_TOKEN`` into a token), a
+        render or tokeniser failure, or a prompt that does not fit the context."""
+        chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
+        if chars > limit * MAX_CHARS_PER_TOKEN:
+            return PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
+                               f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
+                               f"tokenising")
+        try:
+            p = self.render(c.messages, c.template_kwargs, c.tools, extends=c.extends, call_id=c.call_id)
+        except Exception as exc:  # the call's own content (the template or tokenizer refused it)
+            return PromptError(f"the prompt could not be rendered and tokenised: {type(exc).__name__}: {exc}")
+        if len(p) + c.sampling.max_new_tokens > limit:
+            return ContextOverflow(len(p), c.sampling.max_new_tokens, limit)
+        return p
 
     def context_limit(self) -> int:
         """The most tokens a prompt and its completion may hold (the model's position limit)."""
@@ -443,3 +487,25 @@ class PolicyWorker(PolicyHost):
         with torch.no_grad():
             params = [p.detach().to("cpu", torch.float64) for p in self.host.policy_parameters(policy)]
             return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]
+
+
+@contextlib.contextmanager
+def _only_adapter(model, adapter: str | None, lora: bool):
+    """A forward through ``model`` with LoRA ``adapter`` on (None: the plain base, adapters off);
+    a model without adapters (``lora`` false) runs as it is."""
+    if not lora:
+        yield
+        return
+    if adapter is None:
+        with model.disable_adapter():
+            yield
+        return
+    prev = model.active_adapter
+    grads = {id(p): p.requires_grad for p in model.parameters()}
+    model.set_adapter(adapter)
+    try:
+        yield
+    finally:
+        model.set_adapter(prev)
+        for p in model.parameters():  # set_adapter flips requires_grad: put back what it was
+            p.requires_grad_(grads[id(p)])

@@ -9,6 +9,11 @@ on mappings only), indexing (``xs[0]``), comparisons (``== != < <= > >= in not i
 ``or``/``not``, ``+ - * / %``, ``x if c else y`` and calls of the functions in ``FUNCTIONS``. Parsed
 with Python's ``ast`` into a whitelist of node types and evaluated by the walker below: never
 ``eval``, no attribute access on objects, no names starting with ``_``, no keyword arguments.
+
+No expression builds a value past ``MAX_SIZE`` characters or items (repetition, concatenation) or
+an integer past ``MAX_BITS`` bits, and ``%`` is arithmetic only (no string formatting, whose
+widths build strings of any size): the size is checked before the value is built, at load time
+when both operands are literals, at run time otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +30,31 @@ class ExprError(ValueError):
 
 class EvalError(ValueError):
     """An expression that failed on the values it met (a missing field, a bad operand)."""
+
+
+MAX_SIZE = 1_000_000  # characters of a string, items of a list, that one operation may build
+MAX_BITS = 4096  # of an integer one operation may build
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def size_check(op: type, left: Any, right: Any) -> str | None:
+    """Why ``left op right`` would build too big a value (None: it would not). Called before the
+    operation runs, so nothing oversized is ever allocated."""
+    seqs = (str, list, tuple)
+    if op is ast.Mult:
+        seq, n = (left, right) if isinstance(left, seqs) else (right, left)
+        if isinstance(seq, seqs) and _is_int(n) and len(seq) * max(n, 0) > MAX_SIZE:
+            return f"repeating {len(seq):,} items {n:,} times builds more than {MAX_SIZE:,}"
+        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > MAX_BITS:
+            return f"the product would have more than {MAX_BITS} bits"
+    if op is ast.Add and isinstance(left, seqs) and isinstance(right, seqs) and len(left) + len(right) > MAX_SIZE:
+        return f"joining {len(left):,} and {len(right):,} items builds more than {MAX_SIZE:,}"
+    if op is ast.Mod and isinstance(left, (str, bytes)):
+        return "'%' is arithmetic only here (string formatting is not part of the language)"
+    return None
 
 
 def _docs(docs) -> str:
@@ -141,6 +171,11 @@ class _Checker(ast.NodeVisitor):
         if type(node.op) not in _BIN:
             self.generic_visit(node)
         self.visit_all((node.left, node.right))
+        literal = [_literal(n) for n in (node.left, node.right)]
+        if all(v is not _UNKNOWN for v in literal):  # both sides known now: refuse here, not at run time
+            why = size_check(type(node.op), *literal)
+            if why:
+                raise ExprError(f"`{self.src}`: {why}")
 
     def visit_Compare(self, node: ast.Compare) -> None:
         if not all(type(op) in _CMP for op in node.ops):
@@ -162,6 +197,18 @@ class _Checker(ast.NodeVisitor):
         if node.keywords:
             raise ExprError(f"`{self.src}`: keyword arguments are not allowed")
         self.visit_all(node.args)
+
+
+_UNKNOWN = object()
+
+
+def _literal(node: ast.AST) -> Any:
+    """A literal's value (a constant, or a list of constants), else ``_UNKNOWN``."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant) for e in node.elts):
+        return [e.value for e in node.elts]  # type: ignore[attr-defined]
+    return _UNKNOWN
 
 
 def _chain(node: ast.AST) -> tuple[str, str | None] | None:
@@ -237,7 +284,11 @@ class _Evaluator(ast.NodeVisitor):
         return (not v) if isinstance(node.op, ast.Not) else -v
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
-        return _BIN[type(node.op)](self.visit(node.left), self.visit(node.right))
+        left, right = self.visit(node.left), self.visit(node.right)
+        why = size_check(type(node.op), left, right)
+        if why:
+            raise EvalError(why)
+        return _BIN[type(node.op)](left, right)
 
     def visit_Compare(self, node: ast.Compare) -> bool:
         left = self.visit(node.left)

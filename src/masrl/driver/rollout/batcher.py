@@ -114,15 +114,15 @@ class Batcher:
                 results = await loop.run_in_executor(None, self._run_locked, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"{self.name}: run_batch returned {len(results)} results for {len(items)} items")
-            except Exception as exc:  # hand the failure to every caller of this batch
+            except Exception as exc:  # the engine failed: every caller of this batch gets it
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)
                 continue
             finally:
                 self.stats.busy_s += time.monotonic() - t0
+                self._idle.set()  # drain() waiters wake after _deliver below (no await between)
             self._deliver(batch, results)
-            self._idle.set()
 
     def _deliver(self, batch: list, results: Sequence[Any]) -> None:
         self.stats.batches += 1

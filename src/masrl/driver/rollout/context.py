@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from masrl.agents import AgentSpec
-from masrl.errors import ContextOverflow, InfraError, ToolError  # noqa: F401 - InfraError: workflows import it here
+from masrl.errors import InfraError, PromptError, ToolError  # noqa: F401 - InfraError: workflows import it here
 from masrl.messages import GenCall
 from masrl.seeding import stable_seed
 from masrl.tools.base import Tool, ToolInfraError, ToolResult, run_tool
@@ -51,6 +51,7 @@ class WorkflowContext:
         agents: dict[str, AgentSpec],
         submit: Submit,
         *,
+        admit: Callable[[], Awaitable[None]] | None = None,
         train: bool,
         call_timeout_s: float,
         tools: dict[str, Callable] | None = None,
@@ -61,17 +62,19 @@ class WorkflowContext:
         self.trace = trace
         self.agents = agents
         self._submit = submit
+        self._admit = admit  # awaited before a recorded call's timeout starts (the controller may hold training)
         self.train = train
         self.call_timeout_s = call_timeout_s
         self.tools = {k: v if isinstance(v, Tool) else Tool.from_function(v, name=k) for k, v in (tools or {}).items()}
         self.temperature = temperature  # eval override
+        self.top_p: float | None = None  # a served request's own (masrl serve)
         self.seed = seed  # the trace's sampling seed; each call's derives from it, its agent and turn
         self.branch = branch
         self.state = trace.state
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
                    tools: list[str] | None = None, tool_specs: list[dict] | None = None,
-                   limit: dict | None = None, extends: str | None = None) -> Call:
+                   limit: dict | None = None, extends: str | None = None, logprobs: int | None = None) -> Call:
         """Call ``agent`` on ``messages``. ``tools``: names of this workflow's tools the model may
         call itself (rendered through the chat template's ``tools=`` or masrl's tag format; read
         its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``).
@@ -79,7 +82,10 @@ class WorkflowContext:
         ``limit``: ``max_new_tokens`` no larger than the agent's own, and ``stop`` strings added to
         the agent's (what an outside program may ask for without changing what is trained).
         ``extends``: an earlier call these messages continue (its messages, its completion, more);
-        the worker then reuses that call's exact prompt and sampled ids instead of re-tokenising."""
+        the worker then reuses that call's exact prompt and sampled ids instead of re-tokenising.
+        ``logprobs``: the sampled tokens' logprobs back on the call (``token_logprobs``), with the k
+        likeliest tokens at each position when k > 0. A prompt that cannot be run (``PromptError``:
+        it does not tokenise, or does not fit) fails this call alone and leaves no call on the trace."""
         spec = self.agents.get(agent)
         if spec is None:
             raise KeyError(f"the workflow called agent '{agent}', which the config does not define under `agents` "
@@ -95,18 +101,23 @@ class WorkflowContext:
         )
         t.calls.append(call)
         sampling = _limited(spec.sampling, limit)
-        if self.temperature is not None:  # eval override
-            sampling = sampling.model_copy(update={"temperature": self.temperature, "top_p": 1.0})
+        if self.temperature is not None or self.top_p is not None:  # eval's (or a served request's) override
+            update = {"temperature": self.temperature, "top_p": 1.0} if self.temperature is not None else {}
+            if self.top_p is not None:
+                update["top_p"] = self.top_p
+            sampling = sampling.model_copy(update=update)
         gen = GenCall(
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             template_kwargs=spec.template_kwargs, tools=self._specs(tools) + list(tool_specs or []),
-            seed=self._call_seed(agent, call.turn, index), extends=extends,
+            seed=self._call_seed(agent, call.turn, index), extends=extends, logprobs=logprobs,
             key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
         )
         try:
+            if self._admit is not None and gen.record:
+                await self._admit()
             res = await asyncio.wait_for(self._submit(agent, gen), self.call_timeout_s)
-        except (asyncio.CancelledError, ContextOverflow):  # the caller went away, or the prompt did not fit:
-            t.calls.remove(call)                            # no call was made
+        except (asyncio.CancelledError, PromptError):  # the caller went away, or the prompt cannot run:
+            t.calls.remove(call)                        # no call was made
             raise
         except asyncio.TimeoutError:
             raise InfraError(f"call to agent '{agent}' timed out after {self.call_timeout_s:g}s") from None
@@ -119,6 +130,7 @@ class WorkflowContext:
         call.n_completion_tokens = res.n_completion_tokens
         call.finish_reason = res.finish_reason
         call.policy_version = getattr(res, "version", 0)
+        call.token_logprobs = getattr(res, "logprobs", None)
         parsed = spec.parser(res.text)
         call.parsed = parsed.fields
         call.format_ok = parsed.ok

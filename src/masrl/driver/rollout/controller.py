@@ -37,21 +37,59 @@ class Controller:
         self.settings = settings
         self.tools = tools or {}
         self.open_traces: dict[str, Trace] = {}  # episodes running now (what a stop must drop)
+        self._held: asyncio.Event | None = None  # set while training_held; its end releases waiting calls
+        self._quiet: asyncio.Event | None = None  # set when the last training call in flight returns
+        self._training_calls = 0
         self.worker_of: dict[str, int] = {}
         for i, w in enumerate(workers):
             for p in w.policy_names:
                 self.worker_of[p] = i
 
     async def submit(self, agent: str, gen: GenCall):
-        """One call to the batcher of the host serving ``gen.policy`` (what a context's ``call`` ends in)."""
-        return await self.batchers[self.worker_of[gen.policy]].submit(gen)
+        """One call to the batcher of the host serving ``gen.policy`` (what a context's ``call`` ends in).
+        A training call waits while training is held (``training_held``)."""
+        if not gen.record:
+            return await self.batchers[self.worker_of[gen.policy]].submit(gen)
+        await self.admit()  # again: a hold may have begun since the context's own wait
+        self._training_calls += 1
+        try:
+            return await self.batchers[self.worker_of[gen.policy]].submit(gen)
+        finally:
+            self._training_calls -= 1
+            if not self._training_calls and self._quiet is not None:
+                self._quiet.set()
+
+    async def admit(self) -> None:
+        """Wait while training is held (a training context awaits this before its call's timeout starts)."""
+        while self._held is not None:
+            await self._held.wait()
+
+    @contextlib.asynccontextmanager
+    async def training_held(self):
+        """A block in which no training call samples: those already submitted finish first (on the
+        weights that were in place when they were sent), new ones wait until the block ends. The
+        evaluation runs inside one, so that with asynchronous rollouts no training call samples the
+        weights an evaluation swaps in (a policy's EMA) or competes with it."""
+        if self._held is not None:  # nested: the outer block holds already
+            yield
+            return
+        self._held = asyncio.Event()
+        try:
+            while self._training_calls:
+                self._quiet = asyncio.Event()
+                await self._quiet.wait()
+            yield
+        finally:
+            held, self._held, self._quiet = self._held, None, None
+            held.set()
 
     async def run_episode(self, task: Task, sample_idx: int, train: bool, temperature: float | None, sem,
                           seed: int | None = None, branch: Branch | None = None) -> Trace:
         """One workflow run of ``task`` (sample ``sample_idx``) under ``sem``, scored; an infrastructure
         failure is recorded on the trace, a bug raises ``WorkflowBug``."""
         trace = Trace(trace_id=new_id("trace"), task_id=task.id, sample_idx=sample_idx)
-        ctx = WorkflowContext(trace, self.agents, self.submit, train=train, call_timeout_s=self.settings.call_timeout_s,
+        ctx = WorkflowContext(trace, self.agents, self.submit, admit=self.admit if train else None,
+                              train=train, call_timeout_s=self.settings.call_timeout_s,
                               tools=self.tools, temperature=temperature,
                               seed=None if seed is None else stable_seed(seed, task.id, sample_idx), branch=branch)
         async with sem:

@@ -134,11 +134,13 @@ class Trainer:
         temp = e.temperature
         # every evaluation samples with the same seed: before/after differ by the weights alone;
         # policies with a weight EMA (policies.X.schedule.ema) are evaluated with it
-        with contextlib.ExitStack() as stack:
-            for w in self.rt.workers:
-                stack.enter_context(w.evaluating())
-            traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp,
-                                         label=label, seed=stable_seed(self.cfg.seed, "eval"))
+        # async rollouts: training episodes still run; none of their calls samples while the EMA is in
+        async with self.rt.controller.training_held():
+            with contextlib.ExitStack() as stack:
+                for w in self.rt.workers:
+                    stack.enter_context(w.evaluating())
+                traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp,
+                                             label=label, seed=stable_seed(self.cfg.seed, "eval"))
         by_id = {t.id: t for t in self.eval_tasks}
         for tr in traces:
             if not tr.failed:

@@ -14,42 +14,55 @@ from pathlib import Path
 
 from masrl.config import RunConfig
 from masrl.driver.builder import build_runtime
+from masrl.driver.checks import check_run
 from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.serving.gateway import Gateway
 from masrl.errors import ConfigError
+from masrl.tools import web
 from masrl.trace import Trace, new_id
 
 
 def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0.1", port: int = 8000,
-          api_key_env: str | None = None, log=print, ready=None) -> None:
-    path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
+          api_key_env: str | None = None, log=print, ready=None, limits: web.ServerLimits | None = None) -> None:
+    """Check the config, take the port, then load the models and answer until stopped: a bad config
+    or a port in use is a one-line error before any model loads."""
+    path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None
     key = None
     if api_key_env:
         key = os.environ.get(api_key_env)
         if not key:
             raise ConfigError(f"--api-key-env {api_key_env}: ${api_key_env} is not set")
-    rt = build_runtime(cfg, log=log)
+    if key is None and not web.loopback_host(host):
+        raise ConfigError(f"--host {host}: a server other machines can reach needs a key; set --api-key-env VAR "
+                          f"(without one it answers only requests to 127.0.0.1 or localhost)")
+    plan = check_run(cfg)
+    sock = web.bind(host, port)
+    try:
+        rt = build_runtime(cfg, log=log, plan=plan)
+    except BaseException:
+        sock.close()
+        raise
     try:
         if path is not None:
             for w in rt.workers:
                 w.load(str(path), with_optimizer=False)
             log(f"[masrl] serving the weights of {path}")
-        asyncio.run(_serve(rt, cfg, host, port, key, log, ready))
+        asyncio.run(_serve(rt, cfg, host, sock, key, log, ready, limits))
     finally:
         rt.close()
 
 
-async def _serve(rt, cfg: RunConfig, host: str, port: int, key: str | None, log, ready) -> None:
+async def _serve(rt, cfg: RunConfig, host: str, sock, key: str | None, log, ready, limits) -> None:
     def context():
         trace = Trace(trace_id=new_id("serve"), task_id="serve", sample_idx=0)
         return WorkflowContext(trace, rt.agents, rt.controller.submit, train=False,
                                call_timeout_s=cfg.rollout.call_timeout_s)
 
-    gw = Gateway(host=host, port=port, api_key=key, free_context=context)
+    gw = Gateway(host=host, api_key=key, free_context=context, sock=sock, limits=limits)
     url = await gw.start()
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log(f"[masrl] warning: listening on {host}, reachable from other machines")
+    if not web.loopback_host(host):
+        log(f"[masrl] listening on {host}, reachable from other machines (requests need the API key)")
     log(f"[masrl] serving agents {', '.join(rt.agents)} at {url}/v1 (OpenAI-compatible; model = agent); Ctrl-C to stop")
     if ready is not None:
         Path(ready).write_text(url)

@@ -4,20 +4,24 @@ Request:  {"queries": ["..."], "topk": 3, "return_scores": true}
 Response: Search-R1's shape (``wire``): {"result": [[{"document": {"id", "contents"}, "score": 1.2}, ...], ...]},
           or without scores {"result": [[{"id", "contents"}, ...], ...]}
 
-Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix. A connection that sends
-nothing (or half a request) for ``idle_timeout_s`` is closed; past ``max_connections`` open ones a
-new connection gets a 503 at once. Queries of requests that arrive together are looked up in one
-index call (``QueryBatcher``), which is where the throughput under many clients comes from.
+Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix. It runs on the same HTTP
+stack as the gateway (``tools.web``: aiohttp in an event loop, no thread per connection): a
+connection that sends nothing, or half a request, for ``idle_timeout_s`` is closed; past
+``max_connections`` open ones a new connection gets a 503 at once; idle connections cost a socket,
+not a thread, so a few hundred of them do not shut out new clients. Queries of requests that
+arrive together are looked up in one index call (``QueryBatcher``), which is where the
+throughput under many clients comes from.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from masrl.tools import web
 from masrl.tools.retrieval.index import BM25Index
 from masrl.tools.retrieval.wire import to_wire
 
@@ -81,8 +85,23 @@ class QueryBatcher:
     def retrieve(self, queries: list[str], topk: int, return_scores: bool) -> list[list[dict]]:
         done = threading.Event()
         slot: dict = {}
-        self.queue.put((queries, topk, return_scores, slot, done))
+        self.queue.put((queries, topk, return_scores, slot, done.set))
         done.wait()
+        if "error" in slot:
+            raise slot["error"]
+        return slot["result"]
+
+    async def aretrieve(self, queries: list[str], topk: int, return_scores: bool) -> list[list[dict]]:
+        """``retrieve`` for an event loop: the caller waits on a future, not on a thread of its own."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        slot: dict = {}
+
+        def done():
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(None))
+
+        self.queue.put((queries, topk, return_scores, slot, done))
+        await fut
         if "error" in slot:
             raise slot["error"]
         return slot["result"]
@@ -114,160 +133,111 @@ class QueryBatcher:
                 for item in batch:
                     item[3]["error"] = exc
             for item in batch:
-                item[4].set()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "masrl-retriever"
-    disable_nagle_algorithm = True  # answer in one segment; no 40 ms delayed-ACK stalls on keep-alive
-    timeout: float | None = 30.0  # socket timeout: idle keep-alive and half-sent requests are closed
-    index: BM25Index  # set by make_handler
-    lookup = None  # the index's retrieve, or a QueryBatcher's (set by make_handler)
-
-    def log_message(self, fmt, *args):  # quiet by default
-        pass
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self):
-        if self.path == "/health":
-            self._send(200, {"status": "ok", "documents": len(self.index)})
-        else:
-            self._send(404, {"error": f"no route GET {self.path}; use GET /health or POST /retrieve"})
-
-    def do_POST(self):
-        if self.path != "/retrieve":
-            self._drain()
-            self._send(404, {"error": f"no route POST {self.path}; use POST /retrieve"})
-            return
-        body = self._read_body()
-        if body is not None:
-            self._answer(body)
-
-    def _read_body(self) -> bytes | None:
-        """The request body, or None after answering why not (the connection then closes)."""
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            self._send(411, {"error": "send a Content-Length header"})
-            self.close_connection = True
-            return None
-        n = int(length)
-        if n > MAX_BODY:
-            self._send(413, {"error": f"body of {n} bytes is over the {MAX_BODY}-byte limit"})
-            self.close_connection = True
-            return None
-        return self.rfile.read(n)
-
-    def _answer(self, body: bytes) -> None:
-        try:
-            queries, topk, scores = validate(body)
-        except BadRequest as exc:
-            self._send(exc.status, {"error": str(exc)})
-            return
-        try:
-            result = self.lookup(queries, topk, scores)
-        except Exception as exc:  # never leave a client hanging
-            self._send(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
-            return
-        self._send(200, {"result": to_wire(result, scores)})
-
-    def _drain(self):
-        n = self.headers.get("Content-Length")
-        if n and n.isdigit() and int(n) <= MAX_BODY:
-            self.rfile.read(int(n))
-
-
-def make_handler(index: BM25Index, batcher: QueryBatcher | None = None, idle_timeout_s: float | None = 30.0):
-    """A request handler class over ``index`` (through ``batcher`` when given)."""
-    lookup = batcher.retrieve if batcher is not None else index.retrieve
-    return type("Handler", (_Handler,), {"index": index, "lookup": staticmethod(lookup), "timeout": idle_timeout_s})
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 256  # the default backlog of 5 resets connections under concurrent clients
-    max_connections = 256
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.open_sockets: set = set()
-        self._sock_lock = threading.Lock()
-        self.refused = 0
-
-    def process_request(self, request, client_address):
-        with self._sock_lock:
-            full = len(self.open_sockets) >= self.max_connections
-        if full:  # answer at once instead of starting one more thread
-            body = json.dumps({"error": f"the server holds {self.max_connections} connections; retry later"}).encode()
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            except OSError:
-                pass
-            self.refused += 1
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        with self._sock_lock:
-            self.open_sockets.add(request)
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            with self._sock_lock:
-                self.open_sockets.discard(request)
-
-    def close_open_connections(self) -> None:
-        import socket
-
-        with self._sock_lock:
-            socks = list(self.open_sockets)
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+                item[4]()
 
 
 class RetrieverServer:
-    """Serve an index in a background thread (tests, benchmarks) or the foreground (CLI)."""
+    """Serve an index from an event loop in a background thread (``start``; tests, benchmarks) or in
+    the foreground (``serve_forever``; the CLI)."""
 
     def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0, *, idle_timeout_s: float = 30.0,
-                 max_connections: int = 256, batch: bool = True):
+                 max_connections: int = 1024, batch: bool = True):
+        self.index = index
         self.batcher = QueryBatcher(index) if batch else None
-        self.httpd = _Server((host, port), make_handler(index, self.batcher, idle_timeout_s))
-        self.httpd.daemon_threads = True
-        self.httpd.max_connections = max_connections
+        self.host = host
+        self.limits = web.ServerLimits(idle_timeout_s=idle_timeout_s, body_timeout_s=idle_timeout_s,
+                                       max_connections=max_connections, max_body_bytes=MAX_BODY)
+        self.sock = web.bind(host, port)
+        self.port = self.sock.getsockname()[1]
+        self.server: web.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def refused(self) -> int:
+        return self.server.refused if self.server is not None else 0
+
+    def _app(self):
+        from aiohttp import web as aio
+
+        app = aio.Application(client_max_size=MAX_BODY)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/retrieve", self._retrieve)
+        app.router.add_route("*", "/{tail:.*}", self._nowhere)
+        return app
+
+    async def _health(self, request):
+        return _json(200, {"status": "ok", "documents": len(self.index)})
+
+    async def _nowhere(self, request):
+        return _json(404, {"error": f"no route {request.method} {request.path[:200]}; use GET /health or "
+                                    f"POST /retrieve"})
+
+    async def _retrieve(self, request):
+        if request.content_length is None and request.headers.get("Transfer-Encoding") is None:
+            return _json(411, {"error": "send a Content-Length header"})
+        try:
+            body = await web.read_body(request, self.limits)
+        except web.BodyError as exc:  # the body was not read: the connection cannot carry another request
+            resp = _json(exc.status, {"error": exc.message})
+            resp.force_close()
+            return resp
+        try:
+            queries, topk, scores = validate(body)
+        except BadRequest as exc:
+            return _json(exc.status, {"error": str(exc)})
+        try:
+            if self.batcher is not None:
+                result = await self.batcher.aretrieve(queries, topk, scores)
+            else:
+                result = await asyncio.to_thread(self.index.retrieve, queries, topk, scores)
+        except Exception as exc:  # never leave a client hanging
+            return _json(500, {"error": f"retrieval failed: {type(exc).__name__}: {exc}"})
+        return _json(200, {"result": to_wire(result, scores)})
+
+    async def _run(self, ready: threading.Event | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stopped = asyncio.Event()
+        self.server = web.Server(self._app(), self.sock, self.limits, refusal={
+            "error": f"the server holds {self.limits.max_connections} connections; retry later"})
+        await self.server.start()
+        if ready is not None:
+            ready.set()
+        try:
+            await self._stopped.wait()
+        finally:
+            await self.server.stop()
 
     def start(self) -> "RetrieverServer":
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        ready = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run(ready)), daemon=True,
+                                       name="retriever-server")
         self.thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("the retriever server did not start within 30 s")
         return self
 
     def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        asyncio.run(self._run())
 
     def stop(self) -> None:
         """Stop serving and drop kept-alive connections, as a killed server would."""
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.httpd.close_open_connections()
+        if self.loop is not None and self._stopped is not None:
+            self.loop.call_soon_threadsafe(self._stopped.set)
         if self.thread is not None:
-            self.thread.join(timeout=5)
+            self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def _json(status: int, payload: dict):
+    from aiohttp import web as aio
+
+    return aio.json_response(payload, status=status)
 
 
 def wait_healthy(url: str, timeout_s: float = 30.0) -> bool:

@@ -460,3 +460,23 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
     assert recs[0]["policies"]["shared"]["lp_mismatch"] < 2e-2  # version-0 calls scored by version-0 weights
     assert w.fingerprint("shared") != before["shared"]
     tr.rt.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_static_engine_on_cuda0_captures_after_one_on_cuda1_was_deleted():
+    """torch.cuda.graph's default capture stream is made once per process, on the device current at the
+    first capture; an engine names its own device's stream, so the order engines are built in is free."""
+    import gc
+
+    from masrl.engines.static import StaticEngine
+    from masrl.models import load_model
+
+    outs = []
+    for dev in ("cuda:1", "cuda:0"):
+        model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.bfloat16, device=dev)
+        eng = StaticEngine(model, tok, [tok.eos_token_id], device=dev)
+        outs.append([o.completion_ids for o in eng.generate([req(p, temperature=0.0) for p in prompts(tok, 3)])])
+        assert eng.stats["graphs_captured"] > 0
+        del eng, model
+        gc.collect()
+    assert outs[0] == outs[1]  # greedy on the same weights: the same tokens on either GPU

@@ -347,7 +347,11 @@ class StaticEngine:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        # the capture stream named, on this engine's device: torch.cuda.graph's default is one stream for
+        # the whole process, made on whichever device was current at the first capture, so an engine on
+        # cuda:0 built after one on cuda:1 captured on a stream of the other device and failed
+        with torch.cuda.device(self.dev), torch.cuda.graph(graph, pool=self.pool, stream=side,
+                                                           capture_error_mode="thread_local"):
             logits = self._decode_body(B, S)
         self.stats["graphs_captured"] += 1
         return graph, logits

@@ -480,3 +480,29 @@ def test_a_static_engine_on_cuda0_captures_after_one_on_cuda1_was_deleted():
         del eng, model
         gc.collect()
     assert outs[0] == outs[1]  # greedy on the same weights: the same tokens on either GPU
+
+
+def test_each_step_records_its_gpu_peak_and_what_holds_the_memory(tmp_path):
+    """metrics: gpu_peak_gib and per GPU the parts (weights, engine KV and weights, optimizer); the
+    parts are what the tensors hold, and the step's peak holds at least them."""
+    import asyncio
+
+    from tinycfg import prepared_trainer, tiny_config
+
+    data = tiny_config("math_team_shared", tmp_path, steps=2, model="random-smollm2-135m", device="cuda:0",
+                       precision="bf16")
+    tr, workers, _ = prepared_trainer(data, tmp_path)
+    recs = [asyncio.run(tr.train_step()) for _ in range(2)]
+    w = workers["shared"]
+    n_params = sum(p.numel() for p in w.host.model.parameters())
+    for rec in recs:
+        m = rec["memory"]["cuda:0"]
+        print(f"[gpu] memory: peak {m['peak_gib']:.3f} GiB, reserved {m['reserved_gib']:.3f}, weights {m['weights']:.3f}, "
+              f"kv {m['engine_kv']:.3f}, engine weights {m['engine_weights']:.3f}, optimizer {m['optimizer']:.3f}")
+        assert rec["gpu_peak_gib"] == m["peak_gib"] and m["reserved_gib"] >= m["peak_gib"]
+        assert abs(m["weights"] * 2**30 - 2 * n_params) < 0.05 * 2 * n_params  # bf16
+        assert abs(m["optimizer"] * 2**30 - 12 * n_params) < 0.05 * 12 * n_params  # fp32 masters + two moments
+        assert m["engine_kv"] > 0 and m["engine_weights"] > 0
+        held = sum(m[k] for k in ("weights", "optimizer", "engine_kv", "engine_weights"))
+        assert m["peak_gib"] >= held
+    tr.rt.close()

@@ -102,3 +102,15 @@ def test_the_driver_side_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_memory_rows_are_summed_per_process_and_gpu():
+    from masrl.driver.observe.metrics import memory_summary
+
+    one = [{"device": "cuda:0", "process": 7, "weights": 1.0, "optimizer": 2.0, "peak_gib": 5.0, "reserved_gib": 6.0},
+           {"device": "cuda:0", "process": 7, "weights": 0.5, "engine_kv": 1.5}]
+    got = memory_summary(one)
+    assert list(got) == ["cuda:0"] and got["cuda:0"]["weights"] == 1.5 and got["cuda:0"]["engine_kv"] == 1.5
+    assert got["cuda:0"]["peak_gib"] == 5.0 and got["cuda:0"]["optimizer"] == 2.0
+    two = one + [{"device": "cuda:0", "process": 8, "weights": 3.0, "peak_gib": 4.0, "reserved_gib": 4.5}]
+    assert sorted(memory_summary(two)) == ["cuda:0@7", "cuda:0@8"]  # Ray actors each see their GPU as cuda:0

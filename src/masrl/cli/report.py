@@ -52,7 +52,8 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    "reward": r["rollout"].get("reward"), "failed": r["rollout"].get("failed", 0),
                    "policies": _policy_metrics(r), "policy_kl": r.get("policy_kl", {}),
                    "alarms": r.get("alarms", []),
-                   "calls_during_update": r.get("async", {}).get("calls_during_update")} for r in steps],
+                   "calls_during_update": r.get("async", {}).get("calls_during_update"),
+                   "memory": r.get("memory", {})} for r in steps],
         "staleness": staleness_histogram(steps),
         "evals": [{"step": r["step"], "label": r["eval"], "outcome": r.get("outcome"),
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
@@ -109,6 +110,10 @@ _BODY = """<h1>masrl run: <span id="name"></span></h1>
 (rollout.mode async); calls older than policies.X.max_staleness are dropped. Importance weights: the
 trainer's probability of each token over the engine's.</div>
 <table class="kv" id="staleness-table"></table><div class="charts" id="async-charts"></div></div>
+<div id="memory-section" style="display:none"><h2>GPU memory</h2>
+<div class="muted">Per GPU, GiB: the step's peak allocated and reserved (what the allocator holds from the
+device), and what the hosts hold between steps: weights, the engine's KV cache, buffers and weight copies,
+the optimizer's fp32 masters and moments.</div><div class="charts" id="memory-charts"></div></div>
 <h2>Held-out</h2><div class="charts" id="eval-charts"></div>
 <h2>Trace browser</h2>
 <div>step<select id="step-select"></select>task<select id="task-select"></select></div>
@@ -154,6 +159,10 @@ if(Object.values(hist).some(h=>Object.keys(h).some(a=>+a>0))||steps.some(s=>s.ca
   for(const [key,title] of [['staleness_mean','mean staleness'],['stale_dropped','calls dropped as stale'],['ratio','importance ratio (mean)'],['tis_weight','truncated IS weight (mean)'],['mis_masked','share of tokens masked (MIS)']])
     chart(document.getElementById('async-charts'),title+' per policy',policies.map(p=>({name:p,points:steps.map(s=>[s.step,(s.policies[p]||{})[key]])})));
   chart(document.getElementById('async-charts'),'calls sampled during the update',[{name:'calls',points:steps.map(s=>[s.step,s.calls_during_update])}]);}
+const gpus=names('memory');
+if(gpus.length){document.getElementById('memory-section').style.display='block';
+  for(const g of gpus) chart(document.getElementById('memory-charts'),'GiB on '+g,['peak_gib','reserved_gib','weights','engine_kv',
+    'engine_weights','engine_buffers','weight_copy','optimizer'].map(k=>({name:k.replace('_gib',''),points:steps.map(s=>[s.step,(s.memory[g]||{})[k]])})));}
 const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];
 chart(document.getElementById('eval-charts'),'held-out accuracy',evalKeys.map(k=>({name:k==='outcome'?'accuracy':k,points:D.evals.map(e=>[e.step,e[k]])})));
 const stepSel=document.getElementById('step-select'), taskSel=document.getElementById('task-select');

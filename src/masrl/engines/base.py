@@ -36,6 +36,11 @@ class Engine(Protocol):
         once they are back) rebuilds what it needs."""
         ...
 
+    def memory(self) -> dict[str, int]:
+        """Bytes the engine keeps on its device between calls, beyond the model's weights: ``kv``
+        (its KV cache) and ``weights`` (its own copies of weights); {} when it keeps none."""
+        ...
+
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
     """``kind``: hf | static | vllm | auto (static on CUDA when the model supports it, else hf)."""

@@ -80,6 +80,9 @@ class HFEngine:
     def adapters(self) -> list[str]:
         return list(self.model.peft_config) if self.is_peft else []
 
+    def memory(self) -> dict[str, int]:
+        return {}  # its KV cache lives only during a generate
+
     def release(self) -> None:  # its caches live for one generate call
         return None
 

@@ -220,6 +220,19 @@ class StaticEngine:
         lora = self.is_peft
         self.w.refresh(base=not lora, adapters=lora)
 
+    def memory(self) -> dict[str, int]:
+        from masrl.worker.memory import tensor_bytes
+
+        kv = tensor_bytes([t for pair in self.__dict__.get("cache", []) for t in pair])
+        weights = 0
+        if self.w is not None:
+            own = [t for e in self.w.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])]
+            own += [t for e in self.w.layers for g in e["lora"].values() for t in (g.a, g.b)]
+            weights = tensor_bytes(own)
+        buffers = tensor_bytes([self.__dict__.get(n) for n in ("bias", "tok_buf", "pos_buf", "row_adapter")]
+                               + list(self.__dict__.get("masks", {}).values()))
+        return {"kv": kv, "weights": weights, "buffers": buffers}
+
     def release(self) -> None:
         for graph, _ in self.graphs.values():
             graph.reset()  # frees the graph's private memory pool now, not when the object is collected

@@ -111,6 +111,9 @@ class VLLMEngine:
     def adapters(self) -> list[str]:
         return list(self._adapters)
 
+    def memory(self) -> dict[str, int]:
+        return {}  # vLLM budgets its own memory (gpu_memory_utilization)
+
     def release(self) -> None:  # vLLM keeps its own memory; sleep mode is a GPU feature left to a later step
         return None
 

@@ -119,5 +119,8 @@ class EndpointHost(PolicyHost):
     def take_traffic(self) -> dict:
         return {}
 
+    def take_memory(self) -> list[dict]:
+        return []  # its memory is the server's
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -215,6 +215,15 @@ class PolicyHost(abc.ABC):
     def where(self) -> list[dict]:
         """Where this host's processes run: one dict per process (name, pid, node, devices)."""
 
+    @host_method("all", _concat)
+    @abc.abstractmethod
+    def take_memory(self) -> list[dict]:
+        """GPU memory, one dict per device this host uses: ``device``, ``process`` (pid), the peak
+        allocated and reserved since the last take (``peak_gib``, ``reserved_gib``; from the host
+        that answers for its process's device, else absent), and the GiB it holds by part
+        (``weights``, ``engine_kv``, ``engine_weights``, ``weight_copy``, ``optimizer``). [] without
+        a GPU."""
+
     @host_method("all", _traffic, local=True)
     @abc.abstractmethod
     def take_traffic(self) -> dict[str, list[float]]:

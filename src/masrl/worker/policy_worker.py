@@ -26,6 +26,7 @@ from masrl.errors import ContextOverflow, PromptError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
+from masrl.worker import memory
 from masrl.worker import state as ckpt
 from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
@@ -157,6 +158,32 @@ class PolicyWorker(PolicyHost):
         if ray is not None and ray.is_initialized():
             at.update(node_id=ray.get_runtime_context().get_node_id(), gpus=[str(g) for g in ray.get_gpu_ids()])
         return [at]
+
+    def take_memory(self) -> list[dict]:
+        import os
+
+        devices = sorted({d for d in (self.device, self.engine_device) if d.startswith("cuda")})
+        out = []
+        for d in devices:
+            seen: set[int] = set()
+            weights = memory.tensor_bytes(list(self.host.model.parameters()) + list(self.host.model.buffers()), d, seen)
+            heads = memory.tensor_bytes([p for h in self.host.value_heads.values() for p in h.parameters()], d, seen)
+            copy = memory.tensor_bytes(list(self.copy.model.parameters()), d, seen) if self.copy is not None else 0
+            opt = sum(o.state_bytes(d, seen) for o in self.optimizers.values())
+            engine = self.engine.memory() if str(getattr(self.engine, "device", "")) == d else {}
+            row = {"device": d, "process": os.getpid(), "weights": (weights + heads) / memory.GIB,
+                   "weight_copy": copy / memory.GIB, "optimizer": opt / memory.GIB,
+                   "engine_kv": engine.get("kv", 0) / memory.GIB, "engine_weights": engine.get("weights", 0) / memory.GIB,
+                   "engine_buffers": engine.get("buffers", 0) / memory.GIB}
+            if memory.claim(d, id(self)):
+                peak, reserved = memory.step_peak(d)
+                row.update(peak_gib=peak / memory.GIB, reserved_gib=reserved / memory.GIB)
+            out.append(row)
+        return out
+
+    @property
+    def engine_device(self) -> str:
+        return str(getattr(self.engine, "device", self.device))
 
     def get_step(self) -> int:
         return self.step
@@ -391,6 +418,7 @@ class PolicyWorker(PolicyHost):
         t_in = time.perf_counter()
         ref_moved = self.host.ref_stash.moved_s
         moved = opt.reload() if spec.offload_optimizer else 0
+        held_before = memory.reset_peak(self.device) if self.device.startswith("cuda") else 0
         t0 = time.perf_counter()
         m = train_policy(self.host, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
                          seed=self.seed + self.step, reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
@@ -406,8 +434,10 @@ class PolicyWorker(PolicyHost):
             m["offload_gb"] = moved / 2**30
         m["lr"] = lr
         m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
-        if self.device.startswith("cuda"):  # this process's peak so far (a rank's own, under ray)
-            m["gpu_peak_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        if self.device.startswith("cuda"):  # this update's peak, and what it added to what was held before
+            peak = torch.cuda.max_memory_allocated(self.device)
+            m["gpu_peak_gb"] = peak / 2**30
+            m["update_extra_gib"] = (peak - held_before) / 2**30
         self.updates[name] += 1
         if name in self.emas:
             self.emas[name].update()

@@ -84,6 +84,14 @@ class MasterWeightsAdamW:
         """The AdamW that holds this process's moments (the shard's own when sharded)."""
         return self.opt.optim if self.shard_of is not None else self.opt
 
+    def state_bytes(self, device: str, seen: set[int] | None = None) -> int:
+        """Bytes of the fp32 masters and AdamW moments this process holds on ``device`` (``seen``:
+        storages counted already, such as fp32 parameters that are their own masters)."""
+        from masrl.worker.memory import tensor_bytes
+
+        moments = [v for st in self._local.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return tensor_bytes(list(self.masters) + moments, device, seen)
+
     def moment_bytes(self) -> int:
         """Bytes of AdamW state this process holds (its share, when sharded)."""
         return sum(v.numel() * v.element_size() for st in self._local.state.values() for v in st.values()

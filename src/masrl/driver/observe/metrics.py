@@ -149,6 +149,8 @@ def step_line(step: int, total: int, rec: dict) -> str:
              f"outcome {r.get('outcome', 0.0):.3f}", f"reward {r.get('reward', 0.0):.3f}"]
     if r.get("failed"):
         parts.append(f"failed {r['failed']}")
+    if "gpu_peak_gib" in rec:
+        parts.append(f"gpu peak {rec['gpu_peak_gib']:.1f} GiB")
     for name, a in r.get("agents", {}).items():
         parts.append(f"{name}: r={a['reward']:.2f} acc={a['accuracy']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
     for name, p in rec.get("policies", {}).items():
@@ -192,3 +194,22 @@ def summaries_by(traces: list[Trace], label_of: dict[str, Any], least: int) -> d
         label = label_of.get(tr.task_id)
         groups.setdefault("unknown" if label is None else str(label), []).append(tr)
     return {label: summarize_traces(trs) for label, trs in sorted(groups.items())}
+
+
+MEMORY_PARTS = ("weights", "weight_copy", "optimizer", "engine_kv", "engine_weights", "engine_buffers")
+
+
+def memory_summary(rows: list[dict]) -> dict:
+    """The hosts' ``take_memory`` rows -> one entry per GPU (per process and device: hosts in one
+    process share a device's counters): its step peak and reserved memory in GiB, and the parts
+    its hosts hold, summed. Keyed by device, or ``device@pid`` when several processes report."""
+    by: dict[tuple, dict] = {}
+    for r in rows:
+        e = by.setdefault((r["process"], r["device"]), {k: 0.0 for k in MEMORY_PARTS})
+        for k in MEMORY_PARTS:
+            e[k] += r.get(k, 0.0)
+        for k in ("peak_gib", "reserved_gib"):
+            if k in r:
+                e[k] = r[k]
+    several = len({pid for pid, _ in by}) > 1
+    return {(f"{dev}@{pid}" if several else dev): e for (pid, dev), e in sorted(by.items(), key=lambda kv: kv[0][1])}

@@ -19,7 +19,14 @@ from masrl.driver.builder import Runtime, build_runtime
 from masrl.driver.checks import check_run
 from masrl.driver.observe.alarms import collapse_alarms
 from masrl.driver.observe.loggers import build_loggers
-from masrl.driver.observe.metrics import comparison_table, sample_metrics, step_line, summaries_by, summarize_traces
+from masrl.driver.observe.metrics import (
+    comparison_table,
+    memory_summary,
+    sample_metrics,
+    step_line,
+    summaries_by,
+    summarize_traces,
+)
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run import faults
 from masrl.driver.run.async_loop import AsyncRollouts
@@ -192,6 +199,7 @@ class Trainer:
         if refill is not None:
             rec["dynamic_sampling"] = refill
         rec.update(extra)
+        rec.update(self._take_memory())
         moved = self._take_transfer()
         if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
             rec["transfer"] = moved
@@ -211,7 +219,15 @@ class Trainer:
         done = await rollouts.step()
         self.step = rollouts.updates
         self.last_traces = done.traces
+        done.record.update(self._take_memory())
         return done.record
+
+    def _take_memory(self) -> dict:
+        """GPU memory since the last step: ``memory`` (per GPU: peak, reserved, parts held) and
+        ``gpu_peak_gib`` (the largest peak); nothing when no host has a GPU."""
+        per_gpu = memory_summary([row for w in self.rt.workers for row in w.take_memory()])
+        peaks = [e["peak_gib"] for e in per_gpu.values() if "peak_gib" in e]
+        return {"memory": per_gpu, "gpu_peak_gib": max(peaks)} if peaks else {}
 
     async def _counterfactual(self, traces: list, tasks: list[Task], step: int, refill: int = 0) -> dict | None:
         """``rollout.counterfactual``: each credited call's outcome minus its alternatives' mean, on the calls."""

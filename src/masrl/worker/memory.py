@@ -1,0 +1,60 @@
+"""GPU memory a host holds, by what holds it, and the peak of each step.
+
+torch keeps one peak counter per device and process, so hosts that share a process and a device
+share it. Whoever resets it (an update measuring its own peak, or the step's reading) first folds
+the peak so far into ``_CARRY``; ``step_peak`` reads the step's peak as the larger of the two and
+starts the next step from zero. The first host of a process on a device answers for that
+device's peak (``owns_peak``); every host reports the parts it holds itself.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+GIB = 2**30
+_CARRY: dict[str, tuple[int, int]] = {}  # device -> (allocated, reserved) peaks before its last reset, this step
+_OWNERS: dict[str, int] = {}  # device -> id of the host that reports its peak
+_LOCK = threading.Lock()
+
+
+def claim(device: str, host_id: int) -> bool:
+    """Whether the host ``host_id`` reports ``device``'s peak in this process (the first to ask)."""
+    with _LOCK:
+        return _OWNERS.setdefault(device, host_id) == host_id
+
+
+def tensor_bytes(tensors, device: str | None = None, seen: set[int] | None = None) -> int:
+    """Bytes of ``tensors`` (on ``device`` when given), each storage counted once."""
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        if t is None or (device is not None and str(t.device) != device):
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def reset_peak(device: str) -> int:
+    """Start measuring a new peak on ``device`` (what an update does to see its own); returns the
+    memory allocated now. The peak so far is kept for ``step_peak``."""
+    with _LOCK:
+        a, r = _CARRY.get(device, (0, 0))
+        _CARRY[device] = (max(a, torch.cuda.max_memory_allocated(device)), max(r, torch.cuda.max_memory_reserved(device)))
+        torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def step_peak(device: str) -> tuple[int, int]:
+    """(peak allocated, peak reserved) on ``device`` since the last call; the counters restart."""
+    with _LOCK:
+        a, r = _CARRY.pop(device, (0, 0))
+        peak = max(a, torch.cuda.max_memory_allocated(device))
+        reserved = max(r, torch.cuda.max_memory_reserved(device))
+        torch.cuda.reset_peak_memory_stats(device)
+    return peak, reserved

@@ -10,19 +10,24 @@ device's peak (``owns_peak``); every host reports the parts it holds itself.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 
 GIB = 2**30
 _CARRY: dict[str, tuple[int, int]] = {}  # device -> (allocated, reserved) peaks before its last reset, this step
-_OWNERS: dict[str, int] = {}  # device -> id of the host that reports its peak
+_OWNERS: dict[str, weakref.ref] = {}  # device -> the host that reports its peak (while it lives)
 _LOCK = threading.Lock()
 
 
-def claim(device: str, host_id: int) -> bool:
-    """Whether the host ``host_id`` reports ``device``'s peak in this process (the first to ask)."""
+def claim(device: str, host) -> bool:
+    """Whether ``host`` reports ``device``'s peak in this process: the first living host to ask."""
     with _LOCK:
-        return _OWNERS.setdefault(device, host_id) == host_id
+        owner = _OWNERS.get(device)
+        if owner is None or owner() is None:
+            _OWNERS[device] = weakref.ref(host)
+            return True
+        return owner() is host
 
 
 def tensor_bytes(tensors, device: str | None = None, seen: set[int] | None = None) -> int:

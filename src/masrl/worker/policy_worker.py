@@ -175,7 +175,7 @@ class PolicyWorker(PolicyHost):
                    "weight_copy": copy / memory.GIB, "optimizer": opt / memory.GIB,
                    "engine_kv": engine.get("kv", 0) / memory.GIB, "engine_weights": engine.get("weights", 0) / memory.GIB,
                    "engine_buffers": engine.get("buffers", 0) / memory.GIB}
-            if memory.claim(d, id(self)):
+            if memory.claim(d, self):
                 peak, reserved = memory.step_peak(d)
                 row.update(peak_gib=peak / memory.GIB, reserved_gib=reserved / memory.GIB)
             out.append(row)

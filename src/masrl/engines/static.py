@@ -221,7 +221,7 @@ class StaticEngine:
         self.w.refresh(base=not lora, adapters=lora)
 
     def memory(self) -> dict[str, int]:
-        from masrl.worker.memory import tensor_bytes
+        from masrl.modeling.sizes import tensor_bytes
 
         kv = tensor_bytes([t for pair in self.__dict__.get("cache", []) for t in pair])
         weights = 0

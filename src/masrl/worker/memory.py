@@ -14,6 +14,8 @@ import weakref
 
 import torch
 
+from masrl.modeling.sizes import tensor_bytes  # noqa: F401 - the hosts' accounting uses it from here
+
 GIB = 2**30
 _CARRY: dict[str, tuple[int, int]] = {}  # device -> (allocated, reserved) peaks before its last reset, this step
 _OWNERS: dict[str, weakref.ref] = {}  # device -> the host that reports its peak (while it lives)
@@ -28,21 +30,6 @@ def claim(device: str, host) -> bool:
             _OWNERS[device] = weakref.ref(host)
             return True
         return owner() is host
-
-
-def tensor_bytes(tensors, device: str | None = None, seen: set[int] | None = None) -> int:
-    """Bytes of ``tensors`` (on ``device`` when given), each storage counted once."""
-    seen = set() if seen is None else seen
-    total = 0
-    for t in tensors:
-        if t is None or (device is not None and str(t.device) != device):
-            continue
-        key = t.untyped_storage().data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
-    return total
 
 
 def reset_peak(device: str) -> int:

@@ -36,15 +36,17 @@ def run_curves(run_dir: Path) -> dict:
         at_step[r["step"]] = (calls, tokens, seconds)
         steps.append({"step": r["step"], "calls": calls, "tokens": tokens, "seconds": seconds,
                       "outcome": r["rollout"].get("outcome")})
-    evals = []
+    evals, best = [], None
     for r in records:
-        if "eval" in r and r["step"] in at_step:
+        if r.get("eval") == "best" and r["step"] in at_step:  # held-out at the best-by-validation weights
+            best = {"step": r["step"], "accuracy": r.get("outcome"), "validation": r.get("validation")}
+        if "eval" in r and r["eval"] not in ("validation", "best") and r["step"] in at_step:
             c, t, s = at_step[r["step"]]
             per_task = sum(a.get("calls", 0) for a in r.get("agents", {}).values()) / max(1, r.get("traces", 1))
             evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "seconds": s,
                           "accuracy": r.get("outcome"), "calls_per_task": per_task})
     return {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
-            "evals": evals}
+            "evals": evals, "best": best}
 
 
 def _spread(values: list[float]) -> dict:
@@ -64,6 +66,9 @@ def arm_summary(runs: list[dict]) -> dict:
             out[f"heldout_{which}"] = _spread([g["accuracy"] for g in got])
             out[f"heldout_{which}_step"] = [g["step"] for g in got]
             out[f"calls_per_task_{which}"] = _spread([g["calls_per_task"] for g in got])
+    if all(r.get("best") and r["best"]["accuracy"] is not None for r in runs):  # train.keep_best in every seed
+        out["heldout_best"] = _spread([r["best"]["accuracy"] for r in runs])
+        out["heldout_best_step"] = [r["best"]["step"] for r in runs]
     for key in ("calls", "tokens", "seconds"):
         finals = [r["steps"][-1][key] for r in runs if r["steps"]]
         if finals:
@@ -117,11 +122,13 @@ function chart(parent,title,series){const W=400,H=210,P=36,box=el('div',{class:'
   } else {const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t);}
   box.appendChild(svg);legend(box,series);parent.appendChild(box);}
 const T=document.getElementById('summary');
-T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','training calls','training tokens','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
+T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','at the best-by-validation checkpoint (steps)','training calls','training tokens','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
 for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=el('tr');
   tr.append(el('td',{},a.name),el('td',{},s.seeds.join(', ')),
     el('td',{},f&&l?`${f3(f.mean)} -> ${f3(l.mean)} (${f3(l.min)}-${f3(l.max)})`:'no held-out evaluation'),
-    el('td',{},l?l.values.map(f3).join(', '):'-'),el('td',{},s.train_calls?big(s.train_calls.mean):'-'),
+    el('td',{},l?l.values.map(f3).join(', '):'-'),
+    el('td',{},s.heldout_best?`${f3(s.heldout_best.mean)} (${f3(s.heldout_best.min)}-${f3(s.heldout_best.max)}; steps ${s.heldout_best_step.join(', ')})`:'-'),
+    el('td',{},s.train_calls?big(s.train_calls.mean):'-'),
     el('td',{},s.train_tokens?big(s.train_tokens.mean):'-'),el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
     el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'));T.appendChild(tr);}
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['seconds','seconds']]){

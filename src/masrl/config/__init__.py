@@ -23,6 +23,7 @@ from masrl.config.sections import (
     DataConfig,
     DataSourceConfig,
     EvalConfig,
+    KeepBestConfig,
     RetrieverConfig,
     RewardConfig,
     RolloutConfig,
@@ -34,7 +35,8 @@ from masrl.config.sections import (
 )
 
 __all__ = ["DEVICE", "REWARD_TYPES", "AgentConfig", "AlgorithmConfig", "CounterfactualConfig", "CriticConfig",
-           "DataConfig", "DataSourceConfig", "EngineConfig", "EvalConfig", "LoraConfig", "OptimConfig", "PolicyConfig",
+           "DataConfig", "DataSourceConfig", "EngineConfig", "EvalConfig", "KeepBestConfig", "LoraConfig", "OptimConfig",
+           "PolicyConfig",
            "RetrieverConfig", "RewardConfig", "RolloutConfig", "RunConfig", "RuntimeConfig", "SamplingParams",
            "SandboxConfig", "ScheduleConfig", "Strict", "TrainConfig", "WorkflowConfig", "WorldConfig",
            "apply_override", "dump_config", "load_config", "parse_override"]

@@ -252,8 +252,19 @@ class AlgorithmConfig(Strict):
     skip_zero_advantage: bool = Field(True, description="skip sequences whose gradient is exactly zero")
 
 
+class KeepBestConfig(Strict):
+    """``train.keep_best``: keep the checkpoint that scores best on a validation split."""
+
+    n: int = Field(64, ge=1, description="validation tasks, drawn from the training tasks (the training "
+                                         "distribution) and held back from training; never the held-out set")
+    every: int = Field(10, ge=1, description="score the validation tasks every N steps (and after the last step)")
+
+
 class TrainConfig(Strict):
     steps: int = Field(10, ge=0)
+    keep_best: KeepBestConfig | None = Field(None, description="keep checkpoints/best, the weights that score best "
+                                                               "on a validation split; held-out figures are "
+                                                               "reported for them beside the last step's")
     save_every: int = Field(5, ge=0, description="checkpoint every N steps (0: only at the end)")
     keep_last: int = Field(2, ge=0, description="checkpoints kept (older ones are deleted once a new one is "
                                                 "complete); 0 keeps all")

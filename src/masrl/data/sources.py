@@ -159,3 +159,14 @@ def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
                           "train question is also a held-out one); point data.train and data.eval at different files "
                           "or splits")
     return train_tasks, eval_tasks
+
+
+def split_validation(train_tasks: list[Task], n: int, seed: int) -> tuple[list[Task], list[Task]]:
+    """``n`` tasks drawn (seeded) from the training tasks as a validation split, and the rest to train
+    on: the validation split comes from the training distribution and never trains."""
+    if n >= len(train_tasks):
+        raise ConfigError(f"train.keep_best.n: {n} validation tasks leave none of the {len(train_tasks)} training "
+                          f"tasks to train on; lower it or give data.train more tasks")
+    picked = set(random.Random(f"validation-{seed}").sample(range(len(train_tasks)), n))
+    return ([t for i, t in enumerate(train_tasks) if i not in picked],
+            [t for i, t in enumerate(train_tasks) if i in picked])

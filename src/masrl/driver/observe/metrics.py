@@ -213,3 +213,17 @@ def memory_summary(rows: list[dict]) -> dict:
                 e[k] = r[k]
     several = len({pid for pid, _ in by}) > 1
     return {(f"{dev}@{pid}" if several else dev): e for (pid, dev), e in sorted(by.items(), key=lambda kv: kv[0][1])}
+
+
+def eval_line(s: dict) -> str:
+    """A held-out summary in one line (and one line per source or level group)."""
+    line = f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+    if "k" in s:
+        k = s["k"]
+        line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"
+    for src, b in s.get("by_source", {}).items():
+        line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
+    if "by_level" in s:
+        line += "\n  by level: " + ", ".join(f"{lvl} {b.get('outcome', 0):.3f} ({b['traces']})"
+                                           for lvl, b in s["by_level"].items())
+    return line

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from masrl.config import RunConfig, dump_config
-from masrl.data.sources import build_tasks
+from masrl.data.sources import build_tasks, split_validation
 from masrl.data.tasks import Task
 from masrl.driver.builder import Runtime, build_runtime
 from masrl.driver.checks import check_run
@@ -21,6 +21,7 @@ from masrl.driver.observe.alarms import collapse_alarms
 from masrl.driver.observe.loggers import build_loggers
 from masrl.driver.observe.metrics import (
     comparison_table,
+    eval_line,
     memory_summary,
     sample_metrics,
     step_line,
@@ -30,6 +31,7 @@ from masrl.driver.observe.metrics import (
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run import faults
 from masrl.driver.run.async_loop import AsyncRollouts
+from masrl.driver.run.best import KeepBest
 from masrl.driver.run.counterfactual import counterfactual_credit
 from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
 from masrl.driver.run.stream import TaskStream, step_tasks
@@ -46,6 +48,11 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         self.plan = check_run(cfg)  # the whole config, before tasks are drawn or any model loads
         self.train_tasks, self.eval_tasks = build_tasks(cfg)
+        kb = cfg.train.keep_best
+        self.validation_tasks: list[Task] = []
+        if kb is not None:  # held back from training, from the training distribution
+            self.train_tasks, self.validation_tasks = split_validation(self.train_tasks, kb.n, cfg.seed)
+        self.best = KeepBest(kb, self.ckpt_root) if kb is not None else None
         self.rt: Runtime | None = None
         self.step = 0
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
@@ -94,17 +101,16 @@ class Trainer:
             w.load(str(path), with_optimizer=with_optimizer)
         self.step = int(state["step"])
 
-    def save_checkpoint(self) -> Path:
+    def _fill_checkpoint(self, tmp: Path) -> None:
         assert self.rt is not None
+        for w in self.rt.workers:
+            w.save(str(tmp))
+            faults.point(f"checkpoint:{self.step}")  # half-written
+        (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
+                                                    "policies": list(self.cfg.policies)}))
 
-        def fill(tmp: Path) -> None:
-            for w in self.rt.workers:
-                w.save(str(tmp))
-                faults.point(f"checkpoint:{self.step}")  # half-written
-            (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
-                                                        "policies": list(self.cfg.policies)}))
-
-        path = ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), fill)
+    def save_checkpoint(self) -> Path:
+        path = ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), self._fill_checkpoint)
         ckpt.prune(self.ckpt_root, self.cfg.train.keep_last)
         return path
 
@@ -134,8 +140,11 @@ class Trainer:
         return {"round_trips": sum(v[0] for v in per), "bytes_to_actors": sum(v[1] for v in per),
                 "bytes_from_actors": sum(v[2] for v in per), "remote_call_s": sum(v[3] for v in per)}
 
-    async def evaluate(self, label: str = "eval") -> dict:
+    async def evaluate(self, label: str = "eval", tasks: list[Task] | None = None) -> dict:
+        """Greedy (``eval.temperature``) scores of ``tasks`` (the held-out ones by default), with the
+        EMA weights where a policy keeps them, one seed for every evaluation."""
         assert self.rt is not None
+        tasks = self.eval_tasks if tasks is None else tasks
         self._take_transfer()  # a checkpoint's calls since the last step or evaluation: not this one's
         e = self.cfg.eval
         temp = e.temperature
@@ -146,9 +155,9 @@ class Trainer:
             with contextlib.ExitStack() as stack:
                 for w in self.rt.workers:
                     stack.enter_context(w.evaluating())
-                traces = await self._rollout(self.eval_tasks, e.samples_per_task, train=False, temperature=temp,
+                traces = await self._rollout(tasks, e.samples_per_task, train=False, temperature=temp,
                                              label=label, seed=stable_seed(self.cfg.seed, "eval"))
-        by_id = {t.id: t for t in self.eval_tasks}
+        by_id = {t.id: t for t in tasks}
         for tr in traces:
             if not tr.failed:
                 try:
@@ -160,7 +169,7 @@ class Trainer:
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
         for key, field, least in (("by_source", "data_source", 1), ("by_level", "level", 2)):
-            groups = summaries_by(traces, {t.id: t.meta.get(field) for t in self.eval_tasks}, least)
+            groups = summaries_by(traces, {t.id: t.meta.get(field) for t in tasks}, least)
             if groups:  # a mixed dataset, or tasks of several levels: each group's figures as well
                 summary[key] = groups
         moved = self._take_transfer()
@@ -284,17 +293,7 @@ class Trainer:
                 loggers.log_traces(self.step, self.last_traces[: cfg.train.log_traces])
                 self._check_failures(rec["rollout"], self.last_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
-                timing = {}
-                if cfg.train.save_every and self.step % cfg.train.save_every == 0:
-                    t0 = time.perf_counter()
-                    self.save_checkpoint()
-                    timing["checkpoint_s"] = time.perf_counter() - t0
-                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
-                    t0 = time.perf_counter()
-                    await self._eval_and_log(loggers, "held_out", f"eval at step {self.step}")
-                    timing["eval_s"] = time.perf_counter() - t0
-                if timing:
-                    loggers.log_step(self.step, {"step": self.step, "timing": timing})
+                await self._after_step(loggers)
             if rollouts is not None:  # the episodes still running belong to no update
                 await rollouts.stop()
             if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
@@ -302,12 +301,32 @@ class Trainer:
                 self.save_checkpoint()
             if cfg.train.eval_after:
                 results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
+                if self.best is not None and self.best.step is not None:
+                    results["best"] = await self._eval_best(loggers, results["after"])
         finally:
             loggers.close()
             await self.rt.controller.aclose()
         if "before" in results and "after" in results:
             self.print_comparison(results["before"], results["after"])
         return results
+
+    async def _after_step(self, loggers) -> None:
+        """What a step's end may bring: a checkpoint, a validation (``keep_best``), an evaluation; timed."""
+        cfg, timing = self.cfg, {}
+        if cfg.train.save_every and self.step % cfg.train.save_every == 0:
+            t0 = time.perf_counter()
+            self.save_checkpoint()
+            timing["checkpoint_s"] = time.perf_counter() - t0
+        if self.best is not None and self.best.due(self.step, cfg.train.steps):
+            t0 = time.perf_counter()
+            await self._validate(loggers)
+            timing["validation_s"] = time.perf_counter() - t0
+        if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
+            t0 = time.perf_counter()
+            await self._eval_and_log(loggers, "held_out", f"eval at step {self.step}")
+            timing["eval_s"] = time.perf_counter() - t0
+        if timing:
+            loggers.log_step(self.step, {"step": self.step, "timing": timing})
 
     def _first_record(self, rec: dict) -> dict:
         """The run's first step record (the baseline of the collapse alarms); after a resume, read
@@ -318,12 +337,38 @@ class Trainer:
             self._first = next((x for x in lines if "rollout" in x and "eval" not in x), rec)
         return self._first
 
+    async def _validate(self, loggers) -> None:
+        """``train.keep_best``: score the validation split; the weights are kept when they beat the best."""
+        assert self.best is not None
+        summary = await self.evaluate(f"validation at step {self.step}", self.validation_tasks)
+        kept = self.best.consider(self.step, summary.get("outcome", 0.0), self._fill_checkpoint)
+        loggers.log_eval(self.step, "validation", {**summary, "kept": kept})
+        self.log(f"[masrl] validation at step {self.step}: {summary.get('outcome', 0.0):.3f}"
+                 + (" (best so far: kept as checkpoints/best)" if kept else
+                    f" (best: {self.best.score:.3f} at step {self.best.step})"))
+
+    async def _eval_best(self, loggers, after: dict) -> dict:
+        """The held-out figures at the best-by-validation weights (the last step's when they are the best)."""
+        assert self.best is not None and self.best.step is not None
+        if self.best.step == self.step:
+            summary = dict(after)
+        else:
+            self.load_checkpoint(self.best.path, with_optimizer=False)  # the run is over: its state is saved
+            self.step = self.best.step
+            summary = await self.evaluate(f"eval at the best checkpoint (step {self.best.step})")
+        summary.update(best_step=self.best.step, validation=self.best.score)
+        loggers.log_eval(self.best.step, "best", summary)
+        self._write_json("eval_best.json", summary)
+        self.log(f"[masrl] held-out at the best-by-validation checkpoint (step {self.best.step}, validation "
+                 f"{self.best.score:.3f}): {eval_line(summary)}")
+        return summary
+
     async def _eval_and_log(self, loggers, label: str, title: str) -> dict:
         summary = await self.evaluate(title)
         loggers.log_eval(self.step, label, summary)
         if label in ("before", "after"):
             self._write_json(f"eval_{label}.json", summary)
-        self.log(f"[masrl] held-out ({title}): {self._eval_line(summary)}")
+        self.log(f"[masrl] held-out ({title}): {eval_line(summary)}")
         return summary
 
     def _check_failures(self, roll: dict, traces, what: str | None = None,
@@ -340,19 +385,6 @@ class Trainer:
 
     def _write_json(self, name: str, data: dict) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2))
-
-    @staticmethod
-    def _eval_line(s: dict) -> str:
-        line = f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
-        if "k" in s:
-            k = s["k"]
-            line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"
-        for src, b in s.get("by_source", {}).items():
-            line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
-        if "by_level" in s:
-            line += "\n  by level: " + ", ".join(f"{lvl} {b.get('outcome', 0):.3f} ({b['traces']})"
-                                               for lvl, b in s["by_level"].items())
-        return line
 
     def print_comparison(self, before: dict, after: dict) -> None:
         rows = comparison_table(before, after)
@@ -392,7 +424,7 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
         summary = asyncio.run(go())
     finally:
         trainer.rt.close()
-    trainer.log(f"[masrl] held-out: {trainer._eval_line(summary)}")
+    trainer.log(f"[masrl] held-out: {eval_line(summary)}")
     for name, a in summary.get("agents", {}).items():
         trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "
                     f"tokens {a['tokens']:.1f}")

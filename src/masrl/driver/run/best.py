@@ -1,0 +1,50 @@
+"""``train.keep_best``: the weights that score best on a validation split, kept as ``checkpoints/best``.
+
+The validation split is drawn from the training tasks (the training distribution) and held back
+from training; the held-out set never chooses a checkpoint. Every ``every`` steps, and after the
+last, the run is scored on it greedily (as an evaluation is); a strictly better score replaces
+``checkpoints/best`` atomically (its ``state.json`` holds the step and the score), so a resumed run
+knows its best so far. After training the held-out set is scored at the best weights too, beside
+the last step's (label ``best`` in metrics.jsonl, ``eval_best.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from masrl.config import KeepBestConfig
+from masrl.driver.run import checkpoints as ckpt
+
+BEST = "best"
+
+
+class KeepBest:
+    def __init__(self, settings: KeepBestConfig, ckpt_root: Path):
+        self.settings = settings
+        self.path = Path(ckpt_root) / BEST
+        self.step: int | None = None
+        self.score: float | None = None
+        state = self.path / "state.json"
+        if state.is_file():  # a resumed run continues from its best so far
+            got = json.loads(state.read_text())
+            self.step, self.score = int(got["step"]), float(got["validation"])
+
+    def due(self, step: int, last: int) -> bool:
+        return step > 0 and (step % self.settings.every == 0 or step == last)
+
+    def consider(self, step: int, score: float, fill: Callable[[Path], None]) -> bool:
+        """Keep the weights of ``step`` when ``score`` beats the best so far (``fill`` writes them
+        into a folder); True when they were kept."""
+        if self.score is not None and score <= self.score:
+            return False
+
+        def write(tmp: Path) -> None:
+            fill(tmp)
+            (tmp / "state.json").write_text(json.dumps({**json.loads((tmp / "state.json").read_text()),
+                                                        "validation": score}))
+
+        ckpt.write_atomically(self.path, write)
+        self.step, self.score = step, score
+        return True

@@ -1,0 +1,69 @@
+"""train.keep_best: a validation split from the training tasks picks the checkpoint; the held-out set
+is scored at it beside the last step's, by the run, by `masrl eval` and by `masrl compare`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from tinycfg import tiny_config
+
+from masrl.config import load_config
+from masrl.driver.run.loop import Trainer, train
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _data(run_dir: Path, steps: int = 4) -> dict:
+    data = tiny_config("math_solver", run_dir, steps=steps)
+    data["train"].update(keep_best={"n": 4, "every": 2}, eval_after=True, keep_last=1, save_every=1)
+    data["data"]["eval"]["n"] = 3
+    return data
+
+
+def test_the_best_validation_checkpoint_is_kept_and_scored_on_held_out_tasks(tmp_path):
+    run = tmp_path / "run"
+    cfg = load_config(data=_data(run))
+    tr = Trainer(cfg)
+    assert len(tr.validation_tasks) == 4 and not {t.id for t in tr.validation_tasks} & {t.id for t in tr.train_tasks}
+    assert not {t.question for t in tr.validation_tasks} & {t.question for t in tr.eval_tasks}
+    results = train(cfg)
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    validations = [r for r in lines if r.get("eval") == "validation"]
+    assert [r["step"] for r in validations] == [2, 4]
+    trained = {t["task_id"] for t in map(json.loads, (run / "traces.jsonl").read_text().splitlines())}
+    assert not trained & {t.id for t in tr.validation_tasks}  # validation tasks never train
+    state = json.loads((run / "checkpoints" / "best" / "state.json").read_text())
+    kept = [r for r in validations if r["kept"]]
+    assert state["step"] == kept[-1]["step"] and state["validation"] == max(r["outcome"] for r in validations)
+    best = json.loads((run / "eval_best.json").read_text())
+    assert best["best_step"] == state["step"] and "best" in results and results["best"]["outcome"] == best["outcome"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "step_000004"]  # pruning spares it
+    # masrl eval at the best checkpoint gives the run's own figure; masrl compare reports it beside the last
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(yaml.safe_dump(_data(run)))
+    out = subprocess.run([sys.executable, "-m", "masrl.cli", "eval", str(cfg_file), "--checkpoint",
+                          str(run / "checkpoints" / "best"), f"output_dir={tmp_path / 'ev'}"], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads((tmp_path / "ev" / "eval.json").read_text())["outcome"] == best["outcome"]
+    from masrl.cli.compare import collect_runs
+
+    summary = collect_runs([run])["arms"][0]["summary"]
+    assert summary["heldout_best"]["values"] == [best["outcome"]] and summary["heldout_best_step"] == [state["step"]]
+    assert summary["heldout_last"]["values"] == [results["after"]["outcome"]]
+
+
+def test_a_resumed_run_knows_its_best_so_far(tmp_path):
+    run = tmp_path / "run"
+    data = _data(run, steps=2)
+    train(load_config(data=data))
+    first = json.loads((run / "checkpoints" / "best" / "state.json").read_text())
+    data["train"]["steps"] = 4
+    tr = Trainer(load_config(data=data))
+    assert tr.best.step == first["step"] and tr.best.score == first["validation"]

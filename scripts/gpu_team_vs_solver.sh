@@ -10,6 +10,7 @@
 #   checked                           solver + checker with a calculator + finalizer (3 calls a task)
 #   solver, solver_async              one solver (1 call), the second with rollout.mode async
 #   solver_calc                       one solver whose calculation the calculator computes (1 call)
+#   debate                            three debaters, one revision round, majority vote (6 calls), eval at temperature 0.7
 # code, CODE_TEAM_TASKS (default 16) and CODE_SOLVER_TASKS (default 24) tasks of 8 samples a step:
 #   code_team                         code_team_review: coder -> tests -> reviewer -> coder (1-3 calls a task)
 #   code_solver                       one coder, one call, no tests shown
@@ -43,6 +44,7 @@ for a in ${ARMS:-team_roles solver}; do
     team_plain) arm team_plain configs/math_team_shared.yaml $(math 4) ;;
     team_cf) arm team_cf configs/math_team_counterfactual.yaml $(math 4) ;;
     checked) arm checked configs/math_team_checked.yaml $(math 3) ;;
+    debate) arm debate configs/debate_shared.yaml $(math 6) eval.temperature=0.7 ;;
     solver) arm solver configs/math_solver.yaml $(math 1) ;;
     solver_async) arm solver_async configs/math_solver.yaml $(math 1) rollout.mode=async ;;
     solver_calc) arm solver_calc configs/math_solver_calculator.yaml $(math 1) ;;

@@ -20,10 +20,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The search team against one search agent with the same tool, SmolLM2-135M-Instruct on this CPU, equal
-# training calls; both printed side by side on 32 held-out questions (scripts/demo.py; ARGS="--seed 1").
+# Train the four-agent math team on SmolLM2-135M-Instruct and print held-out results before/after.
 demo: $(STAMP)
-	$(PY) scripts/demo.py $(ARGS)
+	$(VENV)/bin/masrl train $(CONFIG) $(ARGS) output_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # On a GPU host with network: the search team against one search agent at equal training compute, SmolLM2,
 # 100 steps, seeds 0-2 side by side on one GPU (docs/results.md); writes runs/gpu-demo/compare.html.

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 from masrl.config import RolloutConfig
 from masrl.data.tasks import Task
+from masrl.driver import faults
 from masrl.driver.observe.metrics import summarize_traces
 from masrl.driver.rollout.controller import Controller
-from masrl.driver.run import faults
 from masrl.driver.run.stream import TaskStream
 from masrl.seeding import stable_seed
 from masrl.trace import Trace

@@ -15,6 +15,7 @@ from rich.table import Table
 from masrl.config import RunConfig, dump_config
 from masrl.data.sources import build_tasks, split_validation
 from masrl.data.tasks import Task
+from masrl.driver import faults
 from masrl.driver.builder import Runtime, build_runtime
 from masrl.driver.checks import check_run
 from masrl.driver.observe.alarms import collapse_alarms
@@ -29,7 +30,6 @@ from masrl.driver.observe.metrics import (
     summarize_traces,
 )
 from masrl.driver.run import checkpoints as ckpt
-from masrl.driver.run import faults
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest
 from masrl.driver.run.counterfactual import counterfactual_credit

@@ -1,0 +1,1 @@
+"""What a run shows: loggers, metrics and summaries, collapse alarms."""

@@ -1,0 +1,1 @@
+"""Serving: the OpenAI-compatible gateway (`gateway`, its wire format `wire`) and `masrl serve`."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,32 +14,18 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from tinycfg import start_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "math_team_lora.yaml"
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]
 
 
-def _serve(*extra: str, timeout_s: float = 180):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "masrl.cli", "serve", str(CONFIG), "model=tiny-random", "--port", "0",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    seen, deadline = [], time.time() + timeout_s
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        m = re.search(r"at (http://127\.0\.0\.1:(\d+))/v1", line)
-        if m:
-            return proc, m.group(1), int(m.group(2))
-    proc.kill()
-    raise AssertionError("masrl serve did not come up:\n" + "".join(seen))
-
-
 @pytest.fixture(scope="module")
 def served():
-    proc, url, port = _serve("--read-timeout-s", "2", "--max-connections", "1100")
+    proc, url, _ = start_serve(CONFIG, "model=tiny-random", "--read-timeout-s", "2", "--max-connections", "1100",
+                               timeout_s=180)
+    port = int(url.rsplit(":", 1)[1])
     yield url, port
     proc.terminate()
     try:

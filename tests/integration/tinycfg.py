@@ -86,3 +86,29 @@ def run_async(tr, updates: int, check=None) -> tuple[list[dict], list]:
         return recs, seen
 
     return asyncio.run(go())
+
+
+def start_serve(cfg_path, *extra: str, timeout_s: float = 120):
+    """``masrl serve CFG --port 0 EXTRA`` as a subprocess (tests/ on its path, for configs' test
+    rewards); returns the process, its base URL (``http://127.0.0.1:PORT``) and the lines it printed."""
+    import os
+    import re
+    import subprocess
+    import sys
+    import time
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "masrl.cli", "serve", str(cfg_path), "--port", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    seen, deadline = [], time.time() + timeout_s
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
+        if m:
+            return proc, m.group(1), seen
+    proc.kill()
+    raise AssertionError("masrl serve did not come up:\n" + "".join(seen))

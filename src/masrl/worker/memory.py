@@ -9,12 +9,13 @@ device's peak (``owns_peak``); every host reports the parts it holds itself.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 
 import torch
 
-from masrl.modeling.sizes import tensor_bytes  # noqa: F401 - the hosts' accounting uses it from here
+from masrl.modeling.sizes import tensor_bytes
 
 GIB = 2**30
 _CARRY: dict[str, tuple[int, int]] = {}  # device -> (allocated, reserved) peaks before its last reset, this step
@@ -50,3 +51,25 @@ def step_peak(device: str) -> tuple[int, int]:
         reserved = max(r, torch.cuda.max_memory_reserved(device))
         torch.cuda.reset_peak_memory_stats(device)
     return peak, reserved
+
+
+def host_rows(host) -> list[dict]:
+    """A ``PolicyWorker``'s ``take_memory`` rows: per CUDA device it uses, the GiB its weights (and
+    value heads), weight copy, optimizer and engine hold, each storage counted once, and the step's
+    peak where it answers for the device."""
+    rows = []
+    for d in sorted({d for d in (host.device, host.engine_device) if d.startswith("cuda")}):
+        seen: set[int] = set()
+        model = host.host.model
+        weights = tensor_bytes([*model.parameters(), *model.buffers(),
+                                *(p for h in host.host.value_heads.values() for p in h.parameters())], d, seen)
+        copy = tensor_bytes(list(host.copy.model.parameters()), d, seen) if host.copy is not None else 0
+        opt = sum(o.state_bytes(d, seen) for o in host.optimizers.values())
+        engine = host.engine.memory() if host.engine_device == d else {}
+        row = {"device": d, "process": os.getpid(), "weights": weights / GIB, "weight_copy": copy / GIB,
+               "optimizer": opt / GIB, **{f"engine_{k}": engine.get(k, 0) / GIB for k in ("kv", "weights", "buffers")}}
+        if claim(d, host):
+            peak, reserved = step_peak(d)
+            row.update(peak_gib=peak / GIB, reserved_gib=reserved / GIB)
+        rows.append(row)
+    return rows

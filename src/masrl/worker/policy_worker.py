@@ -30,6 +30,7 @@ from masrl.worker import memory
 from masrl.worker import state as ckpt
 from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
+from masrl.worker.logprobs import token_logprobs
 from masrl.worker.offload import PinnedStash
 from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
@@ -160,26 +161,7 @@ class PolicyWorker(PolicyHost):
         return [at]
 
     def take_memory(self) -> list[dict]:
-        import os
-
-        devices = sorted({d for d in (self.device, self.engine_device) if d.startswith("cuda")})
-        out = []
-        for d in devices:
-            seen: set[int] = set()
-            weights = memory.tensor_bytes(list(self.host.model.parameters()) + list(self.host.model.buffers()), d, seen)
-            heads = memory.tensor_bytes([p for h in self.host.value_heads.values() for p in h.parameters()], d, seen)
-            copy = memory.tensor_bytes(list(self.copy.model.parameters()), d, seen) if self.copy is not None else 0
-            opt = sum(o.state_bytes(d, seen) for o in self.optimizers.values())
-            engine = self.engine.memory() if str(getattr(self.engine, "device", "")) == d else {}
-            row = {"device": d, "process": os.getpid(), "weights": (weights + heads) / memory.GIB,
-                   "weight_copy": copy / memory.GIB, "optimizer": opt / memory.GIB,
-                   "engine_kv": engine.get("kv", 0) / memory.GIB, "engine_weights": engine.get("weights", 0) / memory.GIB,
-                   "engine_buffers": engine.get("buffers", 0) / memory.GIB}
-            if memory.claim(d, self):
-                peak, reserved = memory.step_peak(d)
-                row.update(peak_gib=peak / memory.GIB, reserved_gib=reserved / memory.GIB)
-            out.append(row)
-        return out
+        return memory.host_rows(self)
 
     @property
     def engine_device(self) -> str:
@@ -252,28 +234,14 @@ class PolicyWorker(PolicyHost):
                                      logprobs=None if c.logprobs is None else self._logprobs(c, p, o)))
         return results
 
-    @torch.no_grad()
     def _logprobs(self, c: GenCall, prompt: list[int], o) -> list[dict]:
-        """The sampled tokens' logprobs as the engine drew them (softmax(logits / T)), and with
-        ``c.logprobs = k > 0`` each position's k likeliest tokens under the same distribution, from
-        one forward pass over the weights that sampled (the engine's copy, when it has one)."""
-        tok = self.host.tokenizer
-        piece = [tok.decode([t], skip_special_tokens=False) for t in o.completion_ids]
-        out = [{"token": text, "logprob": float(lp), "bytes": list(text.encode("utf-8", "replace")), "top_logprobs": []}
-               for text, lp in zip(piece, o.logprobs)]
-        if not c.logprobs or not o.completion_ids:
-            return out
+        """``c``'s token logprobs (``worker.logprobs``), over the weights that sampled: the engine's copy
+        when it has one, read between publishes."""
         model = self.copy.model if self.copy is not None else self.host.model
-        ids = torch.tensor([prompt + list(o.completion_ids)], device=next(model.parameters()).device)
-        adapter = self.host.adapter_for(c.policy)
-        with self._engine_lock, _only_adapter(model, adapter, self.host.is_lora):
-            logits = model(input_ids=ids).logits[0, len(prompt) - 1: -1].float()
-        top = torch.log_softmax(logits / max(c.sampling.temperature, 1e-5), dim=-1).topk(c.logprobs, dim=-1)
-        for row, values, indices in zip(out, top.values.tolist(), top.indices.tolist()):
-            for v, i in zip(values, indices):
-                text = tok.decode([i], skip_special_tokens=False)
-                row["top_logprobs"].append({"token": text, "logprob": v, "bytes": list(text.encode("utf-8", "replace"))})
-        return out
+        with self._engine_lock:
+            return token_logprobs(self.host.tokenizer, o, c.logprobs, model=model, prompt=prompt,
+                                  temperature=c.sampling.temperature, adapter=self.host.adapter_for(c.policy),
+                                  lora=self.host.is_lora)
 
     def _prompt(self, c: GenCall, limit: int) -> list[int] | PromptError:
         """``c``'s prompt ids, or the ``PromptError`` that fails ``c`` alone: too many characters to
@@ -517,25 +485,3 @@ class PolicyWorker(PolicyHost):
         with torch.no_grad():
             params = [p.detach().to("cpu", torch.float64) for p in self.host.policy_parameters(policy)]
             return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]
-
-
-@contextlib.contextmanager
-def _only_adapter(model, adapter: str | None, lora: bool):
-    """A forward through ``model`` with LoRA ``adapter`` on (None: the plain base, adapters off);
-    a model without adapters (``lora`` false) runs as it is."""
-    if not lora:
-        yield
-        return
-    if adapter is None:
-        with model.disable_adapter():
-            yield
-        return
-    prev = model.active_adapter
-    grads = {id(p): p.requires_grad for p in model.parameters()}
-    model.set_adapter(adapter)
-    try:
-        yield
-    finally:
-        model.set_adapter(prev)
-        for p in model.parameters():  # set_adapter flips requires_grad: put back what it was
-            p.requires_grad_(grads[id(p)])

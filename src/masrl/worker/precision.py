@@ -87,7 +87,7 @@ class MasterWeightsAdamW:
     def state_bytes(self, device: str, seen: set[int] | None = None) -> int:
         """Bytes of the fp32 masters and AdamW moments this process holds on ``device`` (``seen``:
         storages counted already, such as fp32 parameters that are their own masters)."""
-        from masrl.worker.memory import tensor_bytes
+        from masrl.modeling.sizes import tensor_bytes
 
         moments = [v for st in self._local.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
         return tensor_bytes(list(self.masters) + moments, device, seen)

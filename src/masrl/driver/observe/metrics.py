@@ -6,6 +6,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
+from masrl.errors import MasrlError
 from masrl.trace import Trace
 
 
@@ -227,3 +228,26 @@ def eval_line(s: dict) -> str:
         line += "\n  by level: " + ", ".join(f"{lvl} {b.get('outcome', 0):.3f} ({b['traces']})"
                                            for lvl, b in s["by_level"].items())
     return line
+
+
+def check_failures(roll: dict, traces, limit: float, what: str, consequence: str) -> None:
+    """Stop (``MasrlError``) when more of a step's or an evaluation's traces than ``limit``
+    (``rollout.max_failed_fraction``) failed: an accuracy over the few traces that ran would be no result."""
+    if roll["traces"] and roll["failed"] > limit * roll["traces"]:
+        errors = [t.error for t in traces if t.failed][:3]
+        raise MasrlError(f"{what}: {roll['failed']} of {roll['traces']} traces failed (more than "
+                         f"rollout.max_failed_fraction={limit:g}); {consequence}. First errors:"
+                         + "".join(f"\n  - {e}" for e in errors))
+
+
+def comparison_rich(before: dict, after: dict, title: str):
+    """``comparison_table`` as a rich table, for the console."""
+    from rich.table import Table
+
+    rows = comparison_table(before, after)
+    table = Table(title=title)
+    for h in rows[0]:
+        table.add_column(h or "agent")
+    for r in rows[1:]:
+        table.add_row(*r)
+    return table

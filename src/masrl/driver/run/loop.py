@@ -10,7 +10,6 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from masrl.config import RunConfig, dump_config
 from masrl.data.sources import build_tasks, split_validation
@@ -21,7 +20,8 @@ from masrl.driver.checks import check_run
 from masrl.driver.observe.alarms import collapse_alarms
 from masrl.driver.observe.loggers import build_loggers
 from masrl.driver.observe.metrics import (
-    comparison_table,
+    check_failures,
+    comparison_rich,
     eval_line,
     memory_summary,
     sample_metrics,
@@ -373,29 +373,14 @@ class Trainer:
 
     def _check_failures(self, roll: dict, traces, what: str | None = None,
                         consequence: str = "the step's update ran on the rest") -> None:
-        """Stop when more of a step's (or an evaluation's) traces than ``rollout.max_failed_fraction``
-        failed: an accuracy over the few traces that ran would be no result."""
-        what = what or f"step {self.step}"
-        limit = self.cfg.rollout.max_failed_fraction
-        if roll["traces"] and roll["failed"] > limit * roll["traces"]:
-            errors = [t.error for t in traces if t.failed][:3]
-            raise MasrlError(f"{what}: {roll['failed']} of {roll['traces']} traces failed (more than "
-                             f"rollout.max_failed_fraction={limit:g}); {consequence}. First errors:"
-                             + "".join(f"\n  - {e}" for e in errors))
+        check_failures(roll, traces, self.cfg.rollout.max_failed_fraction, what or f"step {self.step}", consequence)
 
     def _write_json(self, name: str, data: dict) -> None:
         (self.run_dir / name).write_text(json.dumps(data, indent=2))
 
     def print_comparison(self, before: dict, after: dict) -> None:
-        rows = comparison_table(before, after)
-        table = Table(title=f"held-out results on {len(self.eval_tasks)} unseen problems: before -> after "
-                            f"{self.step} steps")
-        for h in rows[0]:
-            table.add_column(h or "agent")
-        for r in rows[1:]:
-            table.add_row(*r)
-        self.console.print(table)
-
+        self.console.print(comparison_rich(before, after, f"held-out results on {len(self.eval_tasks)} unseen problems: "
+                                                          f"before -> after {self.step} steps"))
 
 def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> dict:
     trainer = Trainer(cfg, console=console)

@@ -132,11 +132,19 @@ class RolloutConfig(Strict):
     max_in_flight: int = Field(64, ge=1, description="workflows running at once")
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
     max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch")
-    engine: Literal["auto", "hf", "static", "vllm"] = Field(
+    engine: Literal["auto", "hf", "static", "paged", "vllm"] = Field(
         "auto", description="hf: eager, any architecture; static: preallocated KV cache and (on CUDA) CUDA graphs, "
-                            "Llama-family models; vllm: vLLM in the worker's process (pip install 'masrl[vllm]'), "
+                            "Llama-family models; paged: continuous batching over a paged KV cache held to "
+                            "gpu_memory_utilization, shared prompt blocks, pre-emption instead of failure "
+                            "(Llama-family models); vllm: vLLM in the worker's process (pip install 'masrl[vllm]'), "
                             "weights pushed to it after every update; auto: static on CUDA when the model supports "
                             "it, else hf")
+    gpu_memory_utilization: float = Field(
+        0.1, gt=0, le=0.95, description="paged engine: the fraction of the device's memory (a CPU's: the host's) its "
+                                        "KV cache may take, per worker; 0.1 of an H200 holds 600k tokens of a "
+                                        "SmolLM2-135M and 1.2M of a Qwen2.5-0.5B")
+    kv_block_size: int = Field(16, ge=1, le=1024, description="paged engine: token slots per KV block (the unit of "
+                                                               "allocation and of prefix sharing)")
     cuda_graphs: bool = Field(True, description="static engine on CUDA: replay decode steps as CUDA graphs")
     sync_every: int = Field(8, ge=1, le=256, description="static engine: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")

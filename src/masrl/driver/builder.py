@@ -62,6 +62,16 @@ def uses_static_engine(engine: str, device: str) -> bool:
     return engine == "static" or (engine == "auto" and device.startswith("cuda"))
 
 
+def engine_options(r, device: str) -> dict:
+    """The rollout settings the engine a worker on ``device`` gets takes."""
+    if r.engine == "paged":
+        return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size,
+                "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size}
+    if uses_static_engine(r.engine, device):
+        return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
+    return {}
+
+
 @dataclass
 class Runtime:
     workflow: object
@@ -101,13 +111,10 @@ def build_hosts(cfg: RunConfig, policies: list[PolicySpec], log=print) -> tuple[
     """One host per model in memory (in this process, or a Ray actor per host or rank), then one per
     policy served by an endpoint; and the Ray placement when there is one."""
     r = cfg.rollout
-    engine_options = {}
-    if r.engine != "hf":
-        engine_options = {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     hosts = group_hosts([p for p in policies if p.engine is None])
     kwargs = [dict(algo=cfg.algorithm, device=specs[0].device, precision=cfg.precision, seed=cfg.seed + i,
                    engine=r.engine, rollout_device=specs[0].rollout_device,
-                   engine_options=engine_options if uses_static_engine(r.engine, sampling_device(specs[0])) else {})
+                   engine_options=engine_options(r, sampling_device(specs[0])))
               for i, (_, specs) in enumerate(hosts)]
     if cfg.runtime.placement != "ray":  # a Ray actor runs one call at a time: it cannot generate while it updates
         for k, (_, specs) in zip(kwargs, hosts):
@@ -143,7 +150,7 @@ def overlaps_update(r, specs: list[PolicySpec]) -> bool:
     """``rollout.overlap_update`` resolved for one host of ``specs``."""
     if r.mode != "async" or r.overlap_update is False or any(s.offload_weights for s in specs):
         return False
-    return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda") and r.engine in ("auto", "hf", "static"))
+    return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda") and r.engine in ("auto", "hf", "static", "paged"))
 
 
 def sampling_device(spec: PolicySpec) -> str:

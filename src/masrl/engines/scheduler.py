@@ -1,0 +1,178 @@
+"""Which sequences run in the next engine step: continuous batching over a KV block pool. Pure Python.
+
+Each step is either a *prefill* (new or re-queued sequences computed up to their last token) or a
+*decode* (every running sequence advances one token). Prefill goes first whenever a waiting
+sequence fits the pool, so a call that arrives while others decode joins them at the next step
+boundary and nobody waits for a batch to end. A finished sequence leaves at once and its blocks
+go back to the pool.
+
+When the pool runs dry in decode, the newest running sequence is pre-empted: its blocks are
+released (its full blocks keep their hashes, so its recompute can often take them back) and it
+goes to the front of the queue with the tokens it has; when re-admitted it is prefilled over its
+prompt *and* those tokens, then decodes on. Pre-emption never fails a call; only a call that could
+not fit the whole pool alone is refused, when it is added.
+
+Samples of one group arrive together with the same prompt: the first is prefilled, the others wait
+one step and then take its blocks from the prefix cache (one prefill per group).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from masrl.engines.blocks import BlockPool, blocks_for
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One call as the engine runs it."""
+
+    prompt: list[int]
+    max_new: int
+    key: Hashable = None  # what its keys and values depend on besides the tokens (a LoRA adapter)
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    table: list[int] = field(default_factory=list)  # its KV blocks
+    kv_len: int = 0  # tokens whose keys and values are in ``table``
+    cached: int = 0  # tokens of the last prefill taken from the prefix cache
+    preempted: int = 0
+    finish: str | None = None  # "stop" | "length" once done
+    error: BaseException | None = None
+    payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
+    _hashes: tuple[int, list[bytes]] = (-1, [])
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def hashes(self, pool: BlockPool) -> list[bytes]:
+        """Hashes of its full blocks before its last token (that token is always computed)."""
+        n = self.length - 1
+        if self._hashes[0] != n:
+            self._hashes = (n, pool.hashes(self.tokens, self.key, limit=n))
+        return self._hashes[1]
+
+
+@dataclass
+class Step:
+    kind: str  # "prefill" | "decode"
+    seqs: list[Sequence]
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, *, max_seqs: int = 256, prefill_tokens: int = 8192):
+        self.pool = pool
+        self.max_seqs = max_seqs
+        self.prefill_tokens = prefill_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = {"preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0, "prefills": 0, "decodes": 0}
+
+    def fits(self, seq: Sequence) -> bool:
+        """Could ``seq`` run to its token limit with the whole pool to itself?"""
+        return blocks_for(len(seq.prompt) + seq.max_new, self.pool.block_size) <= self.pool.usable
+
+    def add(self, seq: Sequence) -> None:
+        if not self.fits(seq):
+            raise ValueError(f"a call of {len(seq.prompt)} prompt tokens and up to {seq.max_new} new ones needs "
+                             f"{blocks_for(len(seq.prompt) + seq.max_new, self.pool.block_size)} KV blocks; "
+                             f"the pool holds {self.pool.usable}")
+        self.waiting.append(seq)
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def schedule(self) -> Step | None:
+        admitted = self._admit()
+        if admitted:
+            self.stats["prefills"] += 1
+            return Step("prefill", admitted)
+        if not self.running:
+            return None
+        self._make_room()
+        self.stats["decodes"] += 1
+        return Step("decode", list(self.running))
+
+    def _admit(self) -> list[Sequence]:
+        pool, out, budget = self.pool, [], self.prefill_tokens
+        computing: set[bytes] = set()  # hashes of the blocks this step's prefills compute
+        deferred: list[Sequence] = []
+        while self.waiting and len(self.running) + len(out) < self.max_seqs:
+            seq = self.waiting[0]
+            hashes = seq.hashes(pool)
+            n_hit = len(pool.cached_prefix(hashes))
+            if n_hit < len(hashes) and hashes[n_hit] in computing:
+                deferred.append(self.waiting.popleft())  # a sibling computes these blocks now: take them next step
+                continue
+            hit = n_hit * pool.block_size
+            new = seq.length - hit
+            if out and new > budget:
+                break
+            if pool.cost(seq.length, hashes) > pool.free_count():
+                break
+            self.waiting.popleft()
+            seq.table, seq.cached = pool.allocate(seq.length, hashes)
+            seq.kv_len = seq.cached
+            budget -= new
+            self.stats["prefill_tokens"] += new
+            self.stats["cached_tokens"] += seq.cached
+            computing.update(hashes[n_hit:])
+            out.append(seq)
+        self.waiting.extendleft(reversed(deferred))
+        self.running.extend(out)
+        return out
+
+    def _make_room(self) -> None:
+        """Every running sequence gets the slot for its next token; pre-empt the newest while one cannot."""
+        pool = self.pool
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            while not pool.can_grow(seq.table, seq.kv_len + 1):
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                pool.grow(seq.table, seq.kv_len + 1)
+                i += 1
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+        self.pool.release(seq.table)
+        seq.kv_len = 0
+        seq.preempted += 1
+        self.stats["preemptions"] += 1
+        self.waiting.appendleft(seq)
+
+    def finished(self, seq: Sequence) -> None:
+        """``seq`` is done (or failed): its full blocks stay findable for the next turn of its episode."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.table:
+            self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+            self.pool.release(seq.table)
+
+    def registered(self, seq: Sequence) -> None:
+        """After a prefill: ``seq``'s full prompt blocks hold their keys and values; share them."""
+        self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+
+    def drop_all(self) -> list[Sequence]:
+        """Every sequence, running or waiting, out (the engine failed or is being released)."""
+        out = list(self.running) + list(self.waiting)
+        for seq in self.running:
+            self.pool.release(seq.table)
+        self.running.clear()
+        self.waiting.clear()
+        return out

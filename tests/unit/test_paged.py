@@ -1,0 +1,245 @@
+"""The paged engine's parts on a CPU: the block pool and its prefix cache, the scheduler
+(admission, sibling deferral, pre-emption), and the engine on a real tiny Llama against the eager
+engine (greedy tokens, logprobs), under a budget that forces pre-emption, with calls joining a
+running decode from another thread, and with one call too big for the budget beside good ones."""
+
+import threading
+import time
+
+import pytest
+import torch
+from helpers import full_logprobs
+
+from masrl.config import SamplingParams
+from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
+from masrl.engines.hf import HFEngine
+from masrl.engines.paged import PagedEngine
+from masrl.engines.scheduler import Scheduler, Sequence
+from masrl.errors import PromptError
+from masrl.messages import GenRequest
+
+
+def req(prompt, temperature=0.0, max_new_tokens=8, seed=None, stop=()):
+    sp = SamplingParams(temperature=temperature, top_p=1.0, max_new_tokens=max_new_tokens, stop=tuple(stop))
+    return GenRequest(list(prompt), sp, seed=seed)
+
+
+# -- the block pool ------------------------------------------------------------------------------------
+
+def test_pool_shares_cached_blocks_and_counts_references():
+    pool = BlockPool(10, 4)
+    prompt = list(range(13))  # 3 full blocks + 1 token
+    hashes = pool.hashes(prompt, limit=len(prompt) - 1)
+    assert len(hashes) == 3
+    a, cached = pool.allocate(len(prompt), hashes)
+    assert cached == 0 and len(a) == 4 and 0 not in a
+    pool.register(a, hashes)
+    b, cached = pool.allocate(len(prompt), hashes)
+    assert cached == 12 and b[:3] == a[:3] and b[3] != a[3]
+    assert [pool.ref[x] for x in a[:3]] == [2, 2, 2]
+    assert pool.used() == 5
+    pool.release(b)
+    assert pool.used() == 4 and b == []
+    pool.release(a)
+    assert pool.used() == 0
+    # freed blocks keep their hashes: a third prompt revives them, which costs free blocks again
+    assert pool.cost(len(prompt), hashes) == 4
+    c, cached = pool.allocate(len(prompt), hashes)
+    assert cached == 12
+    pool.release(c)
+    # a different adapter (key) never shares
+    other = pool.hashes(prompt, key="adapter-b", limit=12)
+    assert not pool.cached_prefix(other)
+    # a prompt that differs in its second block shares only the first
+    changed = prompt[:5] + [99] + prompt[6:]
+    assert len(pool.cached_prefix(pool.hashes(changed, limit=12))) == 1
+    # forget (new weights): nothing is shared any more
+    pool.forget()
+    assert not pool.cached_prefix(hashes)
+
+
+def test_pool_reuses_blocks_and_runs_dry():
+    pool = BlockPool(4, 2)  # 3 usable blocks
+    t1, _ = pool.allocate(4, [])
+    assert pool.free_count() == 1
+    with pytest.raises(OutOfBlocks):
+        pool.allocate(3, [])
+    assert not pool.can_grow(t1, 7) and pool.can_grow(t1, 6)
+    pool.grow(t1, 6)
+    assert len(t1) == 3 and pool.free_count() == 0
+    pool.release(t1)
+    with pytest.raises(AssertionError):
+        pool.release([t1_block for t1_block in [1]])  # released twice
+    assert block_hash(b"", [1, 2]) != block_hash(b"", [2, 1])
+
+
+# -- the scheduler -------------------------------------------------------------------------------------
+
+def run_schedule(sched: Scheduler, steps: int = 200) -> list[str]:
+    """Drive the scheduler as the engine does, with a fake sample of token 7."""
+    kinds = []
+    for _ in range(steps):
+        step = sched.schedule()
+        if step is None:
+            break
+        kinds.append(step.kind)
+        for s in step.seqs:
+            if step.kind == "prefill":
+                s.kv_len = s.length
+                sched.registered(s)
+            else:
+                s.kv_len += 1
+            s.generated.append(7)
+            if len(s.generated) >= s.max_new:
+                s.finish = "length"
+                sched.finished(s)
+    return kinds
+
+
+def test_siblings_share_one_prefill_and_calls_join_between_steps():
+    pool = BlockPool(64, 4)
+    sched = Scheduler(pool, max_seqs=16, prefill_tokens=1000)
+    prompt = list(range(20))
+    group = [Sequence(list(prompt), 6) for _ in range(4)]
+    for s in group:
+        sched.add(s)
+    first = sched.schedule()
+    assert first.kind == "prefill" and first.seqs == group[:1]  # the siblings wait for its blocks
+    first.seqs[0].kv_len = 20
+    sched.registered(first.seqs[0])
+    first.seqs[0].generated.append(7)
+    second = sched.schedule()
+    assert second.kind == "prefill" and second.seqs == group[1:]
+    assert all(s.cached == 16 for s in group[1:])  # 4 full blocks before the last token
+    assert sched.stats["prefill_tokens"] == 20 + 3 * 4
+    for s in second.seqs:
+        s.kv_len = s.length
+        s.generated.append(7)
+    assert sched.schedule().kind == "decode"
+    late = Sequence(list(range(100, 105)), 2)
+    sched.add(late)  # arrives mid-decode: prefilled at the next step, then decodes with the others
+    step = sched.schedule()
+    assert step.kind == "prefill" and step.seqs == [late]
+    late.kv_len = late.length
+    late.generated.append(7)
+    assert late in sched.schedule().seqs
+    run_schedule(sched)
+    assert sched.idle() and pool.used() == 0
+
+
+def test_preemption_requeues_and_every_call_finishes():
+    pool = BlockPool(7, 4)  # 6 usable blocks = 24 slots
+    sched = Scheduler(pool, max_seqs=8, prefill_tokens=1000)
+    seqs = [Sequence(list(range(10 * i, 10 * i + 5)), 10) for i in range(3)]  # each needs 15 slots = 4 blocks
+    for s in seqs:
+        sched.add(s)
+    kinds = run_schedule(sched)
+    assert all(s.finish == "length" and len(s.generated) == 10 for s in seqs)
+    assert sched.stats["preemptions"] > 0 and "prefill" in kinds[1:]
+    assert sched.idle() and pool.used() == 0
+    with pytest.raises(ValueError, match="needs 7 KV blocks; the pool holds 6"):
+        sched.add(Sequence(list(range(20)), 8))
+
+
+# -- the engine on a real tiny Llama -----------------------------------------------------------------
+
+def prompts(tok, n=6):
+    sys_ = "You are a careful assistant. Answer with one number inside answer tags, please, always."
+    out = [tok(f"{sys_} Question {i}: what is {i} plus {i * 3}?", add_special_tokens=False)["input_ids"]
+           for i in range(n)]
+    return out + [tok("a different start", add_special_tokens=False)["input_ids"]]
+
+
+def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(tiny):
+    model, tok = tiny
+    reqs = [req(p, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts(tok))]
+    eager = HFEngine(model, tok, [2]).generate(reqs)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4)
+    outs = eng.generate(reqs)
+    for a, b in zip(eager, outs):
+        assert a.completion_ids == b.completion_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert eng.stats["cached_tokens"] > 0  # the shared system prompt was computed once
+    # sampled rows: the logprobs are those of the tokens under softmax(logits / T)
+    sampled = [req(p, temperature=t, max_new_tokens=6, seed=i) for i, (p, t) in enumerate(zip(prompts(tok), [1.0, 0.7, 1.3]))]
+    for r, o in zip(sampled, eng.generate(sampled)):
+        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+        assert torch.allclose(ref, torch.tensor(o.logprobs), atol=1e-4)
+    assert eng.sched.idle() and eng.pool.used() == 0
+
+
+def test_a_group_prefills_once_and_a_seed_gives_the_same_tokens_in_any_company(tiny):
+    model, tok = tiny
+    p = prompts(tok)[0]
+    group = [req(p, temperature=1.0, max_new_tokens=8, seed=100 + i) for i in range(8)]
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    outs = eng.generate(group)
+    full = len(p) // 4 * 4 if len(p) % 4 else len(p) - 4
+    assert eng.stats["prefill_tokens"] == len(p) + 7 * (len(p) - full)
+    alone = [PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate([r])[0] for r in group[:3]]
+    assert [o.completion_ids for o in alone] == [o.completion_ids for o in outs[:3]]
+    assert len({tuple(o.completion_ids) for o in outs}) > 1  # different seeds, different samples
+
+
+def test_a_tight_budget_preempts_and_changes_no_token(tiny):
+    model, tok = tiny
+    reqs = [req(p, max_new_tokens=24) for p in prompts(tok)]
+    roomy = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate(reqs)
+    need = max(len(r.prompt_ids) + 24 for r in reqs)
+    tight = PagedEngine(model, tok, [2], device="cpu", kv_blocks=need // 4 + 6, block_size=4)
+    outs = tight.generate(reqs)
+    assert tight.stats["preemptions"] > 0
+    assert tight.stats["peak_blocks"] <= need // 4 + 5
+    for a, b in zip(roomy, outs):
+        assert a.completion_ids == b.completion_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_one_call_too_big_for_the_budget_fails_alone(tiny):
+    model, tok = tiny
+    ps = prompts(tok)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=17, block_size=4)  # 64 slots
+    reqs = [req(ps[0], max_new_tokens=4), req(ps[1] * 4, max_new_tokens=4), req(ps[2], max_new_tokens=4)]
+    outs = eng.generate(reqs)
+    assert isinstance(outs[1], PromptError) and "raise rollout.gpu_memory_utilization" in str(outs[1])
+    alone = HFEngine(model, tok, [2]).generate([reqs[0], reqs[2]])
+    assert [outs[0].completion_ids, outs[2].completion_ids] == [o.completion_ids for o in alone]
+
+
+def test_calls_from_another_thread_join_a_running_decode(tiny):
+    model, tok = tiny
+    ps = prompts(tok)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    long_call = [req(ps[0], max_new_tokens=120)]
+    short_calls = [req(ps[1], max_new_tokens=3), req(ps[2], max_new_tokens=3)]
+    done: dict[str, float] = {}
+
+    def run_long():
+        eng.generate(long_call)
+        done["long"] = time.monotonic()
+
+    t = threading.Thread(target=run_long)
+    t.start()
+    while eng.stats["decode_steps"] < 5:
+        time.sleep(0.005)
+    shorts = eng.generate(short_calls)
+    done["short"] = time.monotonic()
+    steps_when_short_done = eng.stats["decode_steps"]
+    t.join(timeout=120)
+    assert done["short"] < done["long"]  # the short calls did not wait for the long one's end
+    assert steps_when_short_done < 60 and eng.stats["joined"] == 2
+    alone = HFEngine(model, tok, [2]).generate(short_calls + long_call)
+    assert [o.completion_ids for o in shorts] == [o.completion_ids for o in alone[:2]]
+
+
+def test_the_next_turn_reuses_its_episode_blocks(tiny):
+    model, tok = tiny
+    p = prompts(tok)[3]
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    first = eng.generate([req(p, max_new_tokens=16)])[0]
+    turn2 = p + first.completion_ids + tok(" And then? Tell me more.", add_special_tokens=False)["input_ids"]
+    before = eng.stats["prefill_tokens"]
+    second = eng.generate([req(turn2, max_new_tokens=4)])[0]
+    computed = eng.stats["prefill_tokens"] - before
+    assert computed <= len(turn2) - (len(p) + 15) // 4 * 4 + 4  # only the new message and a partial block
+    assert second.completion_ids == HFEngine(model, tok, [2]).generate([req(turn2, max_new_tokens=4)])[0].completion_ids

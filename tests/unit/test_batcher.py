@@ -123,3 +123,38 @@ def test_compute_lock_serialises_batchers():
 
     asyncio.run(main())
     assert peak[0] == 1
+
+
+def test_concurrent_batches_run_at_once_and_a_short_one_returns_first():
+    """concurrent=2: a second batch starts while the first still runs (the paged engine joins its calls
+    into the running decode), and its callers return without waiting for the first."""
+    release_long = threading.Event()
+    running = []
+
+    def run(items):
+        running.append(list(items))
+        if "long" in items:
+            assert release_long.wait(10)
+        return [f"{x}!" for x in items]
+
+    async def main(concurrent):
+        b = Batcher(run, max_batch_size=8, max_wait_ms=5, concurrent=concurrent)
+        long = asyncio.ensure_future(b.submit("long"))
+        await asyncio.sleep(0.05)
+        short = asyncio.ensure_future(b.submit("short"))
+        done, _ = await asyncio.wait([short], timeout=1.0)
+        short_first = bool(done)
+        release_long.set()
+        out = await asyncio.gather(long, short)
+        await b.drain()
+        await b.aclose()
+        release_long.clear()
+        return out, short_first
+
+    out, short_first = asyncio.run(main(2))
+    assert out == ["long!", "short!"] and short_first
+    running.clear()
+    out, short_first = asyncio.run(main(1))  # one at a time: the short call waits for the long batch
+    assert out == ["long!", "short!"] and not short_first
+    with pytest.raises(ValueError, match="concurrent"):
+        Batcher(run, concurrent=0)

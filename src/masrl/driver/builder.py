@@ -158,6 +158,9 @@ def sampling_device(spec: PolicySpec) -> str:
     return spec.rollout_device or spec.device
 
 
+PAGED_BATCHES = 4  # batches in flight at once per paged host (each holds a thread of the event loop's pool)
+
+
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:
     """One batcher per host. Hosts in this process on one device take turns (a compute lock): one
     engine batch at a time."""
@@ -166,9 +169,11 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
     for i, w in enumerate(workers):
         spec = w.specs[w.policy_names[0]]
         elsewhere = on_ray or spec.engine is not None  # not on this process's cores
-        lock = None if elsewhere else locks.setdefault(sampling_device(spec), threading.Lock())
+        # the paged engine takes a new batch's calls into its running decode: batches overlap, no lock
+        joins = cfg.rollout.engine == "paged" and not elsewhere
+        lock = None if elsewhere or joins else locks.setdefault(sampling_device(spec), threading.Lock())
         out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
-                           compute_lock=lock, name=f"worker{i}",
+                           compute_lock=lock, name=f"worker{i}", concurrent=PAGED_BATCHES if joins else 1,
                            # a call whose episode was cancelled mid-batch was sampled and kept: forget it
                            on_orphan=lambda gen, w=w: w.drop([gen.call_id])))
     return out

@@ -13,6 +13,10 @@ Four kernels take a layer from ~25 kernels to ~10:
   holding that head's whole query group, online softmax over blocks of 64 slots (PyTorch's
   memory-efficient kernel took ~13 us per call at batch 1 on an H200; this needs one pass over K/V).
 
+The paged engine's two: ``rope_and_cache_paged`` (the same, each row's k and v to its own slot of a
+``[slots, Hkv, D]`` pool) and ``paged_attention`` (the same online softmax, each key looked up
+through the row's block table, each row stopping at its own length read from device memory).
+
 Numerics: each kernel computes in fp32 and rounds once; the torch versions round after every op
 (in bf16 that is a difference of about one bf16 ulp, measured by the engine's logprob checks).
 ``check`` runs every kernel against its torch version on random data once per engine; the engine
@@ -192,6 +196,73 @@ if triton is not None:
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
 
     @triton.jit
+    def _rope_cache_paged_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kf_ptr, vf_ptr, slots_ptr, stride_qkv, stride_cs,
+                                 stride_ks, stride_kh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                                 HALF: tl.constexpr):
+        # rope_and_cache for the paged layout: row b's k and v go to slot slots[b] of kf, vf [slots, HKV, D]
+        b = tl.program_id(0)
+        j = tl.program_id(1)
+        i = tl.arange(0, HALF)
+        base = qkv_ptr + b * stride_qkv + j * D
+        x1 = tl.load(base + i).to(tl.float32)
+        x2 = tl.load(base + HALF + i).to(tl.float32)
+        c1 = tl.load(cos_ptr + b * stride_cs + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * stride_cs + HALF + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * stride_cs + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * stride_cs + HALF + i).to(tl.float32)
+        o1 = x1 * c1 - x2 * s1
+        o2 = x2 * c2 + x1 * s2
+        if j < H:
+            dst = q_ptr + (b * H + j) * D
+            tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
+            tl.store(dst + HALF + i, o2.to(q_ptr.dtype.element_ty))
+        else:
+            slot = tl.load(slots_ptr + b)
+            h = j - H
+            dst = kf_ptr + slot * stride_ks + h * stride_kh
+            tl.store(dst + i, o1.to(kf_ptr.dtype.element_ty))
+            tl.store(dst + HALF + i, o2.to(kf_ptr.dtype.element_ty))
+            full = tl.arange(0, D)
+            v = tl.load(qkv_ptr + b * stride_qkv + (H + HKV + h) * D + full)
+            tl.store(vf_ptr + slot * stride_ks + h * stride_kh + full, v)
+
+    @triton.jit
+    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale, stride_ks, stride_kh, stride_bt,
+                           HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                           BLOCK: tl.constexpr, PREC: tl.constexpr):
+        # one program per (row, kv head), over the row's own length only (read from device memory, so a
+        # CUDA graph replays any length): token t at slot bt[b, t // BS] * BS + t % BS
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        gm = g < G
+        qo = ((b * HKV + h) * G + g[:, None]) * D + d[None, :]
+        q = tl.load(q_ptr + qo, mask=gm[:, None], other=0.0).to(tl.float32)
+        m_i = tl.full([GP], -1.0e30, tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        L = tl.load(len_ptr + b)
+        for start in range(0, L, BLOCK):
+            t = start + tl.arange(0, BLOCK)
+            tm = t < L
+            page = tl.load(bt_ptr + b * stride_bt + t // BS, mask=tm, other=0).to(tl.int64)
+            slot = page * BS + t % BS
+            off = slot[:, None] * stride_ks + h * stride_kh + d[None, :]
+            k = tl.load(k_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+            scores = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            scores = tl.where(tm[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
+
+    @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, stride_gu, stride_y, n, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -229,6 +300,28 @@ def decode_attention(q, kc, vc, bias, S: int, scale: float):
         kernel[(B, Hkv)](q, kc, vc, bias, o, S, scale, kc.stride(0), kc.stride(1), kc.stride(2), bias.stride(0),
                          HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BLOCK=64,
                          PREC="ieee" if q.dtype == torch.float32 else "tf32")
+    return o
+
+
+def rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int):
+    B = qkv.shape[0]
+    q = torch.empty((B, H, D), dtype=qkv.dtype, device=qkv.device)
+    assert kf.stride(2) == 1 and kf.stride() == vf.stride() and cos.stride(0) == sin.stride(0)
+    with on_device(qkv):
+        _rope_cache_paged_kernel[(B, H + Hkv)](qkv, cos, sin, q, kf, vf, slots, qkv.stride(0), cos.stride(0),
+                                               kf.stride(0), kf.stride(1), H=H, HKV=Hkv, D=D, HALF=D // 2)
+    return q.view(B, Hkv, H // Hkv, D)
+
+
+def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float):
+    """``paged_attention_ref`` as one kernel; ``S`` is not needed (each row stops at its own length)."""
+    B, Hkv, G, D = q.shape
+    o = torch.empty_like(q)
+    assert q.is_contiguous() and kf.stride(2) == 1 and kf.stride() == vf.stride() and tables.stride(1) == 1
+    with on_device(q):
+        _paged_attn_kernel[(B, Hkv)](q, kf, vf, tables, lens, o, scale, kf.stride(0), kf.stride(1), tables.stride(0),
+                                     HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BS=block_size,
+                                     BLOCK=64, PREC="ieee" if q.dtype == torch.float32 else "tf32")
     return o
 
 
@@ -282,8 +375,29 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int, hi
         q = rnd(B, Hkv, H // Hkv, D)
         return close(decode_attention(q, kc, vc, bias, S, D**-0.5), decode_attention_ref(q, kc, vc, bias, S, D**-0.5))
 
+    def rope_paged():
+        B, slots = 3, 40
+        qkv = rnd(B, (H + 2 * Hkv) * D)
+        ang = rnd(B, D // 2).float()
+        cos, sin = torch.cat([ang, ang], -1).cos().to(dtype), torch.cat([ang, ang], -1).sin().to(dtype)
+        where = torch.tensor([7, 33, 2], device=device)
+        c = [torch.zeros(slots, Hkv, D, device=device, dtype=dtype) for _ in range(4)]
+        q1 = rope_and_cache_paged(qkv, cos, sin, c[0], c[1], where, H, Hkv, D)
+        q2 = rope_and_cache_paged_ref(qkv, cos, sin, c[2], c[3], where, H, Hkv, D)
+        return close(q1, q2) and close(c[0], c[2]) and torch.equal(c[1], c[3])
+
+    def attention_paged():
+        B, bs, blocks = 3, 16, 40
+        kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
+        tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
+        lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
+        q = rnd(B, Hkv, H // Hkv, D)
+        a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5)
+        return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
+
     out = {}
-    for name, fn in (("rms_norm", rms), ("silu_mul", silu), ("rope_and_cache", rope), ("decode_attention", attention)):
+    for name, fn in (("rms_norm", rms), ("silu_mul", silu), ("rope_and_cache", rope), ("decode_attention", attention),
+                     ("rope_and_cache_paged", rope_paged), ("paged_attention", attention_paged)):
         try:
             out[name] = None if fn() else "disagrees with torch"
         except Exception as exc:  # noqa: BLE001 - any failure means: use the torch version

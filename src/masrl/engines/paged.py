@@ -384,7 +384,8 @@ class PagedEngine:
         bt[B:Bb] = 0
         rows = np.arange(B)
         slots = bt[rows, n // bs].astype(np.int64) * bs + n % bs
-        S = slot_bucket(int(n.max()) + 1)
+        # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
+        S = 0 if self.fused.get("paged_attention") else slot_bucket(int(n.max()) + 1)
         self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] if s.generated else s.prompt[-1] for s in seqs]))
         self.pos_buf[:B].copy_(torch.from_numpy(n))
         self.slot_buf[:B].copy_(torch.from_numpy(slots))

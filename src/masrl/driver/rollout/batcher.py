@@ -4,7 +4,9 @@ Callers ``await batcher.submit(item)``. A background task takes the first waitin
 keeps collecting until the batch holds ``max_batch_size`` items or ``max_wait_ms`` has passed,
 and runs ``run_batch(items)`` in a worker thread, so the event loop keeps serving workflows
 while the model computes. While one batch runs, new items queue up and form the next batch.
-``run_batch`` returns one result per item, in order (an exception instance in an item's place
+With ``concurrent`` > 1 up to that many batches run at once (for an engine whose calls join a
+running decode, engines/paged.py: a call then waits for no other batch). ``run_batch`` returns one
+result per item, in order (an exception instance in an item's place
 fails that item alone); each caller gets its own result (or the batch's exception). A caller
 that gave up (timeout, cancellation) is skipped.
 """
@@ -42,9 +44,13 @@ class Batcher:
         compute_lock: threading.Lock | None = None,
         name: str = "batcher",
         on_orphan: Callable[[Any], None] | None = None,
+        concurrent: int = 1,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
+        if concurrent < 1:
+            raise ValueError("concurrent must be at least 1")
+        self.concurrent = concurrent  # batches handed to run_batch at once (an engine whose calls join a running one)
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -102,27 +108,42 @@ class Batcher:
     async def _serve(self) -> None:
         queue = self._queue
         assert queue is not None
-        loop = asyncio.get_running_loop()
+        slots = asyncio.Semaphore(self.concurrent)
+        running: set[asyncio.Task] = set()
         while True:
             batch = await self._collect(queue)
             if not batch:
                 continue
-            items = [item for item, _ in batch]
-            t0 = time.monotonic()
+            await slots.acquire()
             self._idle.clear()
-            try:
-                results = await loop.run_in_executor(None, self._run_locked, items)
-                if len(results) != len(items):
-                    raise RuntimeError(f"{self.name}: run_batch returned {len(results)} results for {len(items)} items")
-            except Exception as exc:  # the engine failed: every caller of this batch gets it
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                continue
-            finally:
-                self.stats.busy_s += time.monotonic() - t0
-                self._idle.set()  # drain() waiters wake after _deliver below (no await between)
-            self._deliver(batch, results)
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            running.add(task)
+
+            def done(t, slots=slots):
+                running.discard(t)
+                slots.release()
+                if not running:
+                    self._idle.set()  # drain() waiters wake after the batch's results were delivered
+
+            task.add_done_callback(done)
+            if self.concurrent == 1:
+                await asyncio.shield(task)  # one batch at a time: collect the next while none runs
+
+    async def _run(self, batch: list) -> None:
+        items = [item for item, _ in batch]
+        t0 = time.monotonic()
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(None, self._run_locked, items)
+            if len(results) != len(items):
+                raise RuntimeError(f"{self.name}: run_batch returned {len(results)} results for {len(items)} items")
+        except Exception as exc:  # the engine failed: every caller of this batch gets it
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        finally:
+            self.stats.busy_s += time.monotonic() - t0
+        self._deliver(batch, results)
 
     def _deliver(self, batch: list, results: Sequence[Any]) -> None:
         self.stats.batches += 1

@@ -1,0 +1,270 @@
+"""The paged engine against the static engine on one GPU, same requests, same run.
+
+    source scripts/gpu_setup.sh && python3 benchmarks/bench_engine.py [--shape 0.5b] [--only rollout,grpo,tail,long]
+
+Each engine runs in a child process of its own (peak memory is per process) on random weights of
+the shape (bf16, EOS ignored: random weights never stop). Parts:
+
+* rollout: 128-token distinct prompts, 256 new tokens, batch 1/64/256: tok/s, and the median time
+  of one replayed decode step at the largest batch.
+* grpo: 64 tasks x 8 samples, each prompt a 256-token shared preamble + 64 tokens of its own,
+  256 new tokens: prompt tokens computed by prefill (the static engine shares the preamble of a
+  batch; the paged engine shares every full block, the group's question included), tok/s, peak GiB.
+* tail: 64 multi-turn episodes of 1-8 turns (geometric), each turn 16 new prompt tokens and a
+  long-tailed completion (32 tokens; one call in 8: 512). Static: rounds, every episode's next call
+  in one batch that waits for its longest call (what a batcher gets); paged: each episode in its own
+  thread, its calls joining the running decode. Episodes per second.
+* long: one 16,000-token prompt, 256 new tokens: peak GiB and tok/s.
+
+Static: a KV cache of batch x longest row, decode graphs per (batch, length) bucket, host reads every
+8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.1), a prefix
+cache, one decode graph per batch bucket, a host read every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}
+if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
+    SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
+DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")
+
+
+def sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_reset():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib() -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+
+
+def make(kind, model, tok, **kw):
+    if kind == "paged":
+        from masrl.engines.paged import PagedEngine
+
+        return PagedEngine(model, tok, [tok.eos_token_id], device=DEV, **kw)
+    from masrl.engines.static import StaticEngine
+
+    return StaticEngine(model, tok, [tok.eos_token_id], device=DEV, **kw)
+
+
+def timed(fn):
+    sync()
+    t0 = time.perf_counter()
+    out = fn()
+    sync()
+    return out, time.perf_counter() - t0
+
+
+def step_ms(eng, B: int) -> float | None:
+    import torch
+
+    key = next((k for k in eng.graphs if k[0] == B), None)
+    if key is None:
+        return None
+    g, _ = eng.graphs[key]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def child(kind: str, shape: str, parts: list[str]) -> dict:
+    import torch
+
+    from masrl.config import SamplingParams
+    from masrl.messages import GenRequest
+    from masrl.models import load_model
+
+    model, tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
+    rng = random.Random(0)
+    out: dict = {}
+
+    def sp(n):
+        return SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True)
+
+    def rand(n):
+        return [rng.randrange(100, 49000) for _ in range(n)]
+
+    if "rollout" in parts:
+        eng = make(kind, model, tok, max_batch_size=256)
+        for B in (1, 64, 256):
+            reqs = [GenRequest(rand(128), sp(256), seed=i) for i in range(B)]
+            eng.generate(reqs)  # warm-up: graphs captured
+            res, dt = timed(lambda: eng.generate(reqs))
+            assert all(len(r.completion_ids) == 256 for r in res)
+            out[f"rollout_tps_{B}"] = B * 256 / dt
+            print(f"  {kind} rollout batch {B}: {B * 256 / dt:,.0f} tok/s", flush=True)
+        out["step_ms_256"] = step_ms(eng, 256)
+        eng.release()
+        del eng
+        torch.cuda.empty_cache()
+
+    if "grpo" in parts:
+        from masrl.modeling.prefix import slot_layout
+
+        preamble = rand(256)
+        prompts = [preamble + rand(64) for _ in range(64)]
+        reqs = [GenRequest(list(p), sp(256), seed=1000 + 8 * i + j) for i, p in enumerate(prompts) for j in range(8)]
+        eng = make(kind, model, tok, max_batch_size=512)
+        eng.generate(reqs[:16])  # warm-up
+        before = eng.stats.get("prefill_tokens", 0)
+        peak_reset()
+        res, dt = timed(lambda: eng.generate(reqs))
+        out["grpo_tps"] = len(reqs) * 256 / dt
+        out["grpo_peak_gib"] = peak_gib()
+        if kind == "paged":
+            out["grpo_prefill_tokens"] = eng.stats["prefill_tokens"] - before
+        else:  # the static engine's layout: the batch's shared prefix once per group, each row's rest
+            groups, pre, _, _ = slot_layout([r.prompt_ids for r in reqs], min_prefix=16)
+            out["grpo_prefill_tokens"] = sum(len(r.prompt_ids) - k for r, k in zip(reqs, pre)) + sum(
+                plen for _, plen in groups)
+        print(f"  {kind} grpo: {out['grpo_tps']:,.0f} tok/s, {out['grpo_prefill_tokens']:,} prompt tokens computed, "
+              f"peak {out['grpo_peak_gib']:.1f} GiB", flush=True)
+        eng.release()
+        del eng
+        torch.cuda.empty_cache()
+
+    if "tail" in parts:
+        eng = make(kind, model, tok, max_batch_size=256)
+        erng = random.Random(1)
+        episodes = []
+        for e in range(64):
+            turns = 1
+            while turns < 8 and erng.random() > 0.5:
+                turns += 1
+            episodes.append({"prompt": rand(128), "turns": turns,
+                             "lens": [512 if erng.random() < 0.125 else 32 for _ in range(turns)]})
+        eng.generate([GenRequest(rand(128), sp(32), seed=1)] * 4)  # warm-up
+
+        def call(ep, t):
+            return GenRequest(list(ep["prompt"]), sp(ep["lens"][t]), seed=7919 * t + id(ep) % 1000)
+
+        def advance(ep, o):
+            ep["prompt"] += o.completion_ids + rand(16)
+
+        def run_static():
+            live = list(episodes)
+            t = 0
+            while live:
+                res = eng.generate([call(ep, t) for ep in live])
+                for ep, o in zip(live, res):
+                    advance(ep, o)
+                t += 1
+                live = [ep for ep in live if ep["turns"] > t]
+
+        def run_paged():
+            def one(ep):
+                for t in range(ep["turns"]):
+                    advance(ep, eng.generate([call(ep, t)])[0])
+
+            threads = [threading.Thread(target=one, args=(ep,)) for ep in episodes]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+
+        peak_reset()
+        _, dt = timed(run_paged if kind == "paged" else run_static)
+        calls = sum(ep["turns"] for ep in episodes)
+        out["tail_eps"] = len(episodes) / dt
+        out["tail_s"] = dt
+        out["tail_tokens_s"] = sum(sum(ep["lens"]) for ep in episodes) / dt
+        out["tail_peak_gib"] = peak_gib()
+        print(f"  {kind} tail: {len(episodes)} episodes, {calls} calls in {dt:.2f} s", flush=True)
+        eng.release()
+        del eng
+        torch.cuda.empty_cache()
+
+    if "long" in parts:
+        eng = make(kind, model, tok, max_batch_size=8)
+        r = GenRequest(rand(16000), sp(256), seed=3)
+        eng.generate([GenRequest(rand(64), sp(8), seed=1)])
+        peak_reset()
+        res, dt = timed(lambda: eng.generate([r]))
+        out["long_tps"] = 256 / dt
+        out["long_s"] = dt
+        out["long_peak_gib"] = peak_gib()
+        print(f"  {kind} 16k prompt: {dt:.2f} s, peak {out['long_peak_gib']:.1f} GiB", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
+    ap.add_argument("--only", default="rollout,grpo,tail,long")
+    ap.add_argument("--engines", default="static,paged")
+    ap.add_argument("--child")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    parts = a.only.split(",")
+    if a.child:
+        print("RESULT " + json.dumps(child(a.child, a.shape, parts)), flush=True)
+        return
+    res = {}
+    for kind in a.engines.split(","):
+        proc = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--only", a.only, "--child", kind],
+                              capture_output=True, text=True, cwd=ROOT)
+        print(proc.stdout, end="")
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"{kind} failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
+            res[kind] = {}
+            continue
+        res[kind] = json.loads(lines[-1][7:])
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    print(f"\ncommand: python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}\n"
+          f"machine: {gpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}; "
+          f"shape {a.shape} ({SHAPES[a.shape]}), bf16\n")
+    s, p = res.get("static", {}), res.get("paged", {})
+    rows = [("rollout tok/s, batch 1", "rollout_tps_1", True), ("rollout tok/s, batch 64", "rollout_tps_64", True),
+            ("rollout tok/s, batch 256", "rollout_tps_256", True), ("decode step ms, batch 256", "step_ms_256", False),
+            ("GRPO 64x8: prompt tokens prefilled", "grpo_prefill_tokens", False),
+            ("GRPO 64x8: tok/s", "grpo_tps", True), ("GRPO 64x8: peak GiB", "grpo_peak_gib", False),
+            ("long tail: episodes/s", "tail_eps", True), ("long tail: seconds", "tail_s", False),
+            ("long tail: peak GiB", "tail_peak_gib", False),
+            ("16k prompt + 256: seconds", "long_s", False), ("16k prompt: peak GiB", "long_peak_gib", False)]
+    print("| measure | static | paged | paged / static |\n| --- | --- | --- | --- |")
+    for label, key, _ in rows:
+        a_, b_ = s.get(key), p.get(key)
+        if a_ is None and b_ is None:
+            continue
+        ratio = f"{b_ / a_:.2f}x" if a_ and b_ is not None else "-"
+        fmt = (lambda v: "-" if v is None else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"))
+        print(f"| {label} | {fmt(a_)} | {fmt(b_)} | {ratio} |")
+    if a.json:
+        Path(a.json).write_text(json.dumps({"gpu": gpu, "results": res}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -150,11 +150,15 @@ def prompts(tok, n=6):
     return out + [tok("a different start", add_special_tokens=False)["input_ids"]]
 
 
-def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(tiny):
+@pytest.mark.parametrize("sync_every,prefill_tokens", [(8, 8192), (1, 8192), (3, 24)])
+def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(tiny, sync_every, prefill_tokens):
+    """Calls of different lengths finish inside decode chunks (sync_every); prefill_tokens=24 splits
+    every prompt into chunks computed over the blocks before them (chunked prefill)."""
     model, tok = tiny
     reqs = [req(p, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts(tok))]
     eager = HFEngine(model, tok, [2]).generate(reqs)
-    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4, sync_every=sync_every,
+                      prefill_tokens=prefill_tokens)
     outs = eng.generate(reqs)
     for a, b in zip(eager, outs):
         assert a.completion_ids == b.completion_ids
@@ -243,3 +247,21 @@ def test_the_next_turn_reuses_its_episode_blocks(tiny):
     computed = eng.stats["prefill_tokens"] - before
     assert computed <= len(turn2) - (len(p) + 15) // 4 * 4 + 4  # only the new message and a partial block
     assert second.completion_ids == HFEngine(model, tok, [2]).generate([req(turn2, max_new_tokens=4)])[0].completion_ids
+
+
+def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):
+    model, tok = tiny
+    p = prompts(tok)[2]
+    free = HFEngine(model, tok, [2]).generate([req(p, max_new_tokens=20)])[0]
+    stop_tok = free.completion_ids[5]  # a token the call samples sixth: as EOS, it ends the call there
+    eager = HFEngine(model, tok, [stop_tok]).generate([req(p, max_new_tokens=20)])[0]
+    paged = PagedEngine(model, tok, [stop_tok], device="cpu", kv_blocks=64, block_size=4, sync_every=8)
+    out = paged.generate([req(p, max_new_tokens=20)])[0]
+    assert out.completion_ids == eager.completion_ids and out.finish_reason == "stop"
+    assert out.completion_ids[-1] == stop_tok and len(out.completion_ids) <= 6
+    text = tok.decode(free.completion_ids[:9], skip_special_tokens=True)
+    stop = text[-3:]
+    a = HFEngine(model, tok, [2]).generate([req(p, max_new_tokens=20, stop=[stop])])[0]
+    plain = PagedEngine(model, tok, [2], device="cpu", kv_blocks=64, block_size=4, sync_every=8)
+    b = plain.generate([req(p, max_new_tokens=20, stop=[stop])])[0]
+    assert a.completion_ids == b.completion_ids and b.finish_reason == "stop"

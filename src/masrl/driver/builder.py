@@ -65,7 +65,7 @@ def uses_static_engine(engine: str, device: str) -> bool:
 def engine_options(r, device: str) -> dict:
     """The rollout settings the engine a worker on ``device`` gets takes."""
     if r.engine == "paged":
-        return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size,
+        return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size, "sync_every": r.sync_every,
                 "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size}
     if uses_static_engine(r.engine, device):
         return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}

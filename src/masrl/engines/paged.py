@@ -72,8 +72,9 @@ class _Call:
 
 class PagedEngine:
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
-                 gpu_memory_utilization: float = 0.1, kv_blocks: int | None = None, max_batch_size: int = 256,
-                 prefill_tokens: int = 8192, cuda_graphs: bool = True, fused_kernels: bool = True, **_ignored):
+                 gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
+                 prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
+                 **_ignored):
         self.model = model
         self.tok = tokenizer
         self.fwd = LlamaForward(model)
@@ -96,6 +97,7 @@ class PagedEngine:
         self.kv_blocks = kv_blocks
         self.max_batch_size = max_batch_size
         self.prefill_tokens = prefill_tokens
+        self.sync_every = sync_every
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
         self.fused: dict[str, bool] = {}
         if fused_kernels and kernels.available(self.dev):
@@ -225,7 +227,7 @@ class PagedEngine:
                 self._cv.notify_all()
 
     def _step(self) -> bool:
-        step = self.sched.schedule()
+        step = self.sched.schedule(lookahead=self.sync_every)
         if step is None:
             raise RuntimeError("paged engine: calls are waiting but none can be scheduled (a bug: please report it)")
         pool = self.sched.pool
@@ -234,9 +236,9 @@ class PagedEngine:
             logits = self._prefill(step.seqs)
             for s in step.seqs:
                 self.sched.registered(s)
+            finished = self._sample(step.seqs, logits)
         else:
-            logits = self._decode(step.seqs)
-        finished = self._sample(step.seqs, logits)
+            finished = self._decode(step.seqs)
         st = self.sched.stats
         for k in ("preemptions", "prefill_tokens", "cached_tokens"):
             self.stats[k] = st[k]
@@ -312,53 +314,66 @@ class PagedEngine:
 
     # -- prefill: the lean forward over each call's uncached tokens, keys and values into its blocks --
     def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits after each sequence's last token. Rows are batched up to ``prefill_tokens`` (rows x
+        longest row); a sequence with more new tokens than that runs alone, ``prefill_tokens`` at a
+        time over its blocks so far (chunked prefill: memory stays flat however long the prompt)."""
         V = self.core.lm_head.weight.shape[0]
         logits = torch.empty((len(seqs), V), dtype=self.dtype, device=self.dev)
+        budget = self.prefill_tokens
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].length - seqs[i].cached)
         chunk: list[int] = []
         for i in order + [None]:
             if i is not None:
                 s = seqs[i]
-                rows = len(chunk) + 1
+                if s.length - s.cached > budget:
+                    for start in range(s.cached, s.length, budget):
+                        end = min(s.length, start + budget)
+                        self._prefill_rows([(s, start, end)], logits, [i] if end == s.length else None)
+                    continue
                 width = max([seqs[j].length for j in chunk] + [s.length])
-                if not chunk or rows * width <= self.prefill_tokens:
+                if not chunk or (len(chunk) + 1) * width <= budget:
                     chunk.append(i)
                     continue
-            self._prefill_rows([seqs[j] for j in chunk], logits, chunk)
+            if chunk:
+                self._prefill_rows([(seqs[j], seqs[j].cached, seqs[j].length) for j in chunk], logits, chunk)
             chunk = [] if i is None else [i]
         return logits
 
-    def _prefill_rows(self, seqs: list[Sequence], logits: torch.Tensor, where: list[int]) -> None:
+    def _prefill_rows(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor,
+                      where: list[int] | None) -> None:
+        """Compute tokens ``[start, end)`` of each sequence over its keys and values before ``start``
+        (in its blocks), write theirs into its blocks, and (``where``) put the last position's logits
+        in those rows of ``logits``."""
         dev, bs = self.dev, self.block_size
-        B = len(seqs)
-        C = max(s.cached for s in seqs)
-        N = max(s.length - s.cached for s in seqs)
+        B = len(spans)
+        C = max(a for _, a, _ in spans)
+        N = max(e - a for _, a, e in spans)
         ids = torch.full((B, N), self.pad_id, dtype=torch.long)
         pos = torch.zeros((B, N), dtype=torch.long)
         valid = torch.zeros((B, C + N), dtype=torch.bool)
         past_idx = torch.zeros((B, C), dtype=torch.long)
         new_slots, new_rows, new_cols = [], [], []
-        for b, s in enumerate(seqs):
-            toks, c = s.tokens, s.cached
-            n = len(toks) - c
-            ids[b, :n] = torch.tensor(toks[c:], dtype=torch.long)
-            pos[b, :n] = torch.arange(c, len(toks))
+        for b, (s, c, end) in enumerate(spans):
+            toks = s.tokens
+            n = end - c
+            ids[b, :n] = torch.tensor(toks[c:end], dtype=torch.long)
+            pos[b, :n] = torch.arange(c, end)
             valid[b, :c] = True
             valid[b, C : C + n] = True
-            t = torch.arange(len(toks))
+            t = torch.arange(end)
             table = torch.tensor(s.table, dtype=torch.long)
             slot = table[t // bs] * bs + t % bs
             past_idx[b, :c] = slot[:c]
             new_slots.append(slot[c:])
             new_rows += [b] * n
             new_cols += range(n)
-            s.kv_len = len(toks)
+            s.kv_len = end
         ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
         past_idx = past_idx.to(dev)
         past = None
         if C > 0:
             past = [(kf[past_idx].permute(0, 2, 1, 3), vf[past_idx].permute(0, 2, 1, 3)) for kf, vf in self.kv]
-        adapters = [s.key or "__base__" for s in seqs] if self.is_peft else None
+        adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
         mask = causal_mask(valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
         slots = torch.cat(new_slots).to(dev)
@@ -367,41 +382,85 @@ class PagedEngine:
         for (kf, vf), (k, v) in zip(self.kv, new_kv):  # k, v [B, Hkv, N, D]
             kf.index_copy_(0, slots, k[rows, :, cols].to(kf.dtype))
             vf.index_copy_(0, slots, v[rows, :, cols].to(vf.dtype))
-        last = torch.tensor([s.length - s.cached - 1 for s in seqs], dtype=torch.long, device=dev)
-        hl = h[torch.arange(B, device=dev), last]
-        logits[torch.tensor(where, device=dev)] = self.fwd.head_last(hl).to(self.dtype)
+        if where is not None:
+            last = torch.tensor([e - a - 1 for _, a, e in spans], dtype=torch.long, device=dev)
+            hl = h[torch.arange(B, device=dev), last]
+            logits[torch.tensor(where, device=dev)] = self.fwd.head_last(hl).to(self.dtype)
 
     # -- decode: one token for every running call ------------------------------------------------------
-    def _decode(self, seqs: list[Sequence]) -> torch.Tensor:
+    def _decode(self, seqs: list[Sequence]) -> bool:
+        """Up to ``sync_every`` decode steps for every running call, the sampled tokens kept on the
+        device and read back once; a call that finishes inside the chunk rides along to its end (its
+        extra tokens dropped; writes past its blocks land in the scratch block). Returns whether a
+        call finished."""
         B, bs, dev = len(seqs), self.block_size, self.dev
         Bb = batch_bucket(B)
-        width = max(len(s.table) for s in seqs)
-        self._ensure(Bb, width)
-        n = np.array([s.kv_len for s in seqs], dtype=np.int64)  # the new token's position
+        k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
+        kv = np.array([s.kv_len for s in seqs], dtype=np.int64)
+        top = int(kv.max()) + k
+        # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
+        S = 0 if self.fused.get("paged_attention") else slot_bucket(top)
+        self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
         bt = self.bt_host
+        bt[:Bb] = 0
         for b, s in enumerate(seqs):
             bt[b, : len(s.table)] = s.table
-        bt[B:Bb] = 0
-        rows = np.arange(B)
-        slots = bt[rows, n // bs].astype(np.int64) * bs + n % bs
-        # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
-        S = 0 if self.fused.get("paged_attention") else slot_bucket(int(n.max()) + 1)
-        self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] if s.generated else s.prompt[-1] for s in seqs]))
-        self.pos_buf[:B].copy_(torch.from_numpy(n))
-        self.slot_buf[:B].copy_(torch.from_numpy(slots))
-        self.len_buf[:B].copy_(torch.from_numpy((n + 1).astype(np.int32)))
-        self.bt_buf[:Bb, : self.width_cap].copy_(torch.from_numpy(bt[:Bb]))
-        if Bb > B:  # bucket padding rows write to the scratch block and attend to it
-            self.slot_buf[B:Bb].zero_()
-            self.len_buf[B:Bb].fill_(1)
-            self.pos_buf[B:Bb].zero_()
+        pos = np.zeros(Bb, dtype=np.int64)
+        pos[:B] = kv
+        self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
+        self.pos_buf[:Bb].copy_(torch.from_numpy(pos))
+        self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] for s in seqs]))
         if self.is_peft:
             ad = [self.slot_of.get(s.key, -1) for s in seqs] + [-1] * (Bb - B)
             self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
-        for s in seqs:
-            s.kv_len += 1
+        calls = [s.payload for s in seqs]
+        sp = [c.request.sampling for c in calls]
+        temps_l, top_ps_l = [p.temperature for p in sp], [p.top_p for p in sp]
+        temps, top_ps = torch.tensor(temps_l, device=dev), torch.tensor(top_ps_l, device=dev)
+        flags = BatchFlags.of(temps_l, top_ps_l)
+        U = np.empty((B, k), dtype=np.float32)
+        for b, (s, c) in enumerate(zip(seqs, calls)):
+            g = len(s.generated)
+            if c.uniforms is not None:
+                row = c.uniforms[g : g + k]
+                U[b, : len(row)] = row
+                U[b, len(row) :] = 0.5
+            else:
+                U[b] = self.host_rng.random(k)
+        U_dev = torch.from_numpy(U).to(dev)
+        toks, lps = [], []
+        for j in range(k):
+            logits = self._decode_step(Bb, S)
+            t, lp = sample_tokens(logits[:B], temps, top_ps, self.generator, flags, U_dev[:, j])
+            self.tok_buf[:B].copy_(t)
+            toks.append(t)
+            lps.append(lp)
+        T, L = torch.stack(toks).t().tolist(), torch.stack(lps).t().tolist()  # one read per chunk
+        any_done = False
+        for s, p, new, new_lp in zip(seqs, sp, T, L):
+            new = new[: s.max_new - len(s.generated)]
+            n, reason = len(new), None
+            if not p.ignore_eos and not self.stop_set.isdisjoint(new):
+                n, reason = next(j for j, t in enumerate(new) if t in self.stop_set) + 1, "stop"
+            if p.stop:
+                hit = stop_string_at(self.tok, s.generated, new[:n], p.stop)
+                if hit is not None:
+                    n, reason = hit, "stop"
+            s.generated += new[:n]
+            s.logprobs += new_lp[:n]
+            s.kv_len += n
+            if reason is not None:
+                s.finish = reason
+            elif len(s.generated) >= s.max_new:
+                s.finish = "length"
+            if s.finish is not None:
+                self.sched.finished(s)
+                any_done = True
+        return any_done
+
+    def _decode_step(self, Bb: int, S: int) -> torch.Tensor:
         self.stats["decode_steps"] += 1
         if not self.use_graphs:
             return self._decode_body(Bb, S)
@@ -431,7 +490,12 @@ class PagedEngine:
         emb = torch.cat([freqs, freqs], dim=-1)
         cos = (emb.cos() * self.rope_scale).to(dt)
         sin = (emb.sin() * self.rope_scale).to(dt)
-        slots, tables, lens = self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B]
+        bs, pos = self.block_size, self.pos_buf[:B]
+        slots = self.slot_buf[:B]
+        slots.copy_(self.bt_buf[:B].gather(1, (pos // bs)[:, None]).squeeze(1).long() * bs + pos % bs)
+        lens = self.len_buf[:B]
+        lens.copy_(pos + 1)
+        tables = self.bt_buf[:B]
         h = F.embedding(self.tok_buf[:B], self.core.model.embed_tokens.weight)
         for li, e in enumerate(self.w.layers):
             x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
@@ -451,20 +515,25 @@ class PagedEngine:
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)
         head = self.core.lm_head
-        return F.linear(h, head.weight, getattr(head, "bias", None))
+        logits = F.linear(h, head.weight, getattr(head, "bias", None))
+        self.pos_buf[:B].add_(1)
+        return logits
 
     def _capture(self, B: int, S: int):
         side = _capture_stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(side):  # warm-up (writes the same slots the replay will: harmless)
+        saved = self.pos_buf.clone()
+        with torch.cuda.stream(side):  # warm-up (writes the slots the replay will: harmless)
             self._decode_body(B, S)
         torch.cuda.current_stream(self.dev).wait_stream(side)
+        self.pos_buf.copy_(saved)
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.device(self.dev), torch.cuda.graph(graph, pool=self.graph_pool, stream=side,
                                                            capture_error_mode="thread_local"):
             logits = self._decode_body(B, S)
+        self.pos_buf.copy_(saved)  # capturing ran nothing, but keep the host's positions exact either way
         self.stats["graphs_captured"] += 1
         return graph, logits
 

@@ -92,14 +92,16 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
-    def schedule(self) -> Step | None:
+    def schedule(self, lookahead: int = 1) -> Step | None:
+        """The next step; a decode step reserves each sequence's slots for up to ``lookahead`` tokens
+        (the engine runs that many decode steps before it reads the tokens back)."""
         admitted = self._admit()
         if admitted:
             self.stats["prefills"] += 1
             return Step("prefill", admitted)
         if not self.running:
             return None
-        self._make_room()
+        self._make_room(lookahead)
         self.stats["decodes"] += 1
         return Step("decode", list(self.running))
 
@@ -132,19 +134,21 @@ class Scheduler:
         self.running.extend(out)
         return out
 
-    def _make_room(self) -> None:
-        """Every running sequence gets the slot for its next token; pre-empt the newest while one cannot."""
+    def _make_room(self, lookahead: int) -> None:
+        """Every running sequence gets the slots for its next tokens (at most ``lookahead``, at most what
+        its limit leaves); pre-empt the newest while one cannot."""
         pool = self.pool
         i = 0
         while i < len(self.running):
             seq = self.running[i]
-            while not pool.can_grow(seq.table, seq.kv_len + 1):
+            need = seq.kv_len + max(1, min(lookahead, seq.max_new - len(seq.generated)))
+            while not pool.can_grow(seq.table, need):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is seq:
                     break
             else:
-                pool.grow(seq.table, seq.kv_len + 1)
+                pool.grow(seq.table, need)
                 i += 1
 
     def preempt(self, seq: Sequence) -> None:

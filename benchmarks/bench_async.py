@@ -18,6 +18,7 @@ Modes (``--modes``, comma separated):
   async-turns       rollout.mode async, overlap_update off: episodes run on while the update waits for
                     the engine's batch and the engine waits for the update (the compute lock);
   async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
+  MODE@ENGINE       any mode with rollout.engine ENGINE (sync@paged, async@paged): default auto (static on CUDA).
 
 ``--rollout-device cuda:1`` (policies.X.rollout_device) trains on ``--device`` and samples on the
 other GPU, in every mode: the synchronous step still does one after the other, the asynchronous
@@ -57,6 +58,7 @@ def policy_of(workload: str, agent: str) -> str:
 
 
 def config(a, mode: str) -> dict:
+    mode, _, engine = mode.partition("@")
     wf, agents = WORKFLOWS[a.workload]
     per_step = a.tasks * a.samples
     names = sorted({policy_of(a.workload, n) for n in agents})
@@ -70,7 +72,8 @@ def config(a, mode: str) -> dict:
             "data": {"train": {"source": "arithmetic", "n": 5000, "seed": 1},
                      "eval": {"source": "arithmetic", "n": 4, "seed": 2}},
             "rollout": {"tasks_per_step": a.tasks, "samples_per_task": a.samples, "mode": "sync",
-                        "max_in_flight": 2 * per_step, "max_batch_size": a.max_batch or per_step},
+                        "max_in_flight": 2 * per_step, "max_batch_size": a.max_batch or per_step,
+                        "engine": engine or "auto"},
             "rewards": [{"type": "helpers:task_hash_reward"}],
             "algorithm": {"micro_batch_tokens": a.micro_batch_tokens},
             "train": {"steps": a.steps + 1, "eval_before": False, "eval_after": False, "save_every": 0}}
@@ -98,7 +101,7 @@ def child(a, mode: str) -> dict:
     tr.prepare(resume=False)
 
     async def go():
-        rollouts = tr.async_rollouts() if mode != "sync" else None
+        rollouts = tr.async_rollouts() if not mode.startswith("sync") else None
 
         async def step():
             return await (tr.async_step(rollouts) if rollouts else tr.train_step())

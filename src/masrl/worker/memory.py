@@ -3,8 +3,8 @@
 torch keeps one peak counter per device and process, so hosts that share a process and a device
 share it. Whoever resets it (an update measuring its own peak, or the step's reading) first folds
 the peak so far into ``_CARRY``; ``step_peak`` reads the step's peak as the larger of the two and
-starts the next step from zero. The first host of a process on a device answers for that
-device's peak (``owns_peak``); every host reports the parts it holds itself.
+starts the next step from zero. One host of a process answers for a device's peak: the newest on
+that device (``enroll``), until it closes; every host reports the parts it holds itself.
 """
 
 from __future__ import annotations
@@ -24,13 +24,31 @@ _LOCK = threading.Lock()
 
 
 def claim(device: str, host) -> bool:
-    """Whether ``host`` reports ``device``'s peak in this process: the first living host to ask."""
+    """Whether ``host`` reports ``device``'s peak in this process: the enrolled host, or (none living)
+    the first to ask."""
     with _LOCK:
         owner = _OWNERS.get(device)
         if owner is None or owner() is None:
             _OWNERS[device] = weakref.ref(host)
             return True
         return owner() is host
+
+
+def enroll(host, devices) -> None:
+    """A new host on ``devices``: it reports their peaks from now on (the newest host of a process
+    does, so a finished run's host that something still references never silences the next run's)."""
+    with _LOCK:
+        for d in devices:
+            if str(d).startswith("cuda"):
+                _OWNERS[str(d)] = weakref.ref(host)
+
+
+def unclaim(host) -> None:
+    """``host`` is closing: it no longer reports any device's peak (a host still referenced somewhere
+    after its run ended would otherwise keep the claim, and the next run in the process report none)."""
+    with _LOCK:
+        for d in [d for d, ref in _OWNERS.items() if ref() is host]:
+            del _OWNERS[d]
 
 
 def reset_peak(device: str) -> int:

@@ -97,124 +97,149 @@ def step_ms(eng, B: int) -> float | None:
     return sorted(times)[len(times) // 2]
 
 
-def child(kind: str, shape: str, parts: list[str]) -> dict:
-    import torch
+class Bench:
+    """One engine kind on one model shape: random requests, and the parts of the benchmark."""
 
-    from masrl.config import SamplingParams
-    from masrl.messages import GenRequest
-    from masrl.models import load_model
+    def __init__(self, kind: str, shape: str):
+        import torch
 
-    model, tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
-    rng = random.Random(0)
-    out: dict = {}
+        from masrl.models import load_model
 
-    def sp(n):
+        self.kind = kind
+        self.model, self.tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
+        self.rng = random.Random(0)
+
+    def sp(self, n: int):
+        from masrl.config import SamplingParams
+
         return SamplingParams(temperature=1.0, max_new_tokens=n, ignore_eos=True)
 
-    def rand(n):
-        return [rng.randrange(100, 49000) for _ in range(n)]
+    def req(self, prompt: list[int], n: int, seed: int):
+        from masrl.messages import GenRequest
 
-    if "rollout" in parts:
-        eng = make(kind, model, tok, max_batch_size=256)
-        for B in (1, 64, 256):
-            reqs = [GenRequest(rand(128), sp(256), seed=i) for i in range(B)]
-            eng.generate(reqs)  # warm-up: graphs captured
-            res, dt = timed(lambda: eng.generate(reqs))
-            assert all(len(r.completion_ids) == 256 for r in res)
-            out[f"rollout_tps_{B}"] = B * 256 / dt
-            print(f"  {kind} rollout batch {B}: {B * 256 / dt:,.0f} tok/s", flush=True)
-        out["step_ms_256"] = step_ms(eng, 256)
+        return GenRequest(list(prompt), self.sp(n), seed=seed)
+
+    def rand(self, n: int) -> list[int]:
+        return [self.rng.randrange(100, 49000) for _ in range(n)]
+
+    def engine(self, **kw):
+        return make(self.kind, self.model, self.tok, **kw)
+
+    @staticmethod
+    def done(eng) -> None:
+        import torch
+
         eng.release()
-        del eng
         torch.cuda.empty_cache()
 
-    if "grpo" in parts:
+    def rollout(self, out: dict) -> None:
+        eng = self.engine(max_batch_size=256)
+        for B in (1, 64, 256):
+            reqs = [self.req(self.rand(128), 256, i) for i in range(B)]
+            eng.generate(reqs)  # warm-up: graphs captured
+            res, dt = timed(lambda reqs=reqs: eng.generate(reqs))
+            assert all(len(r.completion_ids) == 256 for r in res)
+            out[f"rollout_tps_{B}"] = B * 256 / dt
+            print(f"  {self.kind} rollout batch {B}: {B * 256 / dt:,.0f} tok/s", flush=True)
+        out["step_ms_256"] = step_ms(eng, 256)
+        self.done(eng)
+
+    def grpo(self, out: dict) -> None:
         from masrl.modeling.prefix import slot_layout
 
-        preamble = rand(256)
-        prompts = [preamble + rand(64) for _ in range(64)]
-        reqs = [GenRequest(list(p), sp(256), seed=1000 + 8 * i + j) for i, p in enumerate(prompts) for j in range(8)]
-        eng = make(kind, model, tok, max_batch_size=512)
+        preamble = self.rand(256)
+        prompts = [preamble + self.rand(64) for _ in range(64)]
+        reqs = [self.req(p, 256, 1000 + 8 * i + j) for i, p in enumerate(prompts) for j in range(8)]
+        eng = self.engine(max_batch_size=512)
         eng.generate(reqs[:16])  # warm-up
         before = eng.stats.get("prefill_tokens", 0)
         peak_reset()
-        res, dt = timed(lambda: eng.generate(reqs))
+        _, dt = timed(lambda: eng.generate(reqs))
         out["grpo_tps"] = len(reqs) * 256 / dt
         out["grpo_peak_gib"] = peak_gib()
-        if kind == "paged":
+        if self.kind == "paged":
             out["grpo_prefill_tokens"] = eng.stats["prefill_tokens"] - before
         else:  # the static engine's layout: the batch's shared prefix once per group, each row's rest
             groups, pre, _, _ = slot_layout([r.prompt_ids for r in reqs], min_prefix=16)
             out["grpo_prefill_tokens"] = sum(len(r.prompt_ids) - k for r, k in zip(reqs, pre)) + sum(
                 plen for _, plen in groups)
-        print(f"  {kind} grpo: {out['grpo_tps']:,.0f} tok/s, {out['grpo_prefill_tokens']:,} prompt tokens computed, "
-              f"peak {out['grpo_peak_gib']:.1f} GiB", flush=True)
-        eng.release()
-        del eng
-        torch.cuda.empty_cache()
+        print(f"  {self.kind} grpo: {out['grpo_tps']:,.0f} tok/s, {out['grpo_prefill_tokens']:,} prompt tokens "
+              f"computed, peak {out['grpo_peak_gib']:.1f} GiB", flush=True)
+        self.done(eng)
 
-    if "tail" in parts:
-        eng = make(kind, model, tok, max_batch_size=256)
+    def tail(self, out: dict) -> None:
+        eng = self.engine(max_batch_size=256)
         erng = random.Random(1)
         episodes = []
-        for e in range(64):
+        for _ in range(64):
             turns = 1
             while turns < 8 and erng.random() > 0.5:
                 turns += 1
-            episodes.append({"prompt": rand(128), "turns": turns,
+            episodes.append({"prompt": self.rand(128), "turns": turns,
                              "lens": [512 if erng.random() < 0.125 else 32 for _ in range(turns)]})
-        eng.generate([GenRequest(rand(128), sp(32), seed=1)] * 4)  # warm-up
+        eng.generate([self.req(self.rand(128), 32, 1)] * 4)  # warm-up
 
-        def call(ep, t):
-            return GenRequest(list(ep["prompt"]), sp(ep["lens"][t]), seed=7919 * t + id(ep) % 1000)
+        def call(i, t):
+            return self.req(episodes[i]["prompt"], episodes[i]["lens"][t], 7919 * t + i)
 
-        def advance(ep, o):
-            ep["prompt"] += o.completion_ids + rand(16)
+        def advance(i, o):
+            episodes[i]["prompt"] += o.completion_ids + self.rand(16)
 
-        def run_static():
-            live = list(episodes)
-            t = 0
-            while live:
-                res = eng.generate([call(ep, t) for ep in live])
-                for ep, o in zip(live, res):
-                    advance(ep, o)
-                t += 1
-                live = [ep for ep in live if ep["turns"] > t]
-
-        def run_paged():
-            def one(ep):
-                for t in range(ep["turns"]):
-                    advance(ep, eng.generate([call(ep, t)])[0])
-
-            threads = [threading.Thread(target=one, args=(ep,)) for ep in episodes]
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-
+        n = len(episodes)
+        run = (lambda: run_threads(eng, n, episodes, call, advance)) if self.kind == "paged" else (
+            lambda: run_rounds(eng, n, episodes, call, advance))
         peak_reset()
-        _, dt = timed(run_paged if kind == "paged" else run_static)
-        calls = sum(ep["turns"] for ep in episodes)
-        out["tail_eps"] = len(episodes) / dt
-        out["tail_s"] = dt
-        out["tail_tokens_s"] = sum(sum(ep["lens"]) for ep in episodes) / dt
-        out["tail_peak_gib"] = peak_gib()
-        print(f"  {kind} tail: {len(episodes)} episodes, {calls} calls in {dt:.2f} s", flush=True)
-        eng.release()
-        del eng
-        torch.cuda.empty_cache()
+        _, dt = timed(run)
+        out.update(tail_eps=len(episodes) / dt, tail_s=dt, tail_peak_gib=peak_gib(),
+                   tail_tokens_s=sum(sum(ep["lens"]) for ep in episodes) / dt)
+        print(f"  {self.kind} tail: {len(episodes)} episodes, {sum(ep['turns'] for ep in episodes)} calls in "
+              f"{dt:.2f} s", flush=True)
+        self.done(eng)
 
-    if "long" in parts:
-        eng = make(kind, model, tok, max_batch_size=8)
-        r = GenRequest(rand(16000), sp(256), seed=3)
-        eng.generate([GenRequest(rand(64), sp(8), seed=1)])
+    def long(self, out: dict) -> None:
+        eng = self.engine(max_batch_size=8)
+        r = self.req(self.rand(16000), 256, 3)
+        eng.generate([self.req(self.rand(64), 8, 1)])
         peak_reset()
-        res, dt = timed(lambda: eng.generate([r]))
-        out["long_tps"] = 256 / dt
-        out["long_s"] = dt
-        out["long_peak_gib"] = peak_gib()
-        print(f"  {kind} 16k prompt: {dt:.2f} s, peak {out['long_peak_gib']:.1f} GiB", flush=True)
+        _, dt = timed(lambda: eng.generate([r]))
+        out.update(long_tps=256 / dt, long_s=dt, long_peak_gib=peak_gib())
+        print(f"  {self.kind} 16k prompt: {dt:.2f} s, peak {out['long_peak_gib']:.1f} GiB", flush=True)
+
+
+def run_rounds(eng, n: int, episodes: list[dict], call, advance) -> None:
+    """The static engine as a batcher drives it: every episode's next call in one batch, which waits
+    for its longest call."""
+    live, t = list(range(n)), 0
+    while live:
+        for i, o in zip(live, eng.generate([call(i, t) for i in live])):
+            advance(i, o)
+        t += 1
+        live = [i for i in live if episodes[i]["turns"] > t]
+
+
+def run_threads(eng, n: int, episodes: list[dict], call, advance) -> None:
+    """Each episode in its own thread: its calls join the paged engine's running decode."""
+    def one(i):
+        for t in range(episodes[i]["turns"]):
+            advance(i, eng.generate([call(i, t)])[0])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def child(kind: str, shape: str, parts: list[str]) -> dict:
+    bench, out = Bench(kind, shape), {}
+    for part in ("rollout", "grpo", "tail", "long"):
+        if part in parts:
+            getattr(bench, part)(out)
     return out
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}")
 
 
 def main() -> None:
@@ -260,8 +285,7 @@ def main() -> None:
         if a_ is None and b_ is None:
             continue
         ratio = f"{b_ / a_:.2f}x" if a_ and b_ is not None else "-"
-        fmt = (lambda v: "-" if v is None else (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"))
-        print(f"| {label} | {fmt(a_)} | {fmt(b_)} | {ratio} |")
+        print(f"| {label} | {_fmt(a_)} | {_fmt(b_)} | {ratio} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"gpu": gpu, "results": res}, indent=2))
 

@@ -150,7 +150,8 @@ def overlaps_update(r, specs: list[PolicySpec]) -> bool:
     """``rollout.overlap_update`` resolved for one host of ``specs``."""
     if r.mode != "async" or r.overlap_update is False or any(s.offload_weights for s in specs):
         return False
-    return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda") and r.engine in ("auto", "hf", "static", "paged"))
+    return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda")
+                                         and r.engine in ("auto", "hf", "static", "paged"))
 
 
 def sampling_device(spec: PolicySpec) -> str:

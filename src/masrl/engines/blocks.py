@@ -154,6 +154,6 @@ class BlockPool:
 
     def forget(self) -> None:
         """Drop the prefix cache (the weights changed: cached keys and values are stale)."""
-        for h, b in self.cached.items():
+        for b in self.cached.values():
             self.hash_of[b] = None
         self.cached.clear()

@@ -395,9 +395,13 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int, hi
         a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5)
         return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
 
+    return _verdicts({"rms_norm": rms, "silu_mul": silu, "rope_and_cache": rope, "decode_attention": attention,
+                      "rope_and_cache_paged": rope_paged, "paged_attention": attention_paged})
+
+
+def _verdicts(checks: dict) -> dict:
     out = {}
-    for name, fn in (("rms_norm", rms), ("silu_mul", silu), ("rope_and_cache", rope), ("decode_attention", attention),
-                     ("rope_and_cache_paged", rope_paged), ("paged_attention", attention_paged)):
+    for name, fn in checks.items():
         try:
             out[name] = None if fn() else "disagrees with torch"
         except Exception as exc:  # noqa: BLE001 - any failure means: use the torch version

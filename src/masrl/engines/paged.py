@@ -401,6 +401,25 @@ class PagedEngine:
         # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
         S = 0 if self.fused.get("paged_attention") else slot_bucket(top)
         self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
+        self._load_rows(seqs, Bb, kv)
+        sp = [s.payload.request.sampling for s in seqs]
+        temps_l, top_ps_l = [p.temperature for p in sp], [p.top_p for p in sp]
+        temps, top_ps = torch.tensor(temps_l, device=dev), torch.tensor(top_ps_l, device=dev)
+        flags = BatchFlags.of(temps_l, top_ps_l)
+        U_dev = torch.from_numpy(self._uniforms(seqs, k)).to(dev)
+        toks, lps = [], []
+        for j in range(k):
+            logits = self._decode_step(Bb, S)
+            t, lp = sample_tokens(logits[:B], temps, top_ps, self.generator, flags, U_dev[:, j])
+            self.tok_buf[:B].copy_(t)
+            toks.append(t)
+            lps.append(lp)
+        T, L = torch.stack(toks).t().tolist(), torch.stack(lps).t().tolist()  # one read per chunk
+        return self._take(seqs, sp, T, L)
+
+    def _load_rows(self, seqs: list[Sequence], Bb: int, kv: np.ndarray) -> None:
+        """The chunk's inputs into the device buffers: block tables, positions, last tokens, adapters."""
+        B = len(seqs)
         bt = self.bt_host
         bt[:Bb] = 0
         for b, s in enumerate(seqs):
@@ -415,29 +434,22 @@ class PagedEngine:
             self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
-        calls = [s.payload for s in seqs]
-        sp = [c.request.sampling for c in calls]
-        temps_l, top_ps_l = [p.temperature for p in sp], [p.top_p for p in sp]
-        temps, top_ps = torch.tensor(temps_l, device=dev), torch.tensor(top_ps_l, device=dev)
-        flags = BatchFlags.of(temps_l, top_ps_l)
-        U = np.empty((B, k), dtype=np.float32)
-        for b, (s, c) in enumerate(zip(seqs, calls)):
-            g = len(s.generated)
-            if c.uniforms is not None:
-                row = c.uniforms[g : g + k]
+
+    def _uniforms(self, seqs: list[Sequence], k: int) -> np.ndarray:
+        """``[rows, k]``: each call's random numbers for its next ``k`` tokens (by its seed's counter)."""
+        U = np.empty((len(seqs), k), dtype=np.float32)
+        for b, s in enumerate(seqs):
+            u, g = s.payload.uniforms, len(s.generated)
+            if u is not None:
+                row = u[g : g + k]
                 U[b, : len(row)] = row
-                U[b, len(row) :] = 0.5
+                U[b, len(row) :] = 0.5  # past its limit: the tokens are dropped
             else:
                 U[b] = self.host_rng.random(k)
-        U_dev = torch.from_numpy(U).to(dev)
-        toks, lps = [], []
-        for j in range(k):
-            logits = self._decode_step(Bb, S)
-            t, lp = sample_tokens(logits[:B], temps, top_ps, self.generator, flags, U_dev[:, j])
-            self.tok_buf[:B].copy_(t)
-            toks.append(t)
-            lps.append(lp)
-        T, L = torch.stack(toks).t().tolist(), torch.stack(lps).t().tolist()  # one read per chunk
+        return U
+
+    def _take(self, seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list[float]]) -> bool:
+        """Each call keeps its chunk's tokens up to its first stop or its limit; returns whether one finished."""
         any_done = False
         for s, p, new, new_lp in zip(seqs, sp, T, L):
             new = new[: s.max_new - len(s.generated)]

@@ -35,7 +35,8 @@ def kernels_in(prof) -> tuple[int, float]:
 
 def decode(shape: str, batch: int) -> None:
     from masrl.config import SamplingParams
-    from masrl.engines.static import StaticEngine, slot_bucket
+    from masrl.engines.decode_weights import slot_bucket
+    from masrl.engines.static import StaticEngine
     from masrl.messages import GenRequest
     from masrl.models import load_model
 

@@ -38,9 +38,17 @@ import torch.nn.functional as F
 
 from masrl.engines import kernels
 from masrl.engines.blocks import BlockPool
+from masrl.engines.decode_weights import (
+    DecodeWeights,
+    base_linear,
+    batch_bucket,
+    capture_stream,
+    lora_delta,
+    residual_linear,
+    slot_bucket,
+)
 from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens, stop_string_at
 from masrl.engines.scheduler import Scheduler, Sequence
-from masrl.engines.static import _base, _capture_stream, _residual_linear, _Weights, batch_bucket, slot_bucket
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import LlamaForward, causal_mask, core_model
@@ -110,7 +118,7 @@ class PagedEngine:
         rot = self.core.model.rotary_emb
         self.inv_freq = rot.inv_freq
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.w: _Weights | None = None
+        self.w: DecodeWeights | None = None
         self.pool: BlockPool | None = None
         self.sched: Scheduler | None = None
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -286,7 +294,7 @@ class PagedEngine:
     # -- the pool and the buffers --------------------------------------------------------------------
     def _build(self) -> None:
         if self.w is None:
-            self.w = _Weights(self.model, self._adapters)
+            self.w = DecodeWeights(self.model, self._adapters)
         if self.pool is None:
             self.pool = BlockPool(self.kv_blocks, self.block_size)
             self.sched = Scheduler(self.pool, max_seqs=self.max_batch_size, prefill_tokens=self.prefill_tokens)
@@ -484,11 +492,7 @@ class PagedEngine:
         return logits
 
     def _lora(self, e, name: str, x: torch.Tensor, y: torch.Tensor, B: int) -> torch.Tensor:
-        grp = e["lora"].get(name)
-        if grp is None:
-            return y
-        t = (x @ grp.a.t()) * self.masks[grp.cols][:B]
-        return torch.addmm(y, t, grp.b.t())
+        return lora_delta(e, name, x, y, self.masks, B)
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
         fwd, dt = self.fwd, self.dtype
@@ -519,11 +523,11 @@ class PagedEngine:
             kf, vf = self.kv[li]
             q = rope(qkv, cos, sin, kf, vf, slots, H, Hkv, D)
             o = attend(q, kf, vf, tables, lens, S, self.block_size, fwd.scale).reshape(B, H * D)
-            h = self._lora(e, "o", o, _residual_linear(h, o, _base(e["o"])), B)
+            h = self._lora(e, "o", o, residual_linear(h, o, base_linear(e["o"])), B)
             x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
             gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
             a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
-            h = self._lora(e, "down", a, _residual_linear(h, a, _base(e["down"])), B)
+            h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)
         head = self.core.lm_head
@@ -532,7 +536,7 @@ class PagedEngine:
         return logits
 
     def _capture(self, B: int, S: int):
-        side = _capture_stream(self.dev)
+        side = capture_stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
         saved = self.pos_buf.clone()
         with torch.cuda.stream(side):  # warm-up (writes the slots the replay will: harmless)

@@ -34,135 +34,20 @@ import torch
 import torch.nn.functional as F
 
 from masrl.engines import kernels
+from masrl.engines.decode_weights import (
+    DecodeWeights,
+    base_linear,
+    batch_bucket,
+    capture_stream,
+    lora_delta,
+    residual_linear,
+    slot_bucket,
+)
 from masrl.engines.hf import _uniforms
 from masrl.engines.sampling import BatchFlags, sample_tokens, stop_string_at
 from masrl.messages import GenOutput, GenRequest
-from masrl.modeling.lean import LlamaForward, causal_mask, core_model
+from masrl.modeling.lean import LlamaForward, causal_mask
 from masrl.modeling.prefix import slot_layout
-
-_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _capture_stream(dev: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every engine's warm-up and capture: cuBLAS keeps a workspace
-    (tens of MB) for each stream it has run on, for the life of the process, so a fresh stream per
-    capture would leave one behind every time graphs are captured again (after ``release``)."""
-    if dev not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[dev] = torch.cuda.Stream(dev)
-    return _CAPTURE_STREAMS[dev]
-
-
-def batch_bucket(n: int) -> int:
-    if n <= 8:
-        return 1 << (n - 1).bit_length()
-    if n <= 64:
-        return -(-n // 16) * 16
-    return -(-n // 32) * 32
-
-
-def slot_bucket(n: int, step: int = 64) -> int:
-    return max(step, -(-n // step) * step)
-
-
-def _residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
-    """``h + lin(x)``, in place in ``h`` (a step's own intermediate), as one matmul with ``h`` as its addend."""
-    if lin.bias is not None:
-        return h.add_(F.linear(x, lin.weight, lin.bias))
-    return h.addmm_(x, lin.weight.t())
-
-
-def _base(mod):
-    """The plain Linear under a PEFT LoRA layer (or the module itself)."""
-    return getattr(mod, "base_layer", mod)
-
-
-@dataclass
-class _LoraGroup:
-    """LoRA deltas of one projection group (e.g. q,k,v), all adapters concatenated by rank."""
-
-    a: torch.Tensor  # [C, in]
-    b: torch.Tensor  # [out, C] (scaling folded in)
-    cols: tuple[int, ...]  # adapter slot of each of the C columns
-    sources: list  # (adapter, module, out_offset, col_offset, r)
-
-
-class _Weights:
-    """The tensors one decode step reads, per layer; fused copies refreshed in place."""
-
-    def __init__(self, model, adapters: list[str]):
-        self.core = core_model(model)
-        self.adapters = adapters
-        self.layers = []
-        for layer in self.core.model.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            qkv_mods = [at.q_proj, at.k_proj, at.v_proj]
-            gu_mods = [mlp.gate_proj, mlp.up_proj]
-            entry = {
-                "ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm,
-                "qkv_mods": qkv_mods, "gu_mods": gu_mods,
-                "w_qkv": torch.cat([_base(m).weight.detach() for m in qkv_mods]),
-                "b_qkv": (torch.cat([_base(m).bias.detach() for m in qkv_mods])
-                          if _base(at.q_proj).bias is not None else None),
-                "w_gu": torch.cat([_base(m).weight.detach() for m in gu_mods]),
-                "o": at.o_proj, "down": mlp.down_proj, "act": mlp.act_fn,
-                "silu": getattr(self.core.config, "hidden_act", "silu") in ("silu", "swish"),
-                "q_norm": getattr(at, "q_norm", None), "k_norm": getattr(at, "k_norm", None),
-                "lora": {},
-            }
-            for name, mods in (("qkv", qkv_mods), ("o", [at.o_proj]), ("gu", gu_mods), ("down", [mlp.down_proj])):
-                grp = self._lora_group(mods)
-                if grp is not None:
-                    entry["lora"][name] = grp
-            self.layers.append(entry)
-        self.layouts = sorted({g.cols for e in self.layers for g in e["lora"].values()})
-
-    def _lora_group(self, mods) -> _LoraGroup | None:
-        sources, col, out = [], 0, 0
-        cols: list[int] = []
-        for mod in mods:
-            w = _base(mod).weight
-            for slot, name in enumerate(self.adapters):
-                if name in getattr(mod, "lora_A", {}):
-                    r = mod.lora_A[name].weight.shape[0]
-                    sources.append((name, mod, out, col, r))
-                    cols += [slot] * r
-                    col += r
-            out += w.shape[0]
-        if not sources:
-            return None
-        w0 = _base(mods[0]).weight
-        a = torch.zeros((col, w0.shape[1]), dtype=w0.dtype, device=w0.device)
-        b = torch.zeros((out, col), dtype=w0.dtype, device=w0.device)
-        grp = _LoraGroup(a, b, tuple(cols), sources)
-        self._fill_lora(grp)
-        return grp
-
-    @staticmethod
-    def _fill_lora(grp: _LoraGroup) -> None:
-        for name, mod, out_off, col_off, r in grp.sources:
-            bw = mod.lora_B[name].weight
-            grp.a[col_off : col_off + r].copy_(mod.lora_A[name].weight)
-            grp.b[out_off : out_off + bw.shape[0], col_off : col_off + r].copy_(bw * mod.scaling[name])
-
-    @torch.no_grad()
-    def refresh(self, base: bool, adapters: bool) -> None:
-        for e in self.layers:
-            if base:
-                off = 0
-                for m in e["qkv_mods"]:
-                    w = _base(m).weight
-                    e["w_qkv"][off : off + w.shape[0]].copy_(w)
-                    if e["b_qkv"] is not None:
-                        e["b_qkv"][off : off + w.shape[0]].copy_(_base(m).bias)
-                    off += w.shape[0]
-                off = 0
-                for m in e["gu_mods"]:
-                    w = _base(m).weight
-                    e["w_gu"][off : off + w.shape[0]].copy_(w)
-                    off += w.shape[0]
-            if adapters:
-                for grp in e["lora"].values():
-                    self._fill_lora(grp)
 
 
 class StaticEngine:
@@ -181,7 +66,7 @@ class StaticEngine:
         self.is_peft = hasattr(model, "peft_config")
         self._adapters = list(model.peft_config) if self.is_peft else []
         self.slot_of = {name: i for i, name in enumerate(self._adapters)}
-        self.w = _Weights(model, self._adapters)
+        self.w = DecodeWeights(model, self._adapters)
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
         self.fused: dict[str, bool] = {}  # kernel name -> use the fused Triton version
         if fused_kernels and kernels.available(self.dev):
@@ -248,7 +133,7 @@ class StaticEngine:
         if not requests:
             return []
         if self.w is None:
-            self.w = _Weights(self.model, self._adapters)
+            self.w = DecodeWeights(self.model, self._adapters)
         out: list[GenOutput] = []
         with self._kernels(), torch.inference_mode():
             for i in range(0, len(requests), self.max_batch_size):
@@ -292,11 +177,7 @@ class StaticEngine:
 
     # -- one decode step over the static buffers (what a CUDA graph captures) ----------------------
     def _lora(self, e, name: str, x: torch.Tensor, y: torch.Tensor, B: int) -> torch.Tensor:
-        grp = e["lora"].get(name)
-        if grp is None:
-            return y
-        t = (x @ grp.a.t()) * self.masks[grp.cols][:B]
-        return torch.addmm(y, t, grp.b.t())
+        return lora_delta(e, name, x, y, self.masks, B)
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
         fwd, dt = self.fwd, self.dtype
@@ -323,11 +204,11 @@ class StaticEngine:
             kc, vc = self.cache[li]
             q = rope(qkv, cos, sin, kc, vc, slot, H, Hkv, D)  # also writes k, v at the slot
             o = attend(q, kc, vc, self.bias, S, fwd.scale).reshape(B, H * D)
-            h = self._lora(e, "o", o, _residual_linear(h, o, _base(e["o"])), B)
+            h = self._lora(e, "o", o, residual_linear(h, o, base_linear(e["o"])), B)
             x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
             gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
             a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
-            h = self._lora(e, "down", a, _residual_linear(h, a, _base(e["down"])), B)
+            h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)
         head = self.core.lm_head
@@ -349,7 +230,7 @@ class StaticEngine:
 
     def _capture(self, B: int, S: int):
         saved = (self.pos_buf.clone(), self.slot_t.clone(), self.bias[:B].clone())
-        side = _capture_stream(self.dev)
+        side = capture_stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))
         with torch.cuda.stream(side):  # warm-up: kernels pick their algorithms outside the capture
             self._decode_body(B, S)

@@ -1,0 +1,153 @@
+"""What both CUDA-graph engines (static, paged) decode with: fused weight copies, every LoRA adapter's
+matrices concatenated by rank, the batch and length buckets graphs are captured at, and the one
+capture stream per device.
+
+``DecodeWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each (refreshed in
+place after an update, so captured graphs stay valid) and each projection group's LoRA A and
+scaled B over all adapters; a row picks its adapter's columns with a 0/1 mask (``lora_delta``),
+so a batch that mixes adapters runs two small matmuls per group and no per-adapter indexing
+(which a graph cannot replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from masrl.modeling.lean import core_model
+
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(dev: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every engine's warm-up and capture: cuBLAS keeps a workspace
+    (tens of MB) for each stream it has run on, for the life of the process, so a fresh stream per
+    capture would leave one behind every time graphs are captured again (after ``release``)."""
+    if dev not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[dev] = torch.cuda.Stream(dev)
+    return _CAPTURE_STREAMS[dev]
+
+
+def batch_bucket(n: int) -> int:
+    if n <= 8:
+        return 1 << (n - 1).bit_length()
+    if n <= 64:
+        return -(-n // 16) * 16
+    return -(-n // 32) * 32
+
+
+def slot_bucket(n: int, step: int = 64) -> int:
+    return max(step, -(-n // step) * step)
+
+
+def residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
+    """``h + lin(x)``, in place in ``h`` (a step's own intermediate), as one matmul with ``h`` as its addend."""
+    if lin.bias is not None:
+        return h.add_(F.linear(x, lin.weight, lin.bias))
+    return h.addmm_(x, lin.weight.t())
+
+
+def base_linear(mod):
+    """The plain Linear under a PEFT LoRA layer (or the module itself)."""
+    return getattr(mod, "base_layer", mod)
+
+
+@dataclass
+class LoraGroup:
+    """LoRA deltas of one projection group (e.g. q,k,v), all adapters concatenated by rank."""
+
+    a: torch.Tensor  # [C, in]
+    b: torch.Tensor  # [out, C] (scaling folded in)
+    cols: tuple[int, ...]  # adapter slot of each of the C columns
+    sources: list  # (adapter, module, out_offset, col_offset, r)
+
+
+class DecodeWeights:
+    """The tensors one decode step reads, per layer; fused copies refreshed in place."""
+
+    def __init__(self, model, adapters: list[str]):
+        self.core = core_model(model)
+        self.adapters = adapters
+        self.layers = []
+        for layer in self.core.model.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            qkv_mods = [at.q_proj, at.k_proj, at.v_proj]
+            gu_mods = [mlp.gate_proj, mlp.up_proj]
+            entry = {
+                "ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm,
+                "qkv_mods": qkv_mods, "gu_mods": gu_mods,
+                "w_qkv": torch.cat([base_linear(m).weight.detach() for m in qkv_mods]),
+                "b_qkv": (torch.cat([base_linear(m).bias.detach() for m in qkv_mods])
+                          if base_linear(at.q_proj).bias is not None else None),
+                "w_gu": torch.cat([base_linear(m).weight.detach() for m in gu_mods]),
+                "o": at.o_proj, "down": mlp.down_proj, "act": mlp.act_fn,
+                "silu": getattr(self.core.config, "hidden_act", "silu") in ("silu", "swish"),
+                "q_norm": getattr(at, "q_norm", None), "k_norm": getattr(at, "k_norm", None),
+                "lora": {},
+            }
+            for name, mods in (("qkv", qkv_mods), ("o", [at.o_proj]), ("gu", gu_mods), ("down", [mlp.down_proj])):
+                grp = self._lora_group(mods)
+                if grp is not None:
+                    entry["lora"][name] = grp
+            self.layers.append(entry)
+        self.layouts = sorted({g.cols for e in self.layers for g in e["lora"].values()})
+
+    def _lora_group(self, mods) -> LoraGroup | None:
+        sources, col, out = [], 0, 0
+        cols: list[int] = []
+        for mod in mods:
+            w = base_linear(mod).weight
+            for slot, name in enumerate(self.adapters):
+                if name in getattr(mod, "lora_A", {}):
+                    r = mod.lora_A[name].weight.shape[0]
+                    sources.append((name, mod, out, col, r))
+                    cols += [slot] * r
+                    col += r
+            out += w.shape[0]
+        if not sources:
+            return None
+        w0 = base_linear(mods[0]).weight
+        a = torch.zeros((col, w0.shape[1]), dtype=w0.dtype, device=w0.device)
+        b = torch.zeros((out, col), dtype=w0.dtype, device=w0.device)
+        grp = LoraGroup(a, b, tuple(cols), sources)
+        self._fill_lora(grp)
+        return grp
+
+    @staticmethod
+    def _fill_lora(grp: LoraGroup) -> None:
+        for name, mod, out_off, col_off, r in grp.sources:
+            bw = mod.lora_B[name].weight
+            grp.a[col_off : col_off + r].copy_(mod.lora_A[name].weight)
+            grp.b[out_off : out_off + bw.shape[0], col_off : col_off + r].copy_(bw * mod.scaling[name])
+
+    @torch.no_grad()
+    def refresh(self, base: bool, adapters: bool) -> None:
+        for e in self.layers:
+            if base:
+                off = 0
+                for m in e["qkv_mods"]:
+                    w = base_linear(m).weight
+                    e["w_qkv"][off : off + w.shape[0]].copy_(w)
+                    if e["b_qkv"] is not None:
+                        e["b_qkv"][off : off + w.shape[0]].copy_(base_linear(m).bias)
+                    off += w.shape[0]
+                off = 0
+                for m in e["gu_mods"]:
+                    w = base_linear(m).weight
+                    e["w_gu"][off : off + w.shape[0]].copy_(w)
+                    off += w.shape[0]
+            if adapters:
+                for grp in e["lora"].values():
+                    self._fill_lora(grp)
+
+
+def lora_delta(e: dict, name: str, x: torch.Tensor, y: torch.Tensor, masks: dict, B: int) -> torch.Tensor:
+    """``y`` plus projection group ``name``'s LoRA delta for each of the ``B`` rows of ``x``, every row
+    through its own adapter's columns (``masks[cols]``: 0/1 per row and column)."""
+    grp = e["lora"].get(name)
+    if grp is None:
+        return y
+    t = (x @ grp.a.t()) * masks[grp.cols][:B]
+    return torch.addmm(y, t, grp.b.t())

@@ -21,113 +21,55 @@ around it. So:
   never waits for the host's checks. A row that finished inside a chunk rides along until then;
   its extra tokens are dropped, never returned.
 
+The step itself (fused weights, LoRA columns, kernels, graph capture) is ``engines/decoder.py``'s
+``GraphDecoder``, shared with the paged engine; this engine adds its cache, its buffers and its loop.
+
 Numerics: decode computes exactly what the lean forward computes, up to the kernels' rounding;
 prefill *is* the lean forward. The logprob of each sampled token is that of softmax(logits / T).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from masrl.engines import kernels
-from masrl.engines.decode_weights import (
-    DecodeWeights,
-    base_linear,
-    batch_bucket,
-    capture_stream,
-    lora_delta,
-    residual_linear,
-    slot_bucket,
-)
+from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
+from masrl.engines.decoder import GraphDecoder
 from masrl.engines.hf import _uniforms
 from masrl.engines.sampling import BatchFlags, sample_tokens, stop_string_at
 from masrl.messages import GenOutput, GenRequest
-from masrl.modeling.lean import LlamaForward, causal_mask
+from masrl.modeling.lean import causal_mask
 from masrl.modeling.prefix import slot_layout
+from masrl.modeling.sizes import tensor_bytes
 
 
-class StaticEngine:
+class StaticEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, cuda_graphs: bool = True,
                  sync_every: int = 8, max_batch_size: int = 256, min_prefix: int = 16, compact_ratio: float = 0.5,
                  prefill_tokens: int = 16384, fused_kernels: bool = True):
-        self.model = model
-        self.tok = tokenizer
-        self.fwd = LlamaForward(model)
-        self.core = self.fwd.core
-        self.stop_set = set(int(s) for s in stop_ids)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.stop_set))
-        self.dev = torch.device(device)
-        self.device = str(self.dev)
-        self.dtype = self.core.model.embed_tokens.weight.dtype
-        self.is_peft = hasattr(model, "peft_config")
-        self._adapters = list(model.peft_config) if self.is_peft else []
-        self.slot_of = {name: i for i, name in enumerate(self._adapters)}
-        self.w = DecodeWeights(model, self._adapters)
-        self.use_graphs = cuda_graphs and self.dev.type == "cuda"
-        self.fused: dict[str, bool] = {}  # kernel name -> use the fused Triton version
-        if fused_kernels and kernels.available(self.dev):
-            cfg = self.core.config
-            verdict = kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
-                                    cfg.hidden_size, cfg.intermediate_size)
-            self.fused = {name: why is None for name, why in verdict.items()}
-            bad = {name: why for name, why in verdict.items() if why is not None}
-            if bad:
-                import warnings
-
-                warnings.warn(f"masrl static engine: torch ops instead of fused kernels for {bad}", stacklevel=2)
+        super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
+                         fused_kernels=fused_kernels)
         self.sync_every = sync_every
         self.max_batch_size = max_batch_size
         self.min_prefix = min_prefix
         self.compact_ratio = compact_ratio
         self.prefill_tokens = prefill_tokens
-        self.generator = torch.Generator(device=self.dev).manual_seed(seed)
-        rot = self.core.model.rotary_emb
-        self.inv_freq = rot.inv_freq
-        self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.rows_cap = 0
         self.slots_cap = 0
-        self.graphs: dict[tuple[int, int], tuple] = {}
-        self.pool = None
-        self.stats = {"graphs_captured": 0, "decode_steps": 0, "syncs": 0,
-                      "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
+        self.stats["syncs"] = 0
 
-    # -- Engine interface ------------------------------------------------------------------------
-    def adapters(self) -> list[str]:
-        return list(self._adapters)
-
-    def weights_updated(self, policies: list[str] | None = None) -> None:
-        if self.w is None:  # released: rebuilt from the live weights on the next generate
-            return
-        lora = self.is_peft
-        self.w.refresh(base=not lora, adapters=lora)
-
+    # -- Engine interface (adapters, weights_updated: GraphDecoder) --------------------------------
     def memory(self) -> dict[str, int]:
-        from masrl.modeling.sizes import tensor_bytes
-
         kv = tensor_bytes([t for pair in self.__dict__.get("cache", []) for t in pair])
-        weights = 0
-        if self.w is not None:
-            own = [t for e in self.w.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])]
-            own += [t for e in self.w.layers for g in e["lora"].values() for t in (g.a, g.b)]
-            weights = tensor_bytes(own)
         buffers = tensor_bytes([self.__dict__.get(n) for n in ("bias", "tok_buf", "pos_buf", "row_adapter")]
                                + list(self.__dict__.get("masks", {}).values()))
-        return {"kv": kv, "weights": weights, "buffers": buffers}
+        return {"kv": kv, "weights": self._weight_bytes(), "buffers": buffers}
 
     def release(self) -> None:
-        for graph, _ in self.graphs.values():
-            graph.reset()  # frees the graph's private memory pool now, not when the object is collected
-        self.graphs.clear()
-        self.pool = None
-        self.w = None
+        self._release(("cache", "bias", "tok_buf", "pos_buf", "slot_t", "row_adapter", "masks", "col_index"))
         self.rows_cap = self.slots_cap = 0
-        for name in ("cache", "bias", "tok_buf", "pos_buf", "slot_t", "row_adapter", "masks", "col_index"):
-            self.__dict__.pop(name, None)
-        self.stats["releases"] = self.stats.get("releases", 0) + 1
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         if not requests:
@@ -140,19 +82,6 @@ class StaticEngine:
                 out += self._generate(requests[i : i + self.max_batch_size])
         return out
 
-    @contextlib.contextmanager
-    def _kernels(self):
-        """This engine's device, and attention kernels with fixed costs (cuDNN's attention plans
-        anew for every new key length, ~45 ms each time on an H200 with torch 2.11)."""
-        if self.dev.type != "cuda":
-            yield
-            return
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with torch.cuda.device(self.dev), sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                                                       SDPBackend.MATH]):
-            yield
-
     # -- buffers ---------------------------------------------------------------------------------
     def _ensure(self, rows: int, slots: int) -> None:
         if rows <= self.rows_cap and slots <= self.slots_cap:
@@ -161,7 +90,7 @@ class StaticEngine:
         self.slots_cap = max(slot_bucket(slots, 256), self.slots_cap)
         R, S, dev = self.rows_cap, self.slots_cap, self.dev
         self.graphs.clear()  # they point at the old buffers
-        self.pool = None  # a pool whose graphs are all gone is freed: never capture into it again
+        self.graph_pool = None  # a pool whose graphs are all gone is freed: never capture into it again
         self.cache = self.fwd.new_cache(R, S, self.dtype)
         self.bias = torch.full((R, S), float("-inf"), dtype=self.dtype, device=dev)
         self.tok_buf = torch.zeros(R, dtype=torch.long, device=dev)
@@ -176,79 +105,22 @@ class StaticEngine:
             m[:n].copy_((self.row_adapter[:n, None] == self.col_index[cols][None, :]).to(self.dtype))
 
     # -- one decode step over the static buffers (what a CUDA graph captures) ----------------------
-    def _lora(self, e, name: str, x: torch.Tensor, y: torch.Tensor, B: int) -> torch.Tensor:
-        return lora_delta(e, name, x, y, self.masks, B)
+    def _attention(self, li, qkv, cos, sin, B, S):
+        f, fwd = self.fused, self.fwd
+        rope = kernels.rope_and_cache if f.get("rope_and_cache") else kernels.rope_and_cache_ref
+        attend = kernels.decode_attention if f.get("decode_attention") else kernels.decode_attention_ref
+        kc, vc = self.cache[li]
+        q = rope(qkv, cos, sin, kc, vc, self.slot_t, fwd.n_heads, fwd.n_kv, fwd.head_dim)  # writes k, v at the slot
+        return attend(q, kc, vc, self.bias, S, fwd.scale).reshape(B, fwd.n_heads * fwd.head_dim)
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
-        fwd, dt = self.fwd, self.dtype
-        H, Hkv, D = fwd.n_heads, fwd.n_kv, fwd.head_dim
-        f = self.fused
-        rms = kernels.rms_norm if f.get("rms_norm") else kernels.rms_norm_ref
-        rope = kernels.rope_and_cache if f.get("rope_and_cache") else kernels.rope_and_cache_ref
-        silu_mul = kernels.silu_mul if f.get("silu_mul") else kernels.silu_mul_ref
-        attend = kernels.decode_attention if f.get("decode_attention") else kernels.decode_attention_ref
-        slot = self.slot_t
-        self.bias[:B].index_fill_(1, slot, 0.0)
-        freqs = self.pos_buf[:B, None].float() * self.inv_freq[None, :].float()
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(dt)  # [B, D]
-        sin = (emb.sin() * self.rope_scale).to(dt)
-        h = F.embedding(self.tok_buf[:B], self.core.model.embed_tokens.weight)
-        for li, e in enumerate(self.w.layers):
-            x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
-            qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
-            if e["q_norm"] is not None:  # Qwen3: RMSNorm over each query and key head, in place
-                for mod, lo, n in ((e["q_norm"], 0, H), (e["k_norm"], H, Hkv)):
-                    part = qkv[:, lo * D : (lo + n) * D].view(B, n, D)
-                    part.copy_(F.rms_norm(part, (D,), mod.weight, mod.variance_epsilon))
-            kc, vc = self.cache[li]
-            q = rope(qkv, cos, sin, kc, vc, slot, H, Hkv, D)  # also writes k, v at the slot
-            o = attend(q, kc, vc, self.bias, S, fwd.scale).reshape(B, H * D)
-            h = self._lora(e, "o", o, residual_linear(h, o, base_linear(e["o"])), B)
-            x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
-            gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
-            a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
-            h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
-        norm = self.core.model.norm
-        h = rms(h, norm.weight, norm.variance_epsilon)
-        head = self.core.lm_head
-        logits = F.linear(h, head.weight, getattr(head, "bias", None))
-        self.pos_buf[:B].add_(1)
+        self.bias[:B].index_fill_(1, self.slot_t, 0.0)
+        logits = self._layers(B, S)
         self.slot_t.add_(1)
         return logits
 
-    def _decode(self, B: int, S: int) -> torch.Tensor:
-        self.stats["decode_steps"] += 1
-        if not self.use_graphs:
-            return self._decode_body(B, S)
-        key = (B, S)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(B, S)
-        graph, logits = self.graphs[key]
-        graph.replay()
-        return logits
-
-    def _capture(self, B: int, S: int):
-        saved = (self.pos_buf.clone(), self.slot_t.clone(), self.bias[:B].clone())
-        side = capture_stream(self.dev)
-        side.wait_stream(torch.cuda.current_stream(self.dev))
-        with torch.cuda.stream(side):  # warm-up: kernels pick their algorithms outside the capture
-            self._decode_body(B, S)
-        torch.cuda.current_stream(self.dev).wait_stream(side)
-        self.pos_buf.copy_(saved[0])
-        self.slot_t.copy_(saved[1])
-        self.bias[:B].copy_(saved[2])
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # the capture stream named, on this engine's device: torch.cuda.graph's default is one stream for
-        # the whole process, made on whichever device was current at the first capture, so an engine on
-        # cuda:0 built after one on cuda:1 captured on a stream of the other device and failed
-        with torch.cuda.device(self.dev), torch.cuda.graph(graph, pool=self.pool, stream=side,
-                                                           capture_error_mode="thread_local"):
-            logits = self._decode_body(B, S)
-        self.stats["graphs_captured"] += 1
-        return graph, logits
+    def _step_state(self, B: int) -> list[torch.Tensor]:
+        return [self.pos_buf, self.slot_t, self.bias[:B]]
 
     # -- prefill (eager, the lean forward over the static cache) ----------------------------------
     def _prefill(self, prompts, groups, pre, pmax, smax, adapters, n) -> torch.Tensor:

@@ -17,8 +17,8 @@ the shape (bf16, EOS ignored: random weights never stop). Parts:
 * long: one 16,000-token prompt, 256 new tokens: peak GiB and tok/s.
 
 Static: a KV cache of batch x longest row, decode graphs per (batch, length) bucket, host reads every
-8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.1), a prefix
-cache, one decode graph per batch bucket, a host read every step.
+8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.04), a prefix
+cache, one decode graph per batch bucket, decode chunks of 8 steps read back once.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from bench_gpu import decode_profile  # benchmarks/ is on the path when this runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}
@@ -79,24 +81,6 @@ def timed(fn):
     return out, time.perf_counter() - t0
 
 
-def step_ms(eng, B: int) -> float | None:
-    import torch
-
-    key = next((k for k in eng.graphs if k[0] == B), None)
-    if key is None:
-        return None
-    g, _ = eng.graphs[key]
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 class Bench:
     """One engine kind on one model shape: random requests, and the parts of the benchmark."""
 
@@ -141,7 +125,7 @@ class Bench:
             assert all(len(r.completion_ids) == 256 for r in res)
             out[f"rollout_tps_{B}"] = B * 256 / dt
             print(f"  {self.kind} rollout batch {B}: {B * 256 / dt:,.0f} tok/s", flush=True)
-        out["step_ms_256"] = step_ms(eng, 256)
+        out["step_ms_256"] = decode_profile(eng, [256]).get(256)
         self.done(eng)
 
     def grpo(self, out: dict) -> None:

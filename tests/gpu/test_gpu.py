@@ -85,10 +85,10 @@ def test_engine_buffers_grow_and_graphs_recapture_across_batch_sizes():
     print(f"[gpu] engine stats after batches 1, 16, 3: {eng.stats}")
 
 
-def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
+def two_adapter_model():
+    """SmolLM2-135M's shape in fp32 on the GPU with LoRA adapters "a" and "b" (B matrices not zero)."""
     from peft import LoraConfig, get_peft_model
 
-    from masrl.engines.static import StaticEngine
     from masrl.models import load_model
 
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
@@ -102,6 +102,13 @@ def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
             if "lora_B" in n:
                 p.normal_(std=0.05)
     pm.eval()
+    return pm, tok
+
+
+def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
+    from masrl.engines.static import StaticEngine
+
+    pm, tok = two_adapter_model()
     ps = prompts(tok, 8)
     adapters = ["a", "b", None, "a", "b", "b", "a", None]
     reqs = [req(p, temperature=0.0, max_new_tokens=12, adapter=a) for p, a in zip(ps, adapters)]

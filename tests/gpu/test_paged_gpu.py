@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from helpers import adapter_logprobs, full_logprobs  # noqa: E402
-from test_gpu import prompts, report, req  # noqa: E402
+from test_gpu import prompts, report, req, two_adapter_model  # noqa: E402
 
 
 def test_paged_kernels_agree_and_greedy_equals_the_static_engine():
@@ -37,8 +37,6 @@ def test_paged_kernels_agree_and_greedy_equals_the_static_engine():
 
 
 def test_paged_bf16_logprobs_and_a_lora_batch():
-    from peft import LoraConfig, get_peft_model
-
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
@@ -53,17 +51,7 @@ def test_paged_bf16_logprobs_and_a_lora_batch():
     g = report("paged engine vs HF forward, bf16", gaps)
     assert g.mean() < 0.05 and g.max() < 0.5
 
-    model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
-    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                          "down_proj"], task_type="CAUSAL_LM")
-    pm = get_peft_model(model, cfg, adapter_name="a")
-    pm.add_adapter("b", cfg)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for n, p in pm.named_parameters():
-            if "lora_B" in n:
-                p.normal_(std=0.05)
-    pm.eval()
+    pm, tok = two_adapter_model()
     adapters = ["a", "b", None, "a", "b", "b", "a", None]
     reqs = [req(p, temperature=0.0, max_new_tokens=12, adapter=a) for p, a in zip(prompts(tok, 8), adapters)]
     mixed = PagedEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate(reqs)

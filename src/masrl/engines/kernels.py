@@ -13,8 +13,8 @@ Four kernels take a layer from ~25 kernels to ~10:
   holding that head's whole query group, online softmax over blocks of 64 slots (PyTorch's
   memory-efficient kernel took ~13 us per call at batch 1 on an H200; this needs one pass over K/V).
 
-The paged engine's two: ``rope_and_cache_paged`` (the same, each row's k and v to its own slot of a
-``[slots, Hkv, D]`` pool) and ``paged_attention`` (the same online softmax, each key looked up
+The paged engine's two: ``rope_and_cache_paged`` (the same kernel, each row's k and v to its own
+slot of a ``[slots, Hkv, D]`` pool) and ``paged_attention`` (the same online softmax, each key looked up
 through the row's block table, each row stopping at its own length read from device memory).
 
 Numerics: each kernel computes in fp32 and rounds once; the torch versions round after every op
@@ -115,9 +115,11 @@ if triton is not None:
         tl.store(y_ptr + row * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit
-    def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr,
+    def _rope_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, slot_stride,
                            stride_qkv, stride_cs, kc_b, kc_h, kc_s, H: tl.constexpr, HKV: tl.constexpr,
                            D: tl.constexpr, HALF: tl.constexpr):
+        # row b's k, v go to kc + b*kc_b + head*kc_h + slot*kc_s, slot = slots[b * slot_stride]: the static
+        # cache passes one slot for every row (stride 0), the paged pool one per row (kc_b 0, stride 1)
         b = tl.program_id(0)
         j = tl.program_id(1)  # 0..H-1: a query head; H..H+HKV-1: a key head (and its value head)
         half = HALF
@@ -136,7 +138,7 @@ if triton is not None:
             tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
             tl.store(dst + half + i, o2.to(q_ptr.dtype.element_ty))
         else:
-            slot = tl.load(slot_ptr)
+            slot = tl.load(slot_ptr + b * slot_stride)
             h = j - H
             dst = kc_ptr + b * kc_b + h * kc_h + slot * kc_s
             tl.store(dst + i, o1.to(kc_ptr.dtype.element_ty))
@@ -194,37 +196,6 @@ if triton is not None:
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
-
-    @triton.jit
-    def _rope_cache_paged_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, kf_ptr, vf_ptr, slots_ptr, stride_qkv, stride_cs,
-                                 stride_ks, stride_kh, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                                 HALF: tl.constexpr):
-        # rope_and_cache for the paged layout: row b's k and v go to slot slots[b] of kf, vf [slots, HKV, D]
-        b = tl.program_id(0)
-        j = tl.program_id(1)
-        i = tl.arange(0, HALF)
-        base = qkv_ptr + b * stride_qkv + j * D
-        x1 = tl.load(base + i).to(tl.float32)
-        x2 = tl.load(base + HALF + i).to(tl.float32)
-        c1 = tl.load(cos_ptr + b * stride_cs + i).to(tl.float32)
-        c2 = tl.load(cos_ptr + b * stride_cs + HALF + i).to(tl.float32)
-        s1 = tl.load(sin_ptr + b * stride_cs + i).to(tl.float32)
-        s2 = tl.load(sin_ptr + b * stride_cs + HALF + i).to(tl.float32)
-        o1 = x1 * c1 - x2 * s1
-        o2 = x2 * c2 + x1 * s2
-        if j < H:
-            dst = q_ptr + (b * H + j) * D
-            tl.store(dst + i, o1.to(q_ptr.dtype.element_ty))
-            tl.store(dst + HALF + i, o2.to(q_ptr.dtype.element_ty))
-        else:
-            slot = tl.load(slots_ptr + b)
-            h = j - H
-            dst = kf_ptr + slot * stride_ks + h * stride_kh
-            tl.store(dst + i, o1.to(kf_ptr.dtype.element_ty))
-            tl.store(dst + HALF + i, o2.to(kf_ptr.dtype.element_ty))
-            full = tl.arange(0, D)
-            v = tl.load(qkv_ptr + b * stride_qkv + (H + HKV + h) * D + full)
-            tl.store(vf_ptr + slot * stride_ks + h * stride_kh + full, v)
 
     @triton.jit
     def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale, stride_ks, stride_kh, stride_bt,
@@ -286,7 +257,7 @@ def rope_and_cache(qkv, cos, sin, kc, vc, slot, H: int, Hkv: int, D: int):
     q = torch.empty((B, H, D), dtype=qkv.dtype, device=qkv.device)
     assert kc.stride(3) == 1 and kc.stride() == vc.stride() and cos.stride(0) == sin.stride(0)
     with on_device(qkv):
-        _rope_cache_kernel[(B, H + Hkv)](qkv, cos, sin, q, kc, vc, slot, qkv.stride(0), cos.stride(0),
+        _rope_cache_kernel[(B, H + Hkv)](qkv, cos, sin, q, kc, vc, slot, 0, qkv.stride(0), cos.stride(0),
                                          kc.stride(0), kc.stride(1), kc.stride(2), H=H, HKV=Hkv, D=D, HALF=D // 2)
     return q.view(B, Hkv, H // Hkv, D)
 
@@ -308,8 +279,8 @@ def rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int)
     q = torch.empty((B, H, D), dtype=qkv.dtype, device=qkv.device)
     assert kf.stride(2) == 1 and kf.stride() == vf.stride() and cos.stride(0) == sin.stride(0)
     with on_device(qkv):
-        _rope_cache_paged_kernel[(B, H + Hkv)](qkv, cos, sin, q, kf, vf, slots, qkv.stride(0), cos.stride(0),
-                                               kf.stride(0), kf.stride(1), H=H, HKV=Hkv, D=D, HALF=D // 2)
+        _rope_cache_kernel[(B, H + Hkv)](qkv, cos, sin, q, kf, vf, slots, 1, qkv.stride(0), cos.stride(0),
+                                         0, kf.stride(1), kf.stride(0), H=H, HKV=Hkv, D=D, HALF=D // 2)
     return q.view(B, Hkv, H // Hkv, D)
 
 

@@ -66,15 +66,18 @@ class BlockPool:
         return self.usable - len(self.free)
 
     # -- prompts ----------------------------------------------------------------------------------
-    def hashes(self, tokens: Sequence[int], key: Hashable = None, limit: int | None = None) -> list[bytes]:
-        """The chained hashes of the full blocks among the first ``limit`` tokens (default: all)."""
+    def hashes(self, tokens: Sequence[int], key: Hashable = None, limit: int | None = None,
+               known: list[bytes] | None = None) -> list[bytes]:
+        """The chained hashes of the full blocks among the first ``limit`` tokens (default: all).
+        ``known``: the chain of a prefix of these tokens already hashed; it is extended in place."""
         bs = self.block_size
-        n = len(tokens) if limit is None else min(limit, len(tokens))
-        out, prev = [], b""
-        for i in range(n // bs):
+        n = (len(tokens) if limit is None else min(limit, len(tokens))) // bs
+        out = known if known is not None else []
+        prev = out[-1] if out else b""
+        for i in range(len(out), n):
             prev = block_hash(prev, tokens[i * bs : (i + 1) * bs], key)
             out.append(prev)
-        return out
+        return out[:n]
 
     def cached_prefix(self, hashes: list[bytes]) -> list[int]:
         """The cached blocks that start this chain (stops at the first miss)."""

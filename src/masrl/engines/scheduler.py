@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from masrl.engines.blocks import BlockPool, blocks_for
+from masrl.engines.blocks import BlockPool, OutOfBlocks, blocks_for
 
 
 @dataclass(eq=False)
@@ -41,7 +41,7 @@ class Sequence:
     finish: str | None = None  # "stop" | "length" once done
     error: BaseException | None = None
     payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
-    _hashes: tuple[int, list[bytes]] = (-1, [])
+    _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
 
     @property
     def tokens(self) -> list[int]:
@@ -55,12 +55,13 @@ class Sequence:
     def done(self) -> bool:
         return self.finish is not None or self.error is not None
 
-    def hashes(self, pool: BlockPool) -> list[bytes]:
-        """Hashes of its full blocks before its last token (that token is always computed)."""
-        n = self.length - 1
-        if self._hashes[0] != n:
-            self._hashes = (n, pool.hashes(self.tokens, self.key, limit=n))
-        return self._hashes[1]
+    def hashes(self, pool: BlockPool, limit: int | None = None) -> list[bytes]:
+        """Hashes of its full blocks among its first ``limit`` tokens (default: all but the last, which
+        is always computed); each block is hashed once in the sequence's life."""
+        n = self.length - 1 if limit is None else limit
+        if len(self._chain) < n // pool.block_size:
+            pool.hashes(self.tokens, self.key, limit=n, known=self._chain)
+        return self._chain[: n // pool.block_size]
 
 
 @dataclass
@@ -120,10 +121,11 @@ class Scheduler:
             new = seq.length - hit
             if out and new > budget:
                 break
-            if pool.cost(seq.length, hashes) > pool.free_count():
+            try:
+                seq.table, seq.cached = pool.allocate(seq.length, hashes)
+            except OutOfBlocks:
                 break
             self.waiting.popleft()
-            seq.table, seq.cached = pool.allocate(seq.length, hashes)
             seq.kv_len = seq.cached
             budget -= new
             self.stats["prefill_tokens"] += new
@@ -153,7 +155,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+        self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
         self.pool.release(seq.table)
         seq.kv_len = 0
         seq.preempted += 1
@@ -165,12 +167,12 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         if seq.table:
-            self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+            self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
             self.pool.release(seq.table)
 
     def registered(self, seq: Sequence) -> None:
         """After a prefill: ``seq``'s full prompt blocks hold their keys and values; share them."""
-        self.pool.register(seq.table, self.pool.hashes(seq.tokens, seq.key, limit=seq.kv_len))
+        self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
 
     def drop_all(self) -> list[Sequence]:
         """Every sequence, running or waiting, out (the engine failed or is being released)."""

@@ -79,9 +79,7 @@ class PolicyWorker(PolicyHost):
         self.engine: Engine = make_engine(engine, self.copy.model if self.copy else self.host.model, tok,
                                           stop_token_ids(tok, self.host.core), device=self.rollout_device or device,
                                           seed=seed, **(engine_options or {}))
-        from masrl.worker.memory import enroll
-
-        enroll(self, {device, self.engine_device})
+        memory.enroll(self, {device, self.engine_device})
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
@@ -177,9 +175,7 @@ class PolicyWorker(PolicyHost):
         return {}  # nothing crosses a process to reach this object; a RemoteHost counts what reaches an actor
 
     def close(self) -> None:
-        from masrl.worker.memory import unclaim
-
-        unclaim(self)  # the next run's host in this process reports the device's peak
+        memory.unclaim(self)  # the next run's host in this process reports the device's peak
 
     @property
     def trainable_names(self) -> list[str]:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
-SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}
+SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b", "7b": "random-qwen2.5-7b"}
 if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
     SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
 DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")
@@ -315,7 +315,7 @@ def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) 
 
 # -- the math team on four LoRA adapters ----------------------------------------------------------------
 
-def child_team(steps: int, tasks: int, samples: int) -> dict:
+def child_team(steps: int, tasks: int, samples: int, shape: str = "0.5b") -> dict:
     import asyncio
 
     from masrl.config import load_config
@@ -323,10 +323,10 @@ def child_team(steps: int, tasks: int, samples: int) -> dict:
 
     sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
     cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [
-        f"device={DEV}", f"model={SHAPES['0.5b']}", f"train.steps={steps}", "train.eval_before=false",
+        f"device={DEV}", f"model={SHAPES[shape]}", f"train.steps={steps}", "train.eval_before=false",
         "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",
         f"rollout.samples_per_task={samples}", "rollout.max_batch_size=256", "rollout.max_in_flight=512",
-        "algorithm.micro_batch_tokens=16384", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}",
+        f"algorithm.micro_batch_tokens={4096 if shape == '7b' else 16384}", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}",
         # random weights never write the tag format: a hash of each completion gives groups reward variance
         "rewards=[{type: outcome}, {type: format, weight: 0.5}, {type: 'helpers:agent_hash_reward'}]"])
     tr = Trainer(cfg)
@@ -339,6 +339,8 @@ def child_team(steps: int, tasks: int, samples: int) -> dict:
         rec["step_s"] = time.perf_counter() - t0
         recs.append({k: rec[k] for k in ("step_s", "rollout_s", "update_s")} |
                     {"calls": sum(a["calls"] for a in rec["rollout"]["agents"].values()),
+                     "trained_tokens": sum(m.get("trained_tokens", 0) for m in rec["policies"].values()),
+                     "trained_samples": sum(m.get("n_seqs", 0) for m in rec["policies"].values()),
                      "mismatch": {p: (m["lp_mismatch"], m["lp_mismatch_max"]) for p, m in rec["policies"].items()}})
     asyncio.run(tr.rt.controller.aclose())
     return {"steps": recs, "peak_gb": peak_gb()}
@@ -390,7 +392,7 @@ def main() -> None:
             "update": lambda: child_update(rest[0], int(rest[1])),
             "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest)),
             "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
-            "team": lambda: child_team(*(int(x) for x in rest)),
+            "team": lambda: child_team(*(int(x) for x in rest[:3]), *rest[3:]),
         }
         print("RESULT " + json.dumps(fns[kind]()), flush=True)
         return

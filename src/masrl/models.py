@@ -11,6 +11,12 @@ Aliases:
   random-qwen2.5-0.5b    Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
                          intermediate 4864, vocab 151936, q/k/v biases), random weights. Token
                          ids beyond SmolLM2's tokenizer decode to nothing.
+  random-qwen2.5-7b      Qwen2.5-7B's shape (hidden 3584, 28 layers, 28 heads, 4 KV heads,
+                         intermediate 18944, vocab 152064, untied head), random weights.
+  random-llama3.1-8b     Llama-3.1-8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+                         intermediate 14336, vocab 128256, Llama 3 RoPE scaling), random weights.
+                         The two big shapes are drawn on the device they load to (seconds on a
+                         GPU, not minutes on a CPU): their weights depend on the seed and the device.
 
 Nothing here reaches a model hub.
 """
@@ -31,7 +37,10 @@ TINY_RANDOM = "tiny-random"
 TINY_QWEN2 = "tiny-random-qwen2"
 RANDOM_SMOLLM2 = "random-smollm2-135m"
 RANDOM_QWEN25 = "random-qwen2.5-0.5b"
-ALIASES = (SMOLLM2, TINY_RANDOM, TINY_QWEN2, RANDOM_SMOLLM2, RANDOM_QWEN25)
+RANDOM_QWEN25_7B = "random-qwen2.5-7b"
+RANDOM_LLAMA31_8B = "random-llama3.1-8b"
+BIG_SHAPES = (RANDOM_QWEN25_7B, RANDOM_LLAMA31_8B)  # drawn on the device they load to
+ALIASES = (SMOLLM2, TINY_RANDOM, TINY_QWEN2, RANDOM_SMOLLM2, RANDOM_QWEN25, *BIG_SHAPES)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -223,6 +232,26 @@ def qwen25_05b_shape_config(vocab_size: int):
                        bos_token_id=1, eos_token_id=2, pad_token_id=2)
 
 
+def qwen25_7b_shape_config(vocab_size: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=32768,
+                       rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
+def llama31_8b_shape_config(vocab_size: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                       bos_token_id=1, eos_token_id=2, pad_token_id=2)
+
+
 def tiny_qwen2_config(vocab_size: int, tok=None):
     from transformers import Qwen2Config
 
@@ -233,7 +262,8 @@ def tiny_qwen2_config(vocab_size: int, tok=None):
 
 
 RANDOM_SHAPES = {TINY_RANDOM: tiny_random_config, TINY_QWEN2: tiny_qwen2_config, RANDOM_SMOLLM2: smollm2_shape_config,
-                 RANDOM_QWEN25: qwen25_05b_shape_config}
+                 RANDOM_QWEN25: qwen25_05b_shape_config, RANDOM_QWEN25_7B: qwen25_7b_shape_config,
+                 RANDOM_LLAMA31_8B: llama31_8b_shape_config}
 
 
 def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
@@ -251,7 +281,9 @@ def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
     tok = load_tokenizer(name)
     if src.name in RANDOM_SHAPES:
         cfg = RANDOM_SHAPES[src.name](len(tok))
-        with torch.random.fork_rng(devices=[]):  # drawn on the CPU: the same weights whatever the device
+        # small shapes are drawn on the CPU (the same weights whatever the device); big ones where they load
+        at = torch.device(device) if src.name in BIG_SHAPES else torch.device("cpu")
+        with torch.random.fork_rng(devices=[at] if at.type == "cuda" else []), at:
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
         model.generation_config.pad_token_id = tok.pad_token_id

@@ -30,6 +30,7 @@ class PolicySpec:
     num_gpus: float | None = None
     data_parallel: int = 1  # ranks (runtime.placement ray)
     shard_optimizer: bool = False  # ZeRO-1 over the ranks
+    fsdp: bool = False  # weights, gradients and optimizer state sharded over the ranks (FSDP2)
     max_staleness: int | None = None  # calls sampled more than this many versions ago are dropped
     rollout_device: str | None = None  # resolved: where its engine samples, when not ``device``
     engine: object | None = None  # EngineConfig: served by an OpenAI-compatible endpoint

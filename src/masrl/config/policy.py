@@ -114,6 +114,10 @@ class PolicyConfig(Strict):
                                                       "1/N of the parameters (torch.distributed's "
                                                       "ZeroRedundancyOptimizer, ZeRO stage 1); the updated weights "
                                                       "are broadcast from the rank that owns them")
+    fsdp: bool = Field(False, description="with data_parallel N: shard this full-weight policy's fp32 weights, "
+                                           "gradients and AdamW state over its N ranks with torch's FSDP2 "
+                                           "(fully_shard; bf16 compute on CUDA, fp32 gradient reduction); each "
+                                           "rank's engine samples from a full copy gathered after every update")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
 

@@ -118,7 +118,7 @@ def _policy_spec(cfg: RunConfig, name: str, p) -> PolicySpec:
                       offload_optimizer=p.offload_optimizer, offload_reference=p.offload_reference,
                       offload_weights=p.offload_weights, share_from=dict(p.share_from), share_is_cap=p.share_is_cap,
                       critic=p.critic, num_cpus=p.num_cpus, num_gpus=p.num_gpus, data_parallel=p.data_parallel,
-                      shard_optimizer=p.shard_optimizer, max_staleness=p.max_staleness,
+                      shard_optimizer=p.shard_optimizer, fsdp=p.fsdp, max_staleness=p.max_staleness,
                       rollout_device=_rollout_device(cfg, name, p, device))
 
 
@@ -168,9 +168,29 @@ def _check_memory_options(cfg: RunConfig, name: str, p, device: str) -> None:
     if p.shard_optimizer and p.data_parallel < 2:
         raise ConfigError(f"policies.{name}.shard_optimizer: shards the optimizer state over data-parallel ranks; "
                           f"set policies.{name}.data_parallel to 2 or more (and runtime.placement: ray)")
+    if p.fsdp:
+        _check_fsdp(cfg, name, p)
     if p.shard_optimizer and p.offload_optimizer:
         raise ConfigError(f"policies.{name}: shard_optimizer and offload_optimizer both shrink the optimizer's "
                           f"GPU memory; choose one")
+
+
+def _check_fsdp(cfg: RunConfig, name: str, p) -> None:
+    """What ``policies.X.fsdp`` cannot be combined with yet, by key."""
+    key = f"policies.{name}.fsdp"
+    if p.data_parallel < 2:
+        raise ConfigError(f"{key}: shards the policy over its data-parallel ranks; set policies.{name}.data_parallel "
+                          f"to 2 or more (and runtime.placement: ray)")
+    clashes = [(p.lora is not None, f"policies.{name}.lora (a LoRA team's base is frozen and its adapters small: "
+                                    f"train it without fsdp)"),
+               (p.shard_optimizer, f"policies.{name}.shard_optimizer (fsdp shards the optimizer state already)"),
+               (p.offload_optimizer or p.offload_weights or p.offload_reference, "offloading"),
+               (needs_reference(cfg.algorithm), "algorithm.kl_coef > 0 (a reference model)"),
+               (bool(p.schedule.ema), f"policies.{name}.schedule.ema"),
+               (p.rollout_device is not None, f"policies.{name}.rollout_device")]
+    for bad, what in clashes:
+        if bad:
+            raise ConfigError(f"{key}: not with {what} yet; remove one of them")
 
 
 def _check_data_parallel(cfg: RunConfig, name: str, p) -> None:

@@ -119,6 +119,7 @@ class LlamaForward:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
         self.layers = list(core.model.layers)
+        self.blocks: list | None = None  # sharded (worker.sharding): each layer called through its FSDP block
         self.silu = getattr(cfg, "hidden_act", "silu") in ("silu", "swish")
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
         if self.peft:
@@ -184,13 +185,14 @@ class LlamaForward:
         new_kv: KV = []
         for li, layer in enumerate(self.layers):
             kv_in = cache[li] if cache is not None else (past[li] if past is not None else None)
+            step, args = ((self.blocks[li], ()) if self.blocks is not None else (self._layer, (layer,)))
+            args += (h, cos, sin, mask, kv_in, cache is not None, start, adapters, packed)
             if checkpoint and torch.is_grad_enabled():
                 from torch.utils.checkpoint import checkpoint as ckpt
 
-                h, kv = ckpt(self._layer, layer, h, cos, sin, mask, kv_in, cache is not None, start, adapters, packed,
-                             use_reentrant=False)
+                h, kv = ckpt(step, *args, use_reentrant=False)
             else:
-                h, kv = self._layer(layer, h, cos, sin, mask, kv_in, cache is not None, start, adapters, packed)
+                h, kv = step(*args)
             if return_kv:
                 new_kv.append(kv)
         if last_only:

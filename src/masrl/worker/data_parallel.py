@@ -42,6 +42,11 @@ class DataParallel:
                 t.grad.copy_(flat[off : off + n].view_as(t.grad))
                 off += n
 
+    def max(self, x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
     def sum(self, x: float) -> float:
         t = torch.tensor([x], dtype=torch.float64)
         dist.all_reduce(t)

@@ -80,6 +80,7 @@ class ModelHost:
         self.ref_stash = PinnedStash()  # the reference model, with offload_reference
         self.stash = PinnedStash()  # the policies' weights, with offload_weights (park / unpark)
         self.parked = False
+        self.sharded = None  # ShardedPolicy once its ranks have joined (policies.X.fsdp: worker.sharding)
         torch.manual_seed(seed)
         model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype, device=device)
         self.reference: nn.Module | None = None

@@ -52,8 +52,11 @@ class PolicyWorker(PolicyHost):
         self.algo = algo or AlgorithmConfig()
         self.seed = seed
         self.device = device
-        self.host = ModelHost(model_name, policies, device=device, dtype=param_dtype(precision, device), seed=seed,
-                              need_reference=needs_reference(self.algo), need_critic=needs_critic(self.algo))
+        # fsdp: the host keeps fp32 weights (the shards become the masters); compute runs in `compute`
+        self.fsdp = any(p.fsdp for p in policies)
+        compute = param_dtype(precision, device)
+        self.host = ModelHost(model_name, policies, device=device, dtype=torch.float32 if self.fsdp else compute,
+                              seed=seed, need_reference=needs_reference(self.algo), need_critic=needs_critic(self.algo))
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
         self.prompts = PromptRenderer(tok)  # remembers recent turns, to continue a conversation exactly
@@ -71,7 +74,11 @@ class PolicyWorker(PolicyHost):
         # rollout_device: that copy (whole) lives on another device, and the engine samples there
         self.rollout_device = rollout_device if rollout_device and rollout_device != device else None
         self.copy = None
-        if (overlap_update and self.optimizers) or self.rollout_device:
+        if self.fsdp:  # the engine samples from a full copy, gathered from the shards after each update
+            from masrl.worker.sharding import EngineWeights
+
+            self.copy = EngineWeights(self.host.model, compute)
+        elif (overlap_update and self.optimizers) or self.rollout_device:
             self.copy = WeightCopy(self.host.model, {n: self.host.policy_parameters(n) for n in self.optimizers},
                                    device=self.rollout_device)
         self.overlaps_update = overlap_update and self.copy is not None
@@ -145,6 +152,20 @@ class PolicyWorker(PolicyHost):
         for name, opt in self.optimizers.items():
             if self.host.policies[name].shard_optimizer:
                 opt.shard(rank, world)
+        if self.fsdp:
+            self._shard(world)
+
+    def _shard(self, world: int) -> None:
+        """policies.X.fsdp: shard the model over the ranks (worker.sharding); the optimizer then steps
+        the fp32 shards, which are their own masters."""
+        from masrl.worker.sharding import ShardedPolicy
+
+        self.host.sharded = ShardedPolicy(self.host, world, self.copy.dtype)
+        self.copy.sharded = self.host.sharded
+        for name in list(self.optimizers):
+            o = self.host.policies[name].optim
+            self.optimizers[name] = MasterWeightsAdamW(self.host.policy_parameters(name), lr=o.lr, betas=o.betas,
+                                                       eps=o.eps, weight_decay=o.weight_decay)
 
     def get_tokenizer(self):
         return self.host.tokenizer
@@ -340,6 +361,7 @@ class PolicyWorker(PolicyHost):
         updated = [n for n, m in metrics.items() if "loss" in m]
         if updated:
             self._publish(updated)
+            self._sync_metrics(metrics, updated)
         self.last_advantages = {
             s.call_id: (sum(s.token_adv) / len(s.token_adv) if s.token_adv else s.advantage)
             for s in view.values() if s.reward is not None and s.policy in updated}
@@ -355,6 +377,12 @@ class PolicyWorker(PolicyHost):
         if self.offload_weights:
             self._park_after_update(metrics)
         return metrics
+
+    def _sync_metrics(self, metrics: dict[str, dict[str, float]], updated: list[str]) -> None:
+        """fsdp: the seconds and bytes of gathering the full weights into the engine's copy."""
+        if self.host.sharded is not None:
+            for n in updated:
+                metrics[n].update(weight_sync_s=self.copy.gathered[0], weight_sync_gb=self.copy.gathered[1] / 2**30)
 
     def _publish(self, policies: list[str] | None = None) -> None:
         """The engine samples the live weights of ``policies`` (default: all) from its next batch on."""
@@ -433,6 +461,9 @@ class PolicyWorker(PolicyHost):
     def save(self, directory: str) -> None:
         """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
         d = Path(directory)
+        if self.host.sharded is not None:
+            self._save_sharded(d)
+            return
         if self.dp is not None and self.dp.rank > 0:  # rank 0 writes the state all ranks share
             for name, opt in self.optimizers.items():
                 if opt.shard_of is not None:  # its own share of the optimizer state
@@ -446,13 +477,47 @@ class PolicyWorker(PolicyHost):
         for critic in self._distinct_critics():  # a shared one is written by each holder
             (d / "critics").mkdir(parents=True, exist_ok=True)
             torch.save(critic.state_dict(), d / "critics" / f"{critic.name}.pt")
+        self._save_counters(d)
+
+    def _save_sharded(self, d: Path) -> None:
+        """fsdp: every rank writes its shards (``NAME/fsdp/``, torch.distributed.checkpoint); rank 0
+        also writes the full weights from the engine's gathered copy (``NAME/model.safetensors``,
+        what ``serve`` and ``eval --checkpoint`` load) and the worker's counters."""
+        for name in self.trainable_names:
+            self.host.sharded.save(self.optimizers[name].opt, d / name / "fsdp")
+            if self.dp.rank == 0:
+                ckpt.save_policy(self.host, name, None, d / name, weights=self.copy.model)
+        if self.dp.rank == 0:
+            self._save_counters(d)
+
+    def _save_counters(self, d: Path) -> None:
         (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
             {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()},
              "updates": self.updates}))
 
+    def _load_sharded(self, name: str, d: Path, with_optimizer: bool) -> None:
+        """fsdp: the shards from ``NAME/fsdp/`` (fp32, with the AdamW moments), or, where only full
+        weights were saved, those split over the ranks."""
+        shards = d / name / "fsdp"
+        if (shards / ".metadata").is_file():
+            self.host.sharded.load(self.optimizers[name].opt, shards, with_optimizer)
+            return
+        from safetensors.torch import load_file
+
+        path = d / name / "model.safetensors"
+        if not path.is_file():
+            from masrl.errors import MasrlError
+
+            raise MasrlError(f"{path} is missing: policy '{name}' is a full model in this config but not in the "
+                             f"checkpoint")
+        self.host.sharded.load_full(load_file(str(path)))
+
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         d = Path(directory)
         for name in self.trainable_names:
+            if self.host.sharded is not None:
+                self._load_sharded(name, d, with_optimizer)
+                continue
             ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
         for critic in self._distinct_critics():
             f = d / "critics" / f"{critic.name}.pt"
@@ -486,7 +551,10 @@ class PolicyWorker(PolicyHost):
 
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed;
-        summed on the CPU, so that equal weights give equal numbers wherever they are kept."""
+        summed on the CPU, so that equal weights give equal numbers wherever they are kept. Sharded
+        (fsdp): the engine's full copy, gathered at the last update."""
         with torch.no_grad():
-            params = [p.detach().to("cpu", torch.float64) for p in self.host.policy_parameters(policy)]
+            live = list(self.copy.model.parameters()) if self.host.sharded is not None else \
+                self.host.policy_parameters(policy)
+            params = [p.detach().to("cpu", torch.float64) for p in live]
             return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]

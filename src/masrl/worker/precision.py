@@ -93,9 +93,10 @@ class MasterWeightsAdamW:
         return tensor_bytes(list(self.masters) + moments, device, seen)
 
     def moment_bytes(self) -> int:
-        """Bytes of AdamW state this process holds (its share, when sharded)."""
-        return sum(v.numel() * v.element_size() for st in self._local.state.values() for v in st.values()
-                   if isinstance(v, torch.Tensor))
+        """Bytes of AdamW state this process holds (its share, when sharded; a DTensor's local shard)."""
+        held = [getattr(v, "_local_tensor", v) for st in self._local.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor)]
+        return sum(v.numel() * v.element_size() for v in held)
 
     @staticmethod
     def _accumulate_into(master: torch.Tensor):

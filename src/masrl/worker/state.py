@@ -12,8 +12,12 @@ from safetensors.torch import load_file, save_file
 from masrl.errors import MasrlError
 
 
-def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
-    if host.is_lora:
+def _state_dict_for_save(host, policy: str, weights=None) -> dict[str, torch.Tensor]:
+    if weights is not None:  # a sharded policy: its gathered full copy
+        sd = weights.state_dict()
+        if getattr(host.core.config, "tie_word_embeddings", False):
+            sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    elif host.is_lora:
         from peft import get_peft_model_state_dict
 
         sd = get_peft_model_state_dict(host.model, adapter_name=policy)
@@ -25,9 +29,10 @@ def _state_dict_for_save(host, policy: str) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in sd.items()}
 
 
-def save_policy(host, policy: str, optimizer, directory: Path) -> None:
+def save_policy(host, policy: str, optimizer, directory: Path, weights=None) -> None:
+    """``weights``: the module whose state is the policy's full weights, when not ``host.model``."""
     directory.mkdir(parents=True, exist_ok=True)
-    sd = _state_dict_for_save(host, policy)
+    sd = _state_dict_for_save(host, policy, weights)
     if host.is_lora:
         save_file(sd, str(directory / "adapter.safetensors"))
         spec = host.policies[policy].lora

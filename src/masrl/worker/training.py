@@ -37,7 +37,8 @@ ENTROPY_ROWS = 1024  # tokens whose entropy is measured (for metrics) when the l
 
 
 def packing_available(host: ModelHost) -> bool:
-    return (host.device.type == "cuda" and host.dtype in (torch.bfloat16, torch.float16)
+    dtype = host.sharded.compute_dtype if host.sharded is not None else host.dtype  # sharded: fp32 masters
+    return (host.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and hasattr(torch.ops.aten, "_flash_attention_forward") and host.fast_forward(host.core) is not None)
 
 
@@ -49,7 +50,8 @@ def choose_layout(host: ModelHost, algo) -> str:
     if pack and packing_available(host):
         return "packed"
     share = algo.share_prefix if algo.share_prefix is not None else not cuda
-    return "prefix" if share else "padded"
+    # sharded: one call of each layer per forward (the shared prefix would run each layer twice)
+    return "prefix" if share and host.sharded is None else "padded"
 
 
 def suffix_hidden(host: ModelHost, module, batch: Batch, checkpoint: bool = False) -> torch.Tensor:
@@ -99,6 +101,14 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
 
 def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
                        checkpoint: bool = False):
+    """See ``_completion_forward``; a sharded policy's pass runs inside its FSDP root (``worker.sharding``)."""
+    if host.sharded is not None and module is host.core:
+        return host.sharded.run(_completion_forward, host, module, batch, value_head, want_entropy, checkpoint)
+    return _completion_forward(host, module, batch, value_head, want_entropy, checkpoint)
+
+
+def _completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
+                        checkpoint: bool = False):
     """Logprobs ``[B, T]`` of the sampled tokens (at each row's temperature), entropy, values.
 
     The output head runs only on completion positions. With gradients it runs over the whole
@@ -176,9 +186,17 @@ def compute_advantages(samples: list[Sample], algo) -> None:
         s.advantage = a
 
 
+def in_step(mbs: list, host: ModelHost, dp) -> list:
+    """A sharded policy's ranks gather each layer together, so each runs as many forwards as the
+    rank with the most micro-batches: the others' list is padded with ``None`` (a pass of weight zero)."""
+    if host.sharded is None or dp is None:
+        return mbs
+    return mbs + [None] * (int(dp.max(len(mbs))) - len(mbs))
+
+
 @torch.no_grad()
 def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str,
-             critic=None) -> None:
+             critic=None, dp=None, filler=None) -> None:
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
     need_ref, need_values = needs_reference(algo), needs_critic(algo)
@@ -189,13 +207,19 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
     if not (need_ref or need_values or need_old):
         return
     with host.reference_resident() if need_ref else contextlib.nullcontext():
-        _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old)
+        _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old, dp, filler)
     if need_values:  # an estimator that reads values runs once they are known
         compute_advantages(samples, algo)
 
 
-def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old) -> None:
-    for mb in micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens):
+def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old,
+                    dp=None, filler=None) -> None:
+    mbs = list(micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens))
+    for mb in in_step(mbs, host, dp):
+        if mb is None:  # a sharded rank with fewer micro-batches: a forward whose result nobody reads
+            with host.active(policy):
+                completion_forward(host, host.core, make_batch(filler, pad_id, layout=layout, device=host.device))
+            continue
         batch = make_batch(mb, pad_id, layout=layout, device=host.device)
         if need_ref:
             with host.reference_mode() as ref:
@@ -246,7 +270,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
     ``dp``: this process is one rank of a data-parallel policy."""
     layout = choose_layout(host, algo)
     everyone = _advantages_of_everyone(samples, algo, reward_stats, dp)
-    _prepare(host, policy, samples, algo, pad_id, layout, critic)
+    _prepare(host, policy, samples, algo, pad_id, layout, critic, dp, everyone[:1])
     own = {s.call_id: s for s in samples}
     step = _MiniBatchStep(host, policy, optimizer, algo, grad_clip, pad_id, layout, dp, own)
     rng = random.Random(seed)
@@ -302,12 +326,18 @@ class _MiniBatchStep:
         mine = [self.own[s.call_id] for s in todo if s.call_id in self.own] if self.dp is not None else todo
         opt.zero_grad(set_to_none=True)
         loss = 0.0
-        for mb in micro_batches(mine, algo.micro_batch_size, layout=self.layout, token_budget=algo.micro_batch_tokens):
+        mbs = list(micro_batches(mine, algo.micro_batch_size, layout=self.layout, token_budget=algo.micro_batch_tokens))
+        for mb in in_step(mbs, self.host, self.dp) if todo else mbs:
+            if mb is None:  # sharded: this rank's share ran out; a pass of weight zero keeps it in step
+                _micro_step(self.host, todo[:1], algo, self.value_head, self.pad_id, n_tokens, float(len(mini)),
+                            self.layout, scale=0.0)
+                continue
             stats = _micro_step(self.host, mb, algo, self.value_head, self.pad_id, n_tokens, float(len(mini)),
                                 self.layout)
             loss += self.stats.add(stats, first)
         if self.dp is not None and todo:  # the whole mini-batch's gradient, on every rank
-            self.dp.sum_grads(opt.grads())
+            if self.host.sharded is None:  # (sharded: FSDP summed it in its reduce-scatter)
+                self.dp.sum_grads(opt.grads())
             loss = self.dp.sum(loss)
         self.stats.losses.append(loss)
         if todo:
@@ -315,7 +345,8 @@ class _MiniBatchStep:
         opt.zero_grad(set_to_none=True)
 
     def _step(self, loss: float) -> None:
-        norm = float(torch.nn.utils.clip_grad_norm_(self.optimizer.grads(), self.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(self.optimizer.grads(), self.grad_clip)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # sharded: a DTensor
         if math.isfinite(norm) and math.isfinite(loss):
             self.stats.grad_norms.append(norm)
             self.optimizer.step()
@@ -368,8 +399,9 @@ def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dic
     return out
 
 
-def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) -> dict[str, float]:
-    """Forward and backward one micro-batch; return the loss and per-token sums for metrics."""
+def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout, scale: float = 1.0) -> dict[str, float]:
+    """Forward and backward one micro-batch (its loss times ``scale``); return the loss and per-token
+    sums for metrics."""
     dev = host.device
     batch = make_batch(mb, pad_id, layout=layout, device=dev)
     T = batch.width
@@ -412,7 +444,7 @@ def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout) ->
         vl = value_loss(values, pad_rows([s.old_values for s in mb], T, dev), pad_rows([s.returns for s in mb], T, dev),
                         clip=algo.value_clip)
         loss = loss + algo.vf_coef * aggregate(vl, m, **agg)
-    loss.backward()
+    (loss * scale if scale != 1.0 else loss).backward()
     with torch.no_grad():
         gap = (logp - rollout).abs() * m
         em = measured & (m > 0)

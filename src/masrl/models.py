@@ -281,11 +281,15 @@ def load_model(name: str, *, seed: int = 0, dtype=None, device: str = "cpu"):
     tok = load_tokenizer(name)
     if src.name in RANDOM_SHAPES:
         cfg = RANDOM_SHAPES[src.name](len(tok))
-        # small shapes are drawn on the CPU (the same weights whatever the device); big ones where they load
-        at = torch.device(device) if src.name in BIG_SHAPES else torch.device("cpu")
+        # small shapes are drawn on the CPU in fp32, then cast: the same weights whatever the device, and
+        # a bf16 model is the fp32 one rounded (as a sharded policy's bf16 compute over fp32 masters sees
+        # it); big ones are drawn where they load, in their dtype
+        big = src.name in BIG_SHAPES
+        at = torch.device(device) if big else torch.device("cpu")
         with torch.random.fork_rng(devices=[at] if at.type == "cuda" else []), at:
             torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch_dtype if big else torch.float32)
+        model = model.to(torch_dtype)
         model.generation_config.pad_token_id = tok.pad_token_id
         model.eval()
         return model.to(device), tok

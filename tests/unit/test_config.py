@@ -135,6 +135,11 @@ def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
     (["policies.p.shard_optimizer=true", "policies.p.data_parallel=2", "runtime.placement=ray", "device=cuda",
       "policies.p.offload_optimizer=true"], "shard_optimizer and offload_optimizer"),
     (["policies.p.data_parallel=2"], "policies.p.data_parallel: ranks run as Ray actors"),
+    (["policies.p.fsdp=true"], "policies.p.fsdp: shards the policy over its data-parallel ranks; set policies.p.data_parallel"),
+    (["policies.p.fsdp=true", "policies.p.data_parallel=2", "runtime.placement=ray", "algorithm.kl_coef=0.1"],
+     r"policies.p.fsdp: not with algorithm.kl_coef > 0 \(a reference model\) yet"),
+    (["policies.p.fsdp=true", "policies.p.data_parallel=2", "runtime.placement=ray", "policies.p.lora={r: 8}"],
+     "policies.p.fsdp: not with policies.p.lora"),
 ])
 def test_data_parallel_switches_are_refused_with_the_key_and_the_fix(overrides, message):
     cfg = load_config(data=copy.deepcopy(BASE), overrides=overrides)

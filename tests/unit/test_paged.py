@@ -99,19 +99,25 @@ def run_schedule(sched: Scheduler, steps: int = 200) -> list[str]:
 def test_siblings_share_one_prefill_and_calls_join_between_steps():
     pool = BlockPool(64, 4)
     sched = Scheduler(pool, max_seqs=16, prefill_tokens=1000)
-    prompt = list(range(20))
+    prompt = list(range(22))  # 5 full blocks and a partial one
     group = [Sequence(list(prompt), 6) for _ in range(4)]
-    for s in group:
+    longer = Sequence(prompt + [90, 91, 92, 93, 94], 6)  # starts like the group: waits for its blocks
+    for s in group + [longer]:
         sched.add(s)
     first = sched.schedule()
-    assert first.kind == "prefill" and first.seqs == group[:1]  # the siblings wait for its blocks
-    first.seqs[0].kv_len = 20
-    sched.registered(first.seqs[0])
-    first.seqs[0].generated.append(7)
+    assert first.kind == "prefill" and first.seqs == group  # one prefill, three forks, the same step
+    assert [s.fork_of for s in group] == [None] + [group[0]] * 3
+    assert all(s.table[:5] == group[0].table[:5] and s.table[5] != group[0].table[5] for s in group[1:])
+    assert [pool.ref[b] for b in group[0].table] == [4] * 5 + [1]
+    assert sched.stats["prefill_tokens"] == 22 and sched.stats["forks"] == 3
+    for s in group:
+        s.kv_len, s.fork_of = s.length, None
+    sched.registered(group[0])
+    for s in group:
+        s.generated.append(7)
     second = sched.schedule()
-    assert second.kind == "prefill" and second.seqs == group[1:]
-    assert all(s.cached == 16 for s in group[1:])  # 4 full blocks before the last token
-    assert sched.stats["prefill_tokens"] == 20 + 3 * 4
+    assert second.kind == "prefill" and second.seqs == [longer] and longer.cached == 20  # the group's full blocks
+    assert sched.stats["prefill_tokens"] == 22 + 7
     for s in second.seqs:
         s.kv_len = s.length
         s.generated.append(7)
@@ -178,8 +184,8 @@ def test_a_group_prefills_once_and_a_seed_gives_the_same_tokens_in_any_company(t
     group = [req(p, temperature=1.0, max_new_tokens=8, seed=100 + i) for i in range(8)]
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
     outs = eng.generate(group)
-    full = len(p) // 4 * 4 if len(p) % 4 else len(p) - 4
-    assert eng.stats["prefill_tokens"] == len(p) + 7 * (len(p) - full)
+    assert len(p) % 4  # a partial last block, which each sample copies (their tokens go on differently)
+    assert eng.stats["prefill_tokens"] == len(p) and eng.stats["forks"] == 7  # one prefill for the group
     alone = [PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate([r])[0] for r in group[:3]]
     assert [o.completion_ids for o in alone] == [o.completion_ids for o in outs[:3]]
     assert len({tuple(o.completion_ids) for o in outs}) > 1  # different seeds, different samples

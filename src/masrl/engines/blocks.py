@@ -112,6 +112,19 @@ class BlockPool:
         self.stats["miss_blocks"] += len(table) - len(hit)
         return table, len(hit) * self.block_size
 
+    def fork(self, table: list[int], n_tokens: int) -> list[int]:
+        """A table for a sequence with the same first ``n_tokens`` as ``table``'s: its full blocks
+        shared (a reference each), a fresh block for the partial last one, whose slots the engine
+        copies (the two sequences will write different tokens there)."""
+        full = n_tokens // self.block_size
+        need = blocks_for(n_tokens, self.block_size) - full
+        if need > len(self.free):
+            raise OutOfBlocks(f"forking needs {need} free block(s), {len(self.free)} free")
+        for b in table[:full]:
+            self.ref[b] += 1
+        self.stats["hit_blocks"] += full
+        return table[:full] + [self._take() for _ in range(need)]
+
     def _take(self) -> int:
         if not self.free:
             raise OutOfBlocks("no free KV block")

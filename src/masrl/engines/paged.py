@@ -97,7 +97,7 @@ class PagedEngine(GraphDecoder):
         self._inbox: list[Sequence] = []
         self._runner: int | None = None
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                           "peak_blocks": 0, "joined": 0})
+                           "peak_blocks": 0, "joined": 0, "forks": 0})
 
     # -- Engine interface (adapters: GraphDecoder) ---------------------------------------------------
     def weights_updated(self, policies: list[str] | None = None) -> None:
@@ -197,7 +197,7 @@ class PagedEngine(GraphDecoder):
         else:
             finished = self._decode_chunk(step.seqs)
         st = self.sched.stats
-        for k in ("preemptions", "prefill_tokens", "cached_tokens"):
+        for k in ("preemptions", "prefill_tokens", "cached_tokens", "forks"):
             self.stats[k] = st[k]
         return finished
 
@@ -251,7 +251,7 @@ class PagedEngine(GraphDecoder):
         V = self.core.lm_head.weight.shape[0]
         logits = torch.empty((len(seqs), V), dtype=self.dtype, device=self.dev)
         budget = self.prefill_tokens
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].length - seqs[i].cached)
+        order = sorted((i for i, s in enumerate(seqs) if s.fork_of is None), key=lambda i: seqs[i].length - seqs[i].cached)
         chunk: list[int] = []
         for i in order + [None]:
             if i is not None:
@@ -268,7 +268,33 @@ class PagedEngine(GraphDecoder):
             if chunk:
                 self._prefill_rows([(seqs[j], seqs[j].cached, seqs[j].length) for j in chunk], logits, chunk)
             chunk = [] if i is None else [i]
+        self._copy_forks(seqs, logits)
         return logits
+
+    def _copy_forks(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Each fork takes its leader's last-position logits and a copy of the slots of its leader's
+        partial last block (the full blocks it already shares)."""
+        forks = [(i, s) for i, s in enumerate(seqs) if s.fork_of is not None]
+        if not forks:
+            return
+        row = {id(s): i for i, s in enumerate(seqs)}
+        bs = self.block_size
+        dst = torch.tensor([i for i, _ in forks], device=self.dev)
+        logits[dst] = logits[torch.tensor([row[id(s.fork_of)] for _, s in forks], device=self.dev)]
+        src_slots, dst_slots = [], []
+        for _, s in forks:
+            full, part = divmod(s.length, bs)
+            if part:
+                a, b = s.fork_of.table[full] * bs, s.table[full] * bs
+                src_slots += range(a, a + part)
+                dst_slots += range(b, b + part)
+            s.fork_of = None
+        if src_slots:
+            src = torch.tensor(src_slots, dtype=torch.long, device=self.dev)
+            to = torch.tensor(dst_slots, dtype=torch.long, device=self.dev)
+            for kf, vf in self.kv:
+                kf.index_copy_(0, to, kf.index_select(0, src))
+                vf.index_copy_(0, to, vf.index_select(0, src))
 
     def _prefill_rows(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor,
                       where: list[int] | None) -> None:

@@ -12,8 +12,11 @@ goes to the front of the queue with the tokens it has; when re-admitted it is pr
 prompt *and* those tokens, then decodes on. Pre-emption never fails a call; only a call that could
 not fit the whole pool alone is refused, when it is added.
 
-Samples of one group arrive together with the same prompt: the first is prefilled, the others wait
-one step and then take its blocks from the prefix cache (one prefill per group).
+Samples of one group arrive together with the same prompt: the first is prefilled and the others
+*fork* from it in the same step (its full blocks shared, its partial last block copied, its
+last-position logits reused), so a group costs one prefill. A call whose prompt only starts like
+one being prefilled (the next turn of a sibling's episode) waits one step and then takes the
+shared blocks from the prefix cache.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class Sequence:
     finish: str | None = None  # "stop" | "length" once done
     error: BaseException | None = None
     payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
+    fork_of: Sequence | None = None  # in a prefill step: the sequence with the same tokens it copies
     _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
 
     @property
@@ -77,7 +81,8 @@ class Scheduler:
         self.prefill_tokens = prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.stats = {"preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0, "prefills": 0, "decodes": 0}
+        self.stats = {"preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0, "prefills": 0, "decodes": 0,
+                      "forks": 0}
 
     def fits(self, seq: Sequence) -> bool:
         """Could ``seq`` run to its token limit with the whole pool to itself?"""
@@ -109,9 +114,16 @@ class Scheduler:
     def _admit(self) -> list[Sequence]:
         pool, out, budget = self.pool, [], self.prefill_tokens
         computing: set[bytes] = set()  # hashes of the blocks this step's prefills compute
+        leaders: dict[tuple, Sequence] = {}  # this step's prefills, by (key, tokens)
         deferred: list[Sequence] = []
         while self.waiting and len(self.running) + len(out) < self.max_seqs:
             seq = self.waiting[0]
+            leader = leaders.get((seq.key, tuple(seq.tokens)))
+            if leader is not None:
+                if not self._fork(seq, leader):
+                    break
+                out.append(self.waiting.popleft())
+                continue
             hashes = seq.hashes(pool)
             n_hit = len(pool.cached_prefix(hashes))
             if n_hit < len(hashes) and hashes[n_hit] in computing:
@@ -131,10 +143,24 @@ class Scheduler:
             self.stats["prefill_tokens"] += new
             self.stats["cached_tokens"] += seq.cached
             computing.update(hashes[n_hit:])
+            leaders[(seq.key, tuple(seq.tokens))] = seq
             out.append(seq)
         self.waiting.extendleft(reversed(deferred))
         self.running.extend(out)
         return out
+
+    def _fork(self, seq: Sequence, leader: Sequence) -> bool:
+        """``seq`` has ``leader``'s tokens: it shares the leader's blocks and result (see the module
+        docstring); False when the pool has no block for its copy of the partial last block."""
+        try:
+            seq.table = self.pool.fork(leader.table, seq.length)
+        except OutOfBlocks:
+            return False
+        seq.kv_len = seq.cached = seq.length
+        seq.fork_of = leader
+        self.stats["cached_tokens"] += seq.length
+        self.stats["forks"] += 1
+        return True
 
     def _make_room(self, lookahead: int) -> None:
         """Every running sequence gets the slots for its next tokens (at most ``lookahead``, at most what

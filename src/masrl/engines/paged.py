@@ -14,9 +14,10 @@ returned, and a few long calls hold a whole one-shot batch up. Here a call is a 
   or of the host's on a CPU, the pool may take) or ``kv_blocks``. Memory grows with the tokens in
   use. When the pool is dry the newest call is pre-empted and recomputed later; a call is refused
   (an exception in its place, the others run) only if it could not fit the pool alone.
-* **Shared prefixes.** Full blocks are cached by a chained hash of their tokens: a GRPO group's
-  samples share their prompt's blocks (one prefill per group) and an episode's next turn reuses
-  its earlier turns' blocks (the prompt of turn k+1 extends turn k token for token).
+* **Shared prefixes.** A GRPO group's samples fork from its first: one prefill per group (full blocks
+  shared, the partial last block copied, the logits reused). Full blocks are also cached by a
+  chained hash of their tokens, so an episode's next turn reuses its earlier turns' blocks (the
+  prompt of turn k+1 extends turn k token for token).
 * **The static engine's decode step** (``engines/decoder.py``, shared): fused q/k/v and gate/up weights, LoRA adapters of one base
   mixed in one batch, fused Triton kernels and CUDA graphs on a GPU (per batch and length bucket;
   the graph reads the block tables from device buffers the host rewrites between replays).

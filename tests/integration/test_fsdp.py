@@ -16,17 +16,18 @@ from masrl.messages import GenCall
 from masrl.policies import PolicySpec
 
 
-def _algo():
+def _algo(ac: bool = False):
     # two mini-batches (two optimizer steps), micro-batches of 2, GRPO groups that span both ranks
     # (padded rows on both sides: a sharded pass never uses the shared-prefix layout)
-    return AlgorithmConfig(micro_batch_size=2, mini_batches=2, group_key=["task_id"], share_prefix=False)
+    return AlgorithmConfig(micro_batch_size=2, mini_batches=2, group_key=["task_id"], share_prefix=False,
+                           activation_checkpointing=ac)
 
 
-def _worker(fsdp: bool):
+def _worker(fsdp: bool, ac: bool = False):
     from masrl.worker.policy_worker import PolicyWorker
 
     spec = PolicySpec("p", "tiny-random", optim=OptimConfig(lr=1e-2), fsdp=fsdp, data_parallel=2 if fsdp else 1)
-    return PolicyWorker("tiny-random", [spec], _algo(), seed=0, threads=1)
+    return PolicyWorker("tiny-random", [spec], _algo(ac), seed=0, threads=1)
 
 
 def _samples():
@@ -45,13 +46,16 @@ def _full(w) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _rank(rank: int, world: int, port: int, parts, out: str, fsdp: bool) -> None:
-    w = _worker(fsdp)
+def _rank(rank: int, world: int, port: int, parts, out: str, fsdp: bool, ac: bool) -> None:
+    w = _worker(fsdp, ac)
     w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
     result = {"state0": _full(w)}
     w.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
     result["metrics"] = w.train_step()
     result["state"] = _full(w)
+    if ac:  # one update is what this variant checks
+        torch.save(result, f"{out}/rank{rank}.pt")
+        return
     if fsdp:  # what a rank holds of the parameters and moments, against the whole
         p = w.host.policy_parameters("p")
         result["held"] = sum(x.to_local().numel() for x in p)
@@ -77,9 +81,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(out, parts, fsdp):
+def _two_ranks(out, parts, fsdp, ac=False):
     out.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_rank, args=(2, _free_port(), parts, str(out), fsdp), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_rank, args=(2, _free_port(), parts, str(out), fsdp, ac), nprocs=2, join=True,
+                       start_method="spawn")
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -132,3 +137,16 @@ def test_an_fsdp_checkpoints_full_weights_load_in_a_plain_worker(tmp_path):
     gap = _gap(_full(w), sharded[0]["state"])
     print(f"plain worker vs fsdp rank 0 after loading the export: {gap:.2e}")
     assert gap == 0.0
+
+
+def test_fsdp_with_activation_checkpointing_takes_the_same_step(tmp_path):
+    """algorithm.activation_checkpointing recomputes each FSDP block in backward (gathering its
+    shards again): the update is the unsharded ranks' without checkpointing."""
+    samples = _samples()
+    parts = [copy.deepcopy(samples[:7]), copy.deepcopy(samples[7:])]
+    plain = _two_ranks(tmp_path / "plain", parts, fsdp=False)
+    sharded = _two_ranks(tmp_path / "fsdp", parts, fsdp=True, ac=True)
+    gap, moved = _gap(sharded[0]["state"], plain[0]["state"]), _gap(plain[0]["state"], plain[0]["state0"])
+    print(f"fsdp + activation checkpointing vs unsharded: {gap:.2e} (the update moved weights by {moved:.2e})")
+    assert moved > 1e-3 and gap < 1e-5
+    assert sharded[0]["metrics"]["p"]["grad_norm"] == pytest.approx(plain[0]["metrics"]["p"]["grad_norm"], rel=1e-5)

@@ -18,9 +18,10 @@ from masrl.policies import PolicySpec
 
 def _algo(ac: bool = False):
     # two mini-batches (two optimizer steps), micro-batches of 2, GRPO groups that span both ranks
-    # (padded rows on both sides: a sharded pass never uses the shared-prefix layout)
+    # (padded rows on both sides: a sharded pass never uses the shared-prefix layout); the variant
+    # (ac) also recomputes activations and keeps a KL term to a (sharded) reference model
     return AlgorithmConfig(micro_batch_size=2, mini_batches=2, group_key=["task_id"], share_prefix=False,
-                           activation_checkpointing=ac)
+                           activation_checkpointing=ac, kl_coef=0.5 if ac else 0.0)
 
 
 def _worker(fsdp: bool, ac: bool = False):
@@ -139,14 +140,19 @@ def test_an_fsdp_checkpoints_full_weights_load_in_a_plain_worker(tmp_path):
     assert gap == 0.0
 
 
-def test_fsdp_with_activation_checkpointing_takes_the_same_step(tmp_path):
+def test_fsdp_with_activation_checkpointing_and_a_kl_reference_takes_the_same_step(tmp_path):
     """algorithm.activation_checkpointing recomputes each FSDP block in backward (gathering its
-    shards again): the update is the unsharded ranks' without checkpointing."""
+    shards again), and algorithm.kl_coef > 0 scores every call under the reference model, sharded
+    like the policy (its passes padded to the same count on every rank): the update is the
+    unsharded ranks' with the same settings."""
     samples = _samples()
     parts = [copy.deepcopy(samples[:7]), copy.deepcopy(samples[7:])]
-    plain = _two_ranks(tmp_path / "plain", parts, fsdp=False)
+    plain = _two_ranks(tmp_path / "plain", parts, fsdp=False, ac=True)
     sharded = _two_ranks(tmp_path / "fsdp", parts, fsdp=True, ac=True)
     gap, moved = _gap(sharded[0]["state"], plain[0]["state"]), _gap(plain[0]["state"], plain[0]["state0"])
     print(f"fsdp + activation checkpointing vs unsharded: {gap:.2e} (the update moved weights by {moved:.2e})")
+    mp_, ms = plain[0]["metrics"]["p"], sharded[0]["metrics"]["p"]
+    print(f"kl {mp_['kl']:.3e} vs {ms['kl']:.3e}")
     assert moved > 1e-3 and gap < 1e-5
-    assert sharded[0]["metrics"]["p"]["grad_norm"] == pytest.approx(plain[0]["metrics"]["p"]["grad_norm"], rel=1e-5)
+    assert ms["grad_norm"] == pytest.approx(mp_["grad_norm"], rel=1e-5)
+    assert ms["kl"] > 0 and ms["kl"] == pytest.approx(mp_["kl"], rel=1e-4)

@@ -136,8 +136,8 @@ def test_offload_switches_on_a_cpu_policy_are_refused_by_name(key):
       "policies.p.offload_optimizer=true"], "shard_optimizer and offload_optimizer"),
     (["policies.p.data_parallel=2"], "policies.p.data_parallel: ranks run as Ray actors"),
     (["policies.p.fsdp=true"], "policies.p.fsdp: shards the policy over its data-parallel ranks; set policies.p.data_parallel"),
-    (["policies.p.fsdp=true", "policies.p.data_parallel=2", "runtime.placement=ray", "algorithm.kl_coef=0.1"],
-     r"policies.p.fsdp: not with algorithm.kl_coef > 0 \(a reference model\) yet"),
+    (["policies.p.fsdp=true", "policies.p.data_parallel=2", "runtime.placement=ray", "policies.p.schedule={ema: 0.9}"],
+     r"policies.p.fsdp: not with policies.p.schedule.ema yet"),
     (["policies.p.fsdp=true", "policies.p.data_parallel=2", "runtime.placement=ray", "policies.p.lora={r: 8}"],
      "policies.p.fsdp: not with policies.p.lora"),
 ])

@@ -185,7 +185,6 @@ def _check_fsdp(cfg: RunConfig, name: str, p) -> None:
                                     f"train it without fsdp)"),
                (p.shard_optimizer, f"policies.{name}.shard_optimizer (fsdp shards the optimizer state already)"),
                (p.offload_optimizer or p.offload_weights or p.offload_reference, "offloading"),
-               (needs_reference(cfg.algorithm), "algorithm.kl_coef > 0 (a reference model)"),
                (bool(p.schedule.ema), f"policies.{name}.schedule.ema"),
                (p.rollout_device is not None, f"policies.{name}.rollout_device")]
     for bad, what in clashes:

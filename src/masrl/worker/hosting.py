@@ -81,6 +81,7 @@ class ModelHost:
         self.stash = PinnedStash()  # the policies' weights, with offload_weights (park / unpark)
         self.parked = False
         self.sharded = None  # ShardedPolicy once its ranks have joined (policies.X.fsdp: worker.sharding)
+        self.sharded_reference = None  # the reference model's, sharded the same way (algorithm.kl_coef > 0)
         torch.manual_seed(seed)
         model, self.tokenizer = load_model(model_name, seed=seed, dtype=dtype, device=device)
         self.reference: nn.Module | None = None
@@ -206,6 +207,13 @@ class ModelHost:
             if cache[key] is None:
                 llama_forward.notice_fallback(target, "training")
         return cache[key]
+
+    def sharded_for(self, module: nn.Module):
+        """The ShardedPolicy whose forward runs ``module`` (the policy's or the reference's), or None."""
+        for sh in (self.sharded, self.sharded_reference):
+            if sh is not None and sh.core is module:
+                return sh
+        return None
 
     def train_mode(self, on: bool) -> None:
         self.model.train(on)

@@ -162,6 +162,8 @@ class PolicyWorker(PolicyHost):
 
         self.host.sharded = ShardedPolicy(self.host, world, self.copy.dtype)
         self.copy.sharded = self.host.sharded
+        if self.host.reference is not None:  # algorithm.kl_coef > 0: the frozen reference, sharded alike
+            self.host.sharded_reference = ShardedPolicy(self.host, world, self.copy.dtype, module=self.host.reference)
         for name in list(self.optimizers):
             o = self.host.policies[name].optim
             self.optimizers[name] = MasterWeightsAdamW(self.host.policy_parameters(name), lr=o.lr, betas=o.betas,

@@ -66,16 +66,18 @@ class ShardRoot(nn.Module):
 
 
 class ShardedPolicy:
-    """The host's full model sharded over the ``world`` ranks of the default process group."""
+    """The host's full model (or ``module``: its frozen reference model) sharded over the ``world``
+    ranks of the default process group."""
 
-    def __init__(self, host, world: int, compute_dtype: torch.dtype):
+    def __init__(self, host, world: int, compute_dtype: torch.dtype, module: nn.Module | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         if host.is_lora:
             raise ConfigError("policies.X.fsdp shards a full-weight policy; a LoRA team's base is frozen and its "
                               "adapters are small: train it without fsdp")
-        fwd = host.fast_forward(host.core)
+        core = host.core if module is None else module
+        fwd = host.fast_forward(core)
         if fwd is None:
             from masrl.modeling.lean import unsupported
 
@@ -84,7 +86,6 @@ class ShardedPolicy:
         mesh = init_device_mesh(host.device.type, (world,))
         mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
               if compute_dtype != torch.float32 else MixedPrecisionPolicy())
-        core = host.core
         self.compute_dtype = compute_dtype
         # where each engine parameter is read from once its group is gathered: (group, [(module, attr, name)])
         self.blocks = [LeanBlock(fwd, layer) for layer in fwd.layers]

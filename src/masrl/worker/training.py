@@ -102,8 +102,9 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
 def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
                        checkpoint: bool = False):
     """See ``_completion_forward``; a sharded policy's pass runs inside its FSDP root (``worker.sharding``)."""
-    if host.sharded is not None and module is host.core:
-        return host.sharded.run(_completion_forward, host, module, batch, value_head, want_entropy, checkpoint)
+    sharded = host.sharded_for(module)
+    if sharded is not None:
+        return sharded.run(_completion_forward, host, module, batch, value_head, want_entropy, checkpoint)
     return _completion_forward(host, module, batch, value_head, want_entropy, checkpoint)
 
 
@@ -215,22 +216,20 @@ def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: 
 def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_ref, need_values, need_old,
                     dp=None, filler=None) -> None:
     mbs = list(micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens))
+    own_values = need_values and critic is None
     for mb in in_step(mbs, host, dp):
-        if mb is None:  # a sharded rank with fewer micro-batches: a forward whose result nobody reads
-            with host.active(policy):
-                completion_forward(host, host.core, make_batch(filler, pad_id, layout=layout, device=host.device))
-            continue
-        batch = make_batch(mb, pad_id, layout=layout, device=host.device)
+        real = mb is not None  # None: a sharded rank with fewer micro-batches runs the same passes, unread
+        rows = mb if real else filler
+        batch = make_batch(rows, pad_id, layout=layout, device=host.device)
         if need_ref:
             with host.reference_mode() as ref:
                 ref_lp, _, _ = completion_forward(host, ref, batch)
-            for i, s in enumerate(mb):
+            for i, s in enumerate(mb if real else []):
                 s.ref_logprobs = ref_lp[i, : len(s.completion_ids)].tolist()
-        own_values = need_values and critic is None
         if own_values or need_old:
             with host.active(policy):
                 lp, _, values = completion_forward(host, host.core, batch, host.value_heads.get(policy) if own_values else None)
-            for i, s in enumerate(mb):
+            for i, s in enumerate(mb if real else []):
                 n = len(s.completion_ids)
                 if own_values:
                     s.old_values = values[i, :n].tolist()
@@ -329,8 +328,8 @@ class _MiniBatchStep:
         mbs = list(micro_batches(mine, algo.micro_batch_size, layout=self.layout, token_budget=algo.micro_batch_tokens))
         for mb in in_step(mbs, self.host, self.dp) if todo else mbs:
             if mb is None:  # sharded: this rank's share ran out; a pass of weight zero keeps it in step
-                _micro_step(self.host, todo[:1], algo, self.value_head, self.pad_id, n_tokens, float(len(mini)),
-                            self.layout, scale=0.0)
+                _micro_step(self.host, [_filler(todo[0])], algo, self.value_head, self.pad_id, n_tokens,
+                            float(len(mini)), self.layout, scale=0.0)
                 continue
             stats = _micro_step(self.host, mb, algo, self.value_head, self.pad_id, n_tokens, float(len(mini)),
                                 self.layout)
@@ -354,6 +353,15 @@ class _MiniBatchStep:
         self.stats.nonfinite += 1  # a NaN/inf loss or gradient: skip this update, count it, say so
         print(f"[masrl] warning: policy '{self.policy}': non-finite loss ({loss}) or gradient norm ({norm}); this "
               f"optimizer step was skipped", file=sys.stderr)
+
+
+def _filler(s: Sample) -> Sample:
+    """Another rank's call as a zero-weight pass's input: its per-token fields that only its own rank
+    computed (reference and old logprobs) stood in for by the rollout's (the pass's loss is scaled by 0)."""
+    import dataclasses
+
+    return dataclasses.replace(s, ref_logprobs=s.ref_logprobs or list(s.logprobs),
+                               old_logprobs=s.old_logprobs or list(s.logprobs))
 
 
 def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict[str, float]:

@@ -115,3 +115,22 @@ def test_a_killed_fsdp_run_resumes_from_its_shards_to_the_uninterrupted_numbers(
     run(cfg, "--resume")
     print("uninterrupted", reference, "\nresumed", _numbers(run_dir))
     assert _numbers(run_dir) == reference and len(reference) == 4
+
+
+def test_async_rollouts_with_an_fsdp_policy(tmp_path):
+    """rollout.mode async: calls are sampled on both ranks while the sharded update runs; each
+    update (a collective, then the gather into each rank's engine copy) trains every finished call once."""
+    from tinycfg import run_async
+
+    data = _data(tmp_path, fsdp=True, steps=3)
+    data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    try:
+        recs, traces = run_async(tr, 3)
+        ranks = [r.fingerprint("shared") for r in tr.rt.workers[0].ranks]
+    finally:
+        tr.rt.close()
+    assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1
+    assert ranks[0] == ranks[1] != before["shared"]
+    assert all(r["policies"]["shared"]["weight_sync_gb"] > 0 for r in recs)

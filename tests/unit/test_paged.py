@@ -1,8 +1,7 @@
 """The paged engine's parts on a CPU: the block pool and its prefix cache, the scheduler
 (admission, sibling deferral, pre-emption), and the engine on a real tiny Llama against the eager
 engine (greedy tokens, logprobs), under a budget that forces pre-emption, with calls joining a
-running decode from another thread, and with one call too big for the budget beside good ones;
-each engine test with one decode chunk at a time and with one chunk in flight."""
+running decode from another thread, and with one call too big for the budget beside good ones."""
 
 import threading
 import time
@@ -18,13 +17,6 @@ from masrl.engines.paged import PagedEngine
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenRequest
-
-
-@pytest.fixture(params=[False, True], ids=["one-chunk", "pipelined"])
-def pipe(request):
-    """The engine reads each decode chunk back before queuing the next, or keeps one in flight
-    (the GPU default): every engine test runs both ways."""
-    return request.param
 
 
 def req(prompt, temperature=0.0, max_new_tokens=8, seed=None, stop=()):
@@ -165,13 +157,13 @@ def prompts(tok, n=6):
 
 
 @pytest.mark.parametrize("sync_every,prefill_tokens", [(8, 8192), (1, 8192), (3, 24)])
-def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(tiny, pipe, sync_every, prefill_tokens):
+def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(tiny, sync_every, prefill_tokens):
     """Calls of different lengths finish inside decode chunks (sync_every); prefill_tokens=24 splits
     every prompt into chunks computed over the blocks before them (chunked prefill)."""
     model, tok = tiny
     reqs = [req(p, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts(tok))]
     eager = HFEngine(model, tok, [2]).generate(reqs)
-    eng = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=256, block_size=4, sync_every=sync_every,
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4, sync_every=sync_every,
                       prefill_tokens=prefill_tokens)
     outs = eng.generate(reqs)
     for a, b in zip(eager, outs):
@@ -186,26 +178,25 @@ def test_paged_greedy_equals_the_eager_engine_and_logprobs_match_a_full_forward(
     assert eng.sched.idle() and eng.pool.used() == 0
 
 
-def test_a_group_prefills_once_and_a_seed_gives_the_same_tokens_in_any_company(tiny, pipe):
+def test_a_group_prefills_once_and_a_seed_gives_the_same_tokens_in_any_company(tiny):
     model, tok = tiny
     p = prompts(tok)[0]
     group = [req(p, temperature=1.0, max_new_tokens=8, seed=100 + i) for i in range(8)]
-    eng = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=512, block_size=4)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
     outs = eng.generate(group)
     assert len(p) % 4  # a partial last block, which each sample copies (their tokens go on differently)
     assert eng.stats["prefill_tokens"] == len(p) and eng.stats["forks"] == 7  # one prefill for the group
-    alone = [PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=512, block_size=4).generate([r])[0]
-             for r in group[:3]]
+    alone = [PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate([r])[0] for r in group[:3]]
     assert [o.completion_ids for o in alone] == [o.completion_ids for o in outs[:3]]
     assert len({tuple(o.completion_ids) for o in outs}) > 1  # different seeds, different samples
 
 
-def test_a_tight_budget_preempts_and_changes_no_token(tiny, pipe):
+def test_a_tight_budget_preempts_and_changes_no_token(tiny):
     model, tok = tiny
     reqs = [req(p, max_new_tokens=24) for p in prompts(tok)]
-    roomy = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=512, block_size=4).generate(reqs)
+    roomy = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate(reqs)
     need = max(len(r.prompt_ids) + 24 for r in reqs)
-    tight = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=need // 4 + 6, block_size=4)
+    tight = PagedEngine(model, tok, [2], device="cpu", kv_blocks=need // 4 + 6, block_size=4)
     outs = tight.generate(reqs)
     assert tight.stats["preemptions"] > 0
     assert tight.stats["peak_blocks"] <= need // 4 + 5
@@ -214,10 +205,10 @@ def test_a_tight_budget_preempts_and_changes_no_token(tiny, pipe):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
 
 
-def test_one_call_too_big_for_the_budget_fails_alone(tiny, pipe):
+def test_one_call_too_big_for_the_budget_fails_alone(tiny):
     model, tok = tiny
     ps = prompts(tok)
-    eng = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=17, block_size=4)  # 64 slots
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=17, block_size=4)  # 64 slots
     reqs = [req(ps[0], max_new_tokens=4), req(ps[1] * 4, max_new_tokens=4), req(ps[2], max_new_tokens=4)]
     outs = eng.generate(reqs)
     assert isinstance(outs[1], PromptError) and "raise rollout.gpu_memory_utilization" in str(outs[1])
@@ -225,10 +216,10 @@ def test_one_call_too_big_for_the_budget_fails_alone(tiny, pipe):
     assert [outs[0].completion_ids, outs[2].completion_ids] == [o.completion_ids for o in alone]
 
 
-def test_calls_from_another_thread_join_a_running_decode(tiny, pipe):
+def test_calls_from_another_thread_join_a_running_decode(tiny):
     model, tok = tiny
     ps = prompts(tok)
-    eng = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=512, block_size=4)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
     long_call = [req(ps[0], max_new_tokens=120)]
     short_calls = [req(ps[1], max_new_tokens=3), req(ps[2], max_new_tokens=3)]
     done: dict[str, float] = {}
@@ -251,10 +242,10 @@ def test_calls_from_another_thread_join_a_running_decode(tiny, pipe):
     assert [o.completion_ids for o in shorts] == [o.completion_ids for o in alone[:2]]
 
 
-def test_the_next_turn_reuses_its_episode_blocks(tiny, pipe):
+def test_the_next_turn_reuses_its_episode_blocks(tiny):
     model, tok = tiny
     p = prompts(tok)[3]
-    eng = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=512, block_size=4)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
     first = eng.generate([req(p, max_new_tokens=16)])[0]
     turn2 = p + first.completion_ids + tok(" And then? Tell me more.", add_special_tokens=False)["input_ids"]
     before = eng.stats["prefill_tokens"]
@@ -264,19 +255,19 @@ def test_the_next_turn_reuses_its_episode_blocks(tiny, pipe):
     assert second.completion_ids == HFEngine(model, tok, [2]).generate([req(turn2, max_new_tokens=4)])[0].completion_ids
 
 
-def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny, pipe):
+def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):
     model, tok = tiny
     p = prompts(tok)[2]
     free = HFEngine(model, tok, [2]).generate([req(p, max_new_tokens=20)])[0]
     stop_tok = free.completion_ids[5]  # a token the call samples sixth: as EOS, it ends the call there
     eager = HFEngine(model, tok, [stop_tok]).generate([req(p, max_new_tokens=20)])[0]
-    paged = PagedEngine(model, tok, [stop_tok], device="cpu", pipeline=pipe, kv_blocks=64, block_size=4, sync_every=8)
+    paged = PagedEngine(model, tok, [stop_tok], device="cpu", kv_blocks=64, block_size=4, sync_every=8)
     out = paged.generate([req(p, max_new_tokens=20)])[0]
     assert out.completion_ids == eager.completion_ids and out.finish_reason == "stop"
     assert out.completion_ids[-1] == stop_tok and len(out.completion_ids) <= 6
     text = tok.decode(free.completion_ids[:9], skip_special_tokens=True)
     stop = text[-3:]
     a = HFEngine(model, tok, [2]).generate([req(p, max_new_tokens=20, stop=[stop])])[0]
-    plain = PagedEngine(model, tok, [2], device="cpu", pipeline=pipe, kv_blocks=64, block_size=4, sync_every=8)
+    plain = PagedEngine(model, tok, [2], device="cpu", kv_blocks=64, block_size=4, sync_every=8)
     b = plain.generate([req(p, max_new_tokens=20, stop=[stop])])[0]
     assert a.completion_ids == b.completion_ids and b.finish_reason == "stop"

@@ -21,11 +21,6 @@ returned, and a few long calls hold a whole one-shot batch up. Here a call is a 
 * **The static engine's decode step** (``engines/decoder.py``, shared): fused q/k/v and gate/up weights, LoRA adapters of one base
   mixed in one batch, fused Triton kernels and CUDA graphs on a GPU (per batch and length bucket;
   the graph reads the block tables from device buffers the host rewrites between replays).
-* **One chunk in flight** (``pipeline``, on by default on a GPU): the next decode chunk is queued
-  before the last one is read back, so the host's reading, stop checks and scheduling run while
-  the device computes. A call that finished in the chunk being read rides along in the next one
-  (its tokens dropped, its writes past its blocks land in the scratch block); slots are reserved
-  two chunks ahead.
 
 Numerics: prefill is the lean forward (as the trainer computes); decode is the static engine's step
 over the paged cache. Token ``t`` of a call with a seed uses ``counter_uniforms(seed)[t]`` whatever
@@ -46,7 +41,6 @@ from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucke
 from masrl.engines.decoder import GraphDecoder
 from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens, stop_string_at
 from masrl.engines.scheduler import Scheduler, Sequence
-from masrl.engines.transfer import Readback, upload
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import causal_mask, core_model
@@ -77,22 +71,11 @@ class _Call:
     uniforms: np.ndarray | None  # [max_new] when the request carries a seed
 
 
-@dataclass
-class _Flight:
-    """A decode chunk queued on the device and not read back yet."""
-
-    seqs: list[Sequence]
-    gens: list[int]  # each row's pre-emption count at launch: a row pre-empted since has its tokens dropped
-    sp: list
-    k: int
-    read: Readback
-
-
 class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 pipeline: bool | None = None, **_ignored):
+                 **_ignored):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
         self.block_size = block_size
@@ -106,8 +89,6 @@ class PagedEngine(GraphDecoder):
         self.max_batch_size = max_batch_size
         self.prefill_tokens = prefill_tokens
         self.sync_every = sync_every
-        self.pipeline = self.dev.type == "cuda" if pipeline is None else pipeline
-        self._flight: _Flight | None = None
         self.host_rng = np.random.default_rng(seed)
         self.pool: BlockPool | None = None
         self.sched: Scheduler | None = None
@@ -137,7 +118,6 @@ class PagedEngine(GraphDecoder):
                 raise RuntimeError("PagedEngine.release while calls are running")
         self._release(("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index"))
         self.kv = []
-        self._flight = None
         self.pool = self.sched = None
         self.rows_cap = self.width_cap = 0
 
@@ -197,7 +177,6 @@ class PagedEngine(GraphDecoder):
                     finished = self._step()
             except BaseException as exc:  # the engine failed: every call it holds fails with it
                 self._cv.acquire()
-                self._flight = None
                 for s in self.sched.drop_all():
                     s.error = exc
                 raise
@@ -206,19 +185,16 @@ class PagedEngine(GraphDecoder):
                 self._cv.notify_all()
 
     def _step(self) -> bool:
-        step = self.sched.schedule(lookahead=self.sync_every * (2 if self.pipeline else 1))
+        step = self.sched.schedule(lookahead=self.sync_every)
         if step is None:
-            if self._flight is not None:  # only finished calls rode in it
-                return self._land()
             raise RuntimeError("paged engine: calls are waiting but none can be scheduled (a bug: please report it)")
         pool = self.sched.pool
         self.stats["peak_blocks"] = max(self.stats["peak_blocks"], pool.used())
         if step.kind == "prefill":
-            landed = self._land()  # the chunk in flight first: its calls' tokens are known before any new call's
             logits = self._prefill(step.seqs)
             for s in step.seqs:
                 self.sched.registered(s)
-            finished = self._sample(step.seqs, logits) or landed
+            finished = self._sample(step.seqs, logits)
         else:
             finished = self._decode_chunk(step.seqs)
         st = self.sched.stats
@@ -229,14 +205,14 @@ class PagedEngine(GraphDecoder):
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> bool:
         """Each just-prefilled call's next token, from the prefill's logits."""
         sp, temps, top_ps, flags = self._sampling(seqs)
-        u = upload(self._uniforms(seqs, 1)[:, 0], self.dev)
+        u = torch.from_numpy(self._uniforms(seqs, 1)[:, 0]).to(self.dev)
         tokens, lps = sample_tokens(logits[: len(seqs)], temps, top_ps, self.generator, flags, u)
         return self._take(seqs, sp, [[t] for t in tokens.tolist()], [[x] for x in lps.tolist()], decoded=False)
 
     def _sampling(self, seqs: list[Sequence]) -> tuple[list, torch.Tensor, torch.Tensor, BatchFlags]:
         sp = [s.payload.request.sampling for s in seqs]
         temps, top_ps = [p.temperature for p in sp], [p.top_p for p in sp]
-        return (sp, upload(temps, self.dev, torch.float32), upload(top_ps, self.dev, torch.float32),
+        return (sp, torch.tensor(temps, device=self.dev), torch.tensor(top_ps, device=self.dev),
                 BatchFlags.of(temps, top_ps))
 
     # -- the pool and the buffers --------------------------------------------------------------------
@@ -371,30 +347,21 @@ class PagedEngine(GraphDecoder):
 
     # -- decode: one token for every running call ------------------------------------------------------
     def _decode_chunk(self, seqs: list[Sequence]) -> bool:
-        """Queue up to ``sync_every`` decode steps for every running call, the sampled tokens kept on
-        the device; then read back the chunk queued before it (``pipeline``) or this one. A call that
-        finishes inside a chunk rides along to its end (its extra tokens dropped; writes past its
-        blocks land in the scratch block). Returns whether a call finished."""
-        prev = self._flight
-        k = min(self.sync_every, max(s.max_new - len(s.generated) - s.inflight for s in seqs))
-        if k <= 0:  # every token the calls may still take is on its way back
-            return self._land()
+        """Up to ``sync_every`` decode steps for every running call, the sampled tokens kept on the
+        device and read back once; a call that finishes inside the chunk rides along to its end (its
+        extra tokens dropped; writes past its blocks land in the scratch block). Returns whether a
+        call finished."""
         B, bs, dev = len(seqs), self.block_size, self.dev
         Bb = batch_bucket(B)
-        at = np.array([s.kv_len + s.inflight for s in seqs], dtype=np.int64)  # each row's position on the device
-        top = int(at.max()) + k
+        k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
+        kv = np.array([s.kv_len for s in seqs], dtype=np.int64)
+        top = int(kv.max()) + k
         # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
         S = 0 if self.fused.get("paged_attention") else slot_bucket(top)
-        width = max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1
-        if prev is not None:
-            if Bb > self.rows_cap or width > self.width_cap:
-                return self._land()  # the buffers must grow: read the chunk in flight back first
-            self._carry_rows(prev.seqs, seqs, Bb)
-        else:
-            self._ensure(Bb, width)
-            self._load_rows(seqs, Bb, at)
+        self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
+        self._load_rows(seqs, Bb, kv)
         sp, temps, top_ps, flags = self._sampling(seqs)
-        U_dev = upload(self._uniforms(seqs, k), dev)
+        U_dev = torch.from_numpy(self._uniforms(seqs, k)).to(dev)
         toks, lps = [], []
         for j in range(k):
             logits = self._decode(Bb, S)
@@ -402,67 +369,24 @@ class PagedEngine(GraphDecoder):
             self.tok_buf[:B].copy_(t)
             toks.append(t)
             lps.append(lp)
-        for s in seqs:
-            s.inflight += k
-        self._flight = _Flight(seqs, [s.preempted for s in seqs], sp, k,
-                               Readback(torch.stack(toks).t(), torch.stack(lps).t()))
-        if self.pipeline and prev is not None:
-            return self._land(prev)  # the device runs the chunk just queued meanwhile
-        return False if self.pipeline else self._land()
+        T, L = torch.stack(toks).t().tolist(), torch.stack(lps).t().tolist()  # one read per chunk
+        return self._take(seqs, sp, T, L)
 
-    def _land(self, flight: _Flight | None = None) -> bool:
-        """Read a chunk back (default: the one in flight) and give each call its tokens; a call
-        pre-empted or finished since the chunk was queued gets none."""
-        f = flight if flight is not None else self._flight
-        if f is self._flight:
-            self._flight = None
-        if f is None:
-            return False
-        T, L = f.read.get()
-        keep = []
-        for b, s in enumerate(f.seqs):
-            if f.gens[b] != s.preempted:  # re-queued since: it recomputes from the tokens it had
-                continue
-            s.inflight -= f.k
-            if not s.done:
-                keep.append(b)
-        return self._take([f.seqs[b] for b in keep], [f.sp[b] for b in keep], [T[b] for b in keep],
-                          [L[b] for b in keep])
-
-    def _load_rows(self, seqs: list[Sequence], Bb: int, at: np.ndarray) -> None:
-        """A chunk's inputs from the host into the device buffers: positions, last tokens, block
-        tables, adapters."""
+    def _load_rows(self, seqs: list[Sequence], Bb: int, kv: np.ndarray) -> None:
+        """The chunk's inputs into the device buffers: block tables, positions, last tokens, adapters."""
         B = len(seqs)
-        pos = np.zeros(Bb, dtype=np.int64)
-        pos[:B] = at
-        self.pos_buf[:Bb].copy_(upload(pos, self.dev))
-        self.tok_buf[:B].copy_(upload([s.generated[-1] for s in seqs], self.dev, torch.long))
-        self._upload_rows(seqs, Bb)
-
-    def _carry_rows(self, prev: list[Sequence], seqs: list[Sequence], Bb: int) -> None:
-        """The next chunk's inputs while the last is in flight: each row's last token and position
-        are on the device already (gathered there when rows left), the tables come from the host."""
-        B = len(seqs)
-        row = {id(s): b for b, s in enumerate(prev)}
-        idx = [row[id(s)] for s in seqs]
-        if idx != list(range(B)):
-            ii = upload(idx, self.dev, torch.long)
-            tok, pos = self.tok_buf.index_select(0, ii), self.pos_buf.index_select(0, ii)
-            self.tok_buf[:B].copy_(tok)
-            self.pos_buf[:B].copy_(pos)
-        self.pos_buf[B:Bb].zero_()
-        self._upload_rows(seqs, Bb)
-
-    def _upload_rows(self, seqs: list[Sequence], Bb: int) -> None:
-        """Block tables (zero past each table: the scratch block) and, for LoRA, each row's adapter."""
         bt = self.bt_host
         bt[:Bb] = 0
         for b, s in enumerate(seqs):
             bt[b, : len(s.table)] = s.table
-        self.bt_buf[:Bb].copy_(upload(bt[:Bb], self.dev))
+        pos = np.zeros(Bb, dtype=np.int64)
+        pos[:B] = kv
+        self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
+        self.pos_buf[:Bb].copy_(torch.from_numpy(pos))
+        self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] for s in seqs]))
         if self.is_peft:
-            ad = [self.slot_of.get(s.key, -1) for s in seqs] + [-1] * (Bb - len(seqs))
-            self.row_adapter[:Bb].copy_(upload(ad, self.dev, torch.long))
+            ad = [self.slot_of.get(s.key, -1) for s in seqs] + [-1] * (Bb - B)
+            self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
 
@@ -470,7 +394,7 @@ class PagedEngine(GraphDecoder):
         """``[rows, k]``: each call's random numbers for its next ``k`` tokens (by its seed's counter)."""
         U = np.empty((len(seqs), k), dtype=np.float32)
         for b, s in enumerate(seqs):
-            u, g = s.payload.uniforms, len(s.generated) + s.inflight
+            u, g = s.payload.uniforms, len(s.generated)
             if u is not None:
                 row = u[g : g + k]
                 U[b, : len(row)] = row

@@ -45,7 +45,6 @@ class Sequence:
     error: BaseException | None = None
     payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
     fork_of: Sequence | None = None  # in a prefill step: the sequence with the same tokens it copies
-    inflight: int = 0  # tokens the engine has launched for it and not read back yet
     _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
 
     @property
@@ -185,7 +184,6 @@ class Scheduler:
         self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
         self.pool.release(seq.table)
         seq.kv_len = 0
-        seq.inflight = 0  # tokens still on their way back are dropped (the engine sees ``preempted`` change)
         seq.preempted += 1
         self.stats["preemptions"] += 1
         self.waiting.appendleft(seq)

@@ -42,3 +42,43 @@ def test_paged_engine_runs_a_lora_team(tmp_path):
         tmp_path / "l")
     assert len(recs[-1]["policies"]) == 4 and all(c for step in completions for c in step)
     assert engines[0].adapters() and engines[0].stats["decode_steps"] > 0
+
+
+def test_async_rollouts_on_the_paged_engine_never_sample_during_an_update(tmp_path):
+    """rollout.mode async on the paged engine without a weight copy (a CPU): batches overlap one
+    another, but none runs while the host updates (the batcher's SharedLock), so every call is
+    sampled by one version of the weights and trained once."""
+    from tinycfg import run_async
+
+    data = tiny_config("math_team_shared", tmp_path / "async", rollout__engine="paged",
+                       rollout__gpu_memory_utilization=0.01, rollout__mode="async", rollout__tasks_per_step=2,
+                       rollout__samples_per_task=2, steps=3)
+    tr, workers, _ = prepared_trainer(data, tmp_path / "a")
+    w = tr.rt.workers[0]
+    lock = tr.rt.controller.batchers[0].compute_lock
+    updating, seen = [False], []
+    generate, train = w.generate, w.train_step
+
+    def gen(calls):
+        seen.append(updating[0])
+        out = generate(calls)
+        seen.append(updating[0])
+        return out
+
+    def train_step(*a, **k):
+        updating[0] = True
+        try:
+            return train(*a, **k)
+        finally:
+            updating[0] = False
+
+    w.train_step = train_step
+    tr.rt.controller.batchers[0].run_batch = gen
+    try:
+        recs, traces = run_async(tr, 3)
+    finally:
+        tr.rt.close()
+    assert seen and not any(seen)  # no batch started or ended while the host was updating
+    assert not w.overlaps_update and type(lock).__name__ == "SharedLock"
+    assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
+    assert max(c.policy_version for t in traces for c in t.calls) >= 1

@@ -158,3 +158,46 @@ def test_concurrent_batches_run_at_once_and_a_short_one_returns_first():
     assert out == ["long!", "short!"] and not short_first
     with pytest.raises(ValueError, match="concurrent"):
         Batcher(run, concurrent=0)
+
+
+def test_a_shared_lock_lets_batches_overlap_and_an_update_waits_for_them_alone():
+    """A paged host's batcher (SharedLock, concurrent=2): two batches hold the lock at once; an update
+    (the lock held alone) waits until both are done, and a batch that arrives while it waits runs
+    after it, never during it."""
+    from masrl.driver.rollout.shared_lock import SharedLock
+
+    lock = SharedLock()
+    events: list[str] = []
+    gate = threading.Event()
+
+    def run(items):
+        events.append(f"start {items[0]}")
+        if items[0] in ("a", "b"):
+            assert gate.wait(10)
+        events.append(f"end {items[0]}")
+        return items
+
+    def update():
+        with lock:
+            events.append("update")
+
+    async def main():
+        b = Batcher(run, max_batch_size=1, max_wait_ms=1, compute_lock=lock, concurrent=2)
+        first = [asyncio.ensure_future(b.submit(x)) for x in ("a", "b")]
+        while events.count("start a") + events.count("start b") < 2:
+            await asyncio.sleep(0.01)
+        upd = threading.Thread(target=update)
+        upd.start()
+        while not lock._waiting:
+            await asyncio.sleep(0.01)
+        late = asyncio.ensure_future(b.submit("c"))  # arrives while the update waits
+        await asyncio.sleep(0.1)
+        assert "start c" not in events and "update" not in events
+        gate.set()
+        await asyncio.gather(*first, late)
+        upd.join(5)
+        await b.aclose()
+
+    asyncio.run(main())
+    assert events.index("update") > max(events.index("end a"), events.index("end b"))
+    assert events.index("start c") > events.index("update")

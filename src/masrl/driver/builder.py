@@ -16,6 +16,7 @@ from masrl.driver.checks import RunPlan, check_run
 from masrl.driver.rollout.batcher import Batcher
 from masrl.driver.rollout.controller import Controller
 from masrl.driver.rollout.services import Services
+from masrl.driver.rollout.shared_lock import SharedLock
 from masrl.errors import ConfigError
 from masrl.policies import PolicySpec
 from masrl.worker.interface import PolicyHost
@@ -164,7 +165,8 @@ PAGED_BATCHES = 4  # batches in flight at once per paged host (each holds a thre
 
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:
     """One batcher per host. Hosts in this process on one device take turns (a compute lock): one
-    engine batch at a time."""
+    engine batch at a time. A paged host's batches run at once (their calls join one decode) under a
+    ``SharedLock`` of its own, which its update takes alone (unless its engine samples a copy)."""
     locks: dict[str, threading.Lock] = {}
     out = []
     for i, w in enumerate(workers):
@@ -172,7 +174,7 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
         elsewhere = on_ray or spec.engine is not None  # not on this process's cores
         # the paged engine takes a new batch's calls into its running decode: batches overlap, no lock
         joins = cfg.rollout.engine == "paged" and not elsewhere
-        lock = None if elsewhere or joins else locks.setdefault(sampling_device(spec), threading.Lock())
+        lock = None if elsewhere else SharedLock() if joins else locks.setdefault(sampling_device(spec), threading.Lock())
         out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
                            compute_lock=lock, name=f"worker{i}", concurrent=PAGED_BATCHES if joins else 1,
                            # a call whose episode was cancelled mid-batch was sampled and kept: forget it

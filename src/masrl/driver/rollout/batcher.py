@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from masrl.driver.rollout.shared_lock import SharedLock
+
 
 @dataclass
 class BatcherStats:
@@ -41,7 +43,7 @@ class Batcher:
         *,
         max_batch_size: int = 32,
         max_wait_ms: float = 10.0,
-        compute_lock: threading.Lock | None = None,
+        compute_lock: threading.Lock | SharedLock | None = None,
         name: str = "batcher",
         on_orphan: Callable[[Any], None] | None = None,
         concurrent: int = 1,
@@ -102,7 +104,8 @@ class Batcher:
     def _run_locked(self, items: list[Any]) -> Sequence[Any]:
         if self.compute_lock is None:
             return self.run_batch(items)
-        with self.compute_lock:
+        # a SharedLock (a paged host): batches share it, an update holds it alone
+        with self.compute_lock.shared() if hasattr(self.compute_lock, "shared") else self.compute_lock:
             return self.run_batch(items)
 
     async def _serve(self) -> None:

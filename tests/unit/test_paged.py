@@ -271,3 +271,45 @@ def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):
     plain = PagedEngine(model, tok, [2], device="cpu", kv_blocks=64, block_size=4, sync_every=8)
     b = plain.generate([req(p, max_new_tokens=20, stop=[stop])])[0]
     assert a.completion_ids == b.completion_ids and b.finish_reason == "stop"
+
+
+def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_of_the_cache():
+    """at_boundary (AReaL's interruptible generation): a weight change requested while a call decodes
+    runs at the next step boundary; the call goes on with the new weights (its tokens change from
+    there), and its blocks, computed partly under the old weights, never join the prefix cache."""
+    from masrl.models import load_model
+
+    model, tok = load_model("tiny-random", seed=0)  # its own copy: the test changes its weights
+    p = prompts(tok)[0]
+    call = [req(p, max_new_tokens=40)]
+    eng = PagedEngine(model, tok, [], device="cpu", kv_blocks=512, block_size=4, sync_every=2)
+    before = eng.generate(call)[0].completion_ids
+    assert eng.generate(call)[0].completion_ids == before  # greedy: the same tokens run to run
+
+    def swap():
+        with torch.no_grad():
+            model.model.norm.weight.mul_(-1.0)  # every logit negated: the greedy token changes
+        eng.weights_updated()
+
+    step, calls = eng._step, [0]
+    asker = threading.Thread(target=eng.at_boundary, args=(swap,))
+
+    def stepping():  # on the third step, ask for the change from another thread and wait until it waits
+        calls[0] += 1
+        if calls[0] == 3:
+            asker.start()
+            while not eng._boundary:
+                time.sleep(0.001)
+        return step()
+
+    eng._step = stepping
+    after = eng.generate(call)[0].completion_ids
+    asker.join(5)
+    eng._step = step
+    same = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(after))
+    print(f"tokens before the change: {same} of {len(after)}; swaps mid-call {eng.stats['swaps_mid_call']}")
+    assert eng.stats["swaps_mid_call"] == 1
+    assert 1 <= same < len(after)  # the first tokens are the old weights', the rest the new ones'
+    cached = eng.stats["cached_tokens"]
+    eng.generate(call)
+    assert eng.stats["cached_tokens"] == cached  # nothing of the interrupted call was offered to the cache

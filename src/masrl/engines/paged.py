@@ -97,14 +97,50 @@ class PagedEngine(GraphDecoder):
         self._cv = threading.Condition()
         self._inbox: list[Sequence] = []
         self._runner: int | None = None
+        self._boundary: list[list] = []  # at_boundary jobs waiting for the next step boundary
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                           "peak_blocks": 0, "joined": 0, "forks": 0})
+                           "peak_blocks": 0, "joined": 0, "forks": 0,
+                           "swaps_mid_call": 0})
 
     # -- Engine interface (adapters: GraphDecoder) ---------------------------------------------------
     def weights_updated(self, policies: list[str] | None = None) -> None:
         if self.pool is not None:
             self.pool.forget()  # cached blocks were computed with the old weights
+            self.sched.epoch += 1  # and blocks of calls running now never join the cache
         super().weights_updated(policies)
+
+    def at_boundary(self, fn) -> None:
+        """Run ``fn`` (a weight change) between two engine steps: at once when no step runs, else by
+        the thread running the steps at its next step boundary; return when it has run. Calls
+        running then go on with the new weights over the keys and values they have (AReaL's
+        interruptible generation); their blocks never join the prefix cache."""
+        with self._cv:
+            if self._runner is None:
+                fn()
+                return
+            job = [fn, None, False]  # fn, its exception, done
+            self._boundary.append(job)
+            self._cv.notify_all()
+            while not job[2]:
+                if self._runner is None:  # the runner left before reaching a boundary: run what waits
+                    self._run_boundary()
+                else:
+                    self._cv.wait()
+            if job[1] is not None:
+                raise job[1]
+
+    def _run_boundary(self) -> None:
+        """The waiting ``at_boundary`` jobs (called with the condition held, between steps)."""
+        while self._boundary:
+            job = self._boundary.pop(0)
+            if self.sched is not None and self.sched.running:
+                self.stats["swaps_mid_call"] += 1
+            try:
+                job[0]()
+            except BaseException as exc:  # the caller raises it
+                job[1] = exc
+            job[2] = True
+        self._cv.notify_all()
 
     def memory(self) -> dict[str, int]:
         kv = tensor_bytes([t for pair in self.kv for t in pair])
@@ -140,6 +176,7 @@ class PagedEngine(GraphDecoder):
                     try:
                         self._run_until(todo)
                     finally:
+                        self._run_boundary()
                         self._runner = None
                         self._cv.notify_all()
                 else:
@@ -181,6 +218,7 @@ class PagedEngine(GraphDecoder):
                     s.error = exc
                 raise
             self._cv.acquire()
+            self._run_boundary()
             if finished:
                 self._cv.notify_all()
 

@@ -45,6 +45,7 @@ class Sequence:
     error: BaseException | None = None
     payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
     fork_of: Sequence | None = None  # in a prefill step: the sequence with the same tokens it copies
+    epoch: int = 0  # the scheduler's weight epoch when its keys and values started being computed
     _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
 
     @property
@@ -81,6 +82,7 @@ class Scheduler:
         self.prefill_tokens = prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.epoch = 0  # weight changes so far: blocks computed before the last one never join the cache
         self.stats = {"preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0, "prefills": 0, "decodes": 0,
                       "forks": 0}
 
@@ -139,6 +141,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.kv_len = seq.cached
+            seq.epoch = self.epoch
             budget -= new
             self.stats["prefill_tokens"] += new
             self.stats["cached_tokens"] += seq.cached
@@ -157,6 +160,7 @@ class Scheduler:
         except OutOfBlocks:
             return False
         seq.kv_len = seq.cached = seq.length
+        seq.epoch = leader.epoch
         seq.fork_of = leader
         self.stats["cached_tokens"] += seq.length
         self.stats["forks"] += 1
@@ -179,9 +183,14 @@ class Scheduler:
                 pool.grow(seq.table, need)
                 i += 1
 
+    def _share(self, seq: Sequence) -> None:
+        """Offer ``seq``'s full blocks to the prefix cache, unless the weights changed since they were computed."""
+        if seq.epoch == self.epoch:
+            self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
+
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
+        self._share(seq)
         self.pool.release(seq.table)
         seq.kv_len = 0
         seq.preempted += 1
@@ -193,12 +202,12 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         if seq.table:
-            self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
+            self._share(seq)
             self.pool.release(seq.table)
 
     def registered(self, seq: Sequence) -> None:
         """After a prefill: ``seq``'s full prompt blocks hold their keys and values; share them."""
-        self.pool.register(seq.table, seq.hashes(self.pool, limit=seq.kv_len))
+        self._share(seq)
 
     def drop_all(self) -> list[Sequence]:
         """Every sequence, running or waiting, out (the engine failed or is being released)."""

@@ -113,3 +113,36 @@ def test_rollout_device_is_refused_where_it_cannot_apply_and_dropped_when_it_is_
     data["runtime"] = {"placement": "ray"}
     with pytest.raises(Exception, match="policies.shared.rollout_device: not with runtime.placement ray"):
         check_policies(load_config(data=data))
+
+
+def test_on_the_paged_engine_an_update_reaches_running_calls_between_steps(tmp_path):
+    """rollout.engine paged with overlap_update: batches take no lock, and a publish lands at the
+    engine's next step boundary, running calls included, instead of waiting for the longest call;
+    a call's version is the weights it started on. Then a whole async run trains on it."""
+    import threading
+
+    data = _data("math_team_shared", tmp_path, engine="paged", gpu_memory_utilization=0.01)
+    tr, workers, before = prepared_trainer(data, tmp_path)
+    w = workers["shared"]
+    assert w.swaps_mid_call
+    long = GenCall("long", "shared", [{"role": "user", "content": "Count to a thousand."}],
+                   SamplingParams(temperature=1.0, max_new_tokens=600, stop=[]), seed=3,
+                   key={"task_id": "t", "agent": "solver", "turn": 0})
+    out = {}
+    th = threading.Thread(target=lambda: out.update(r=w.generate([long])[0]))
+    steps = w.engine.stats["decode_steps"]
+    th.start()
+    while w.engine.stats["decode_steps"] < steps + 8:  # it is decoding
+        pass
+    w.updates["shared"] += 1  # what an update does before it publishes
+    w._publish(["shared"])
+    running = th.is_alive()
+    th.join(60)
+    print("publish returned while the call ran:", running, "; swaps mid-call", w.engine.stats["swaps_mid_call"],
+          "; the call's version", out["r"].version, "tokens", out["r"].n_completion_tokens)
+    assert running and w.engine.stats["swaps_mid_call"] == 1
+    assert out["r"].version == 0 and w.published["shared"] == 1
+    recs, traces = run_async(tr, 2)
+    tr.rt.close()
+    assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
+    assert w.fingerprint("shared") != before["shared"]

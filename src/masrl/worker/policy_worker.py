@@ -86,6 +86,9 @@ class PolicyWorker(PolicyHost):
         self.engine: Engine = make_engine(engine, self.copy.model if self.copy else self.host.model, tok,
                                           stop_token_ids(tok, self.host.core), device=self.rollout_device or device,
                                           seed=seed, **(engine_options or {}))
+        # a paged engine under overlap_update takes new weights between two steps, mid-call (at_boundary):
+        # its batches then hold no lock, and a publish never waits for the longest running call
+        self.swaps_mid_call = self.overlaps_update and not self.fsdp and hasattr(self.engine, "at_boundary")
         memory.enroll(self, {device, self.engine_device})
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
@@ -237,9 +240,13 @@ class PolicyWorker(PolicyHost):
         prompts = [self._prompt(c, limit) for c in calls]
         requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
                     for c, p in zip(calls, prompts) if not isinstance(p, Exception)]
-        with self._engine_lock:  # a publish waits for this batch
-            outputs = iter(self.engine.generate(requests) if requests else [])
+        if self.swaps_mid_call:  # each call's version: the weights it started on (later tokens may be newer)
             versions = dict(self.published)
+            outputs = iter(self.engine.generate(requests) if requests else [])
+        else:
+            with self._engine_lock:  # a publish waits for this batch
+                outputs = iter(self.engine.generate(requests) if requests else [])
+                versions = dict(self.published)
         results: list[GenResult | Exception] = []
         for c, p in zip(calls, prompts):
             if isinstance(p, Exception):  # that call alone fails; the engine never sees it
@@ -387,14 +394,21 @@ class PolicyWorker(PolicyHost):
                 metrics[n].update(weight_sync_s=self.copy.gathered[0], weight_sync_gb=self.copy.gathered[1] / 2**30)
 
     def _publish(self, policies: list[str] | None = None) -> None:
-        """The engine samples the live weights of ``policies`` (default: all) from its next batch on."""
-        with self._engine_lock:
-            if self.copy:
-                self.copy.publish(policies)
-            self.engine.weights_updated(policies)
-            for p in policies if policies is not None else list(self.updates):
-                if p in self.updates:
-                    self.published[p] = self.updates[p]
+        """The engine samples the live weights of ``policies`` (default: all) from its next batch on
+        (``swaps_mid_call``: from its next step on, running calls included)."""
+        def swap():
+            with self._engine_lock:
+                if self.copy:
+                    self.copy.publish(policies)
+                self.engine.weights_updated(policies)
+                for p in policies if policies is not None else list(self.updates):
+                    if p in self.updates:
+                        self.published[p] = self.updates[p]
+
+        if self.swaps_mid_call:
+            self.engine.at_boundary(swap)
+        else:
+            swap()
 
     def _fresh(self, name: str, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
         """The samples within ``max_staleness`` versions of the weights about to update, and the

@@ -16,6 +16,8 @@ Sides, and what each does differently:
   64/48/64/16 by role), mixed-adapter engine batches, then four LoRA updates (micro-batches of
   4,096 tokens). Random weights never
   write the answer format: a hash of each completion gives groups reward variance.
+* single: masrl on TRL's workload (one agent with a LoRA of the same rank, the same prompts, sample
+  count and new tokens, EOS ignored), the like-for-like comparison.
 * trl: one agent, TRL GRPOTrainer with a peft LoRA of the same rank and targets, the same number
   of samples a step (128 prompts x 8), 64 new tokens, HF generate (vLLM is not installed), bf16,
   no KL (beta 0), no gradient checkpointing, micro-batches of 16 sequences. Compared as seconds per trained sample.
@@ -78,7 +80,7 @@ def child_trl_lora(prompts_n: int, samples: int, new_tokens: int, steps: int) ->
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs="+")
-    ap.add_argument("--only", default="rollout,team,trl")
+    ap.add_argument("--only", default="rollout,team,trl,single")
     ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
     a = ap.parse_args()
     if a.child:
@@ -99,8 +101,19 @@ def main() -> None:
             rows.append(("  decode step (graph replay), 7B", ", ".join(f"b{k}: {v:.2f} ms" for k, v in r["step_ms"].items()),
                          "", ""))
     team = B.run_child("team", *(("2", "4", "4") if a.quick else ("2", "32", "8")), "7b", timeout=1200) if "team" in only else {}
-    trl = (run_trl(("16", "4", "64", "2") if a.quick else ("128", "8", "64", "2")) if "trl" in only else {})
+    trl_args = ("16", "4", "64", "2") if a.quick else ("128", "8", "64", "2")
+    trl = run_trl(trl_args) if "trl" in only else {}
     rows += team_rows(team, trl)
+    if "single" in only:  # one agent on TRL's prompts and sample count: the same workload on both sides
+        one = B.run_child("grpo_ours", *trl_args[:3], "1", "7b", "16", timeout=1200)
+        if one.get("steps"):
+            s = one["steps"][-1]
+            n = int(trl_args[0]) * int(trl_args[1])
+            rows.append((f"one agent, LoRA r16 on 7B, TRL's workload ({n} samples x {trl_args[2]} tokens)",
+                         f"{s['step_s']:.1f} s (rollout {s['rollout_s']:.1f}, update {s['update_s']:.1f}); peak "
+                         f"{one['peak_gb']:.1f} GiB",
+                         f"TRL {trl['steps'][-1]['step_s']:.1f} s" if trl.get("steps") else "",
+                         f"{trl['steps'][-1]['step_s'] / s['step_s']:.2f}x faster" if trl.get("steps") else ""))
     print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")

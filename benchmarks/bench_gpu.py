@@ -237,16 +237,19 @@ def grpo_prompts(n):
     return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in qs]
 
 
-def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
-
-    from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
+def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int, shape: str = "0.5b",
+                    lora: int = 0) -> dict:
+    """``lora`` > 0: one LoRA adapter of that rank on every projection (the 7B comparison with TRL + peft)."""
+    from masrl.config import AlgorithmConfig, LoraConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
     from masrl.worker.policy_worker import PolicyWorker
 
-    w = PolicyWorker(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6), device=DEV)],
-                     AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384), device=DEV, precision="bf16",
-                     engine_options={"max_batch_size": prompts_n * samples})
+    adapter = LoraConfig(r=lora, alpha=2 * lora) if lora else None
+    spec = PolicySpec("p", SHAPES[shape], lora=adapter, optim=OptimConfig(lr=5e-4 if lora else 1e-6), device=DEV)
+    w = PolicyWorker(SHAPES[shape], [spec], AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384 if not lora
+                                                            else 8192), device=DEV, precision="bf16",
+                     engine_options={"max_batch_size": min(256, prompts_n * samples)})
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     msgs = grpo_prompts(prompts_n)
     steps = []
@@ -390,7 +393,7 @@ def main() -> None:
         fns = {
             "rollout": lambda: child_rollout(rest[0], [int(x) for x in rest[1].split(",")], int(rest[2]), int(rest[3])),
             "update": lambda: child_update(rest[0], int(rest[1])),
-            "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest)),
+            "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest[:4]), *rest[4:5], *(int(x) for x in rest[5:])),
             "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
             "team": lambda: child_team(*(int(x) for x in rest[:3]), *rest[3:]),
         }

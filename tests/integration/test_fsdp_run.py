@@ -52,6 +52,14 @@ def test_an_fsdp_policy_trains_like_the_same_ranks_unsharded(tmp_path):
     assert pol(sharded, "loss") == pytest.approx(pol(plain, "loss"), abs=1e-6)
     assert r1[0] != b1 and r1[0] == pytest.approx(r0[0], rel=1e-5)
     assert (saved / "shared" / "fsdp" / ".metadata").is_file() and (saved / "shared" / "model.safetensors").is_file()
+    # what eval --checkpoint and serve do: fresh sharded ranks load the weights alone from the shards
+    tr, _, fresh = prepared_trainer(_data(tmp_path / "again", fsdp=True), tmp_path / "again")
+    try:
+        tr.rt.workers[0].load(str(saved), with_optimizer=False)
+        loaded = [r.fingerprint("shared") for r in tr.rt.workers[0].ranks]
+    finally:
+        tr.rt.close()
+    assert fresh["shared"] == b1 and loaded == r1
 
 
 def _numbers(run_dir) -> dict:

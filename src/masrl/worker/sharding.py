@@ -133,14 +133,24 @@ class ShardedPolicy:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
 
     def load(self, optimizer, directory: Path, with_optimizer: bool) -> None:
+        """The shards ``save`` wrote (``with_optimizer``: the AdamW moments too); every rank calls it."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_state_dict,
+            set_model_state_dict,
+            set_state_dict,
+        )
 
+        if not with_optimizer:  # the weights alone (eval, serve): what else the checkpoint holds stays unread
+            state = {"model": get_model_state_dict(self.core)}
+            dcp.load(state, checkpoint_id=str(directory))
+            set_model_state_dict(self.core, state["model"])
+            return
         model_sd, optim_sd = get_state_dict(self.core, optimizer)
-        state = {"model": model_sd, "optim": optim_sd} if with_optimizer else {"model": model_sd}
+        state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(directory))
-        set_state_dict(self.core, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"] if with_optimizer else {})
+        set_state_dict(self.core, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """Full weights (an exported ``model.safetensors``, read by every rank) into the shards."""

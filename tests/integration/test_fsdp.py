@@ -174,3 +174,26 @@ def test_an_untied_qwen2_with_biases_shards_and_steps_like_unsharded(tmp_path):
     print(f"qwen2 fsdp vs unsharded: {gap:.2e} (the update moved weights by {moved:.2e}), {len(kept)} tensors")
     assert "lm_head.weight" in plain[0]["state"] and any(k.endswith("q_proj.bias") for k in plain[0]["state"])
     assert moved > 1e-3 and gap < 1e-5
+
+
+def _load_plain_rank(rank: int, world: int, port: int, ckpt: str, out: str) -> None:
+    w = _worker(True)
+    w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
+    w.load(ckpt, with_optimizer=False)  # no shards there: the full weights are split over the ranks
+    torch.save({"state": _full(w), "held": sum(p.to_local().numel() for p in w.host.policy_parameters("p"))},
+               f"{out}/loaded{rank}.pt")
+
+
+def test_sharded_ranks_start_from_an_unsharded_checkpoint(tmp_path):
+    """A checkpoint without shards (an unsharded run's) loads into fsdp ranks: each keeps its half,
+    and the gathered weights are the checkpoint's."""
+    plain = _worker(False)
+    plain.buffer = {s.call_id: s for s in _samples()}
+    plain.train_step()
+    plain.save(str(tmp_path / "ckpt"))
+    want = _full(plain)
+    mp.start_processes(_load_plain_rank, args=(2, _free_port(), str(tmp_path / "ckpt"), str(tmp_path)), nprocs=2,
+                       join=True, start_method="spawn")
+    got = [torch.load(tmp_path / f"loaded{r}.pt", weights_only=False) for r in range(2)]
+    assert _gap(got[0]["state"], want) == 0.0 and _gap(got[1]["state"], want) == 0.0
+    assert got[0]["held"] + got[1]["held"] == sum(v.numel() for k, v in want.items() if k != "lm_head.weight")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from contextlib import ExitStack
@@ -171,6 +172,11 @@ class PolicyWorker(PolicyHost):
             o = self.host.policies[name].optim
             self.optimizers[name] = MasterWeightsAdamW(self.host.policy_parameters(name), lr=o.lr, betas=o.betas,
                                                        eps=o.eps, weight_decay=o.weight_decay)
+        params = list(self.host.model.parameters())
+        held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+        print(f"[masrl] {self.name}: FSDP2 over {world} ranks, this rank holds {held / 1e6:,.1f}M of "
+              f"{sum(p.numel() for p in params) / 1e6:,.1f}M parameters (fp32), computes in {self.copy.dtype}",
+              file=sys.stderr, flush=True)
 
     def get_tokenizer(self):
         return self.host.tokenizer

@@ -15,6 +15,7 @@ DOC1 = ("[1] Quillan Works: Quillan Works is a glassmaking company founded in 19
         "Quillan Works has its headquarters in Tavesso.")
 DOC2 = "[1] Bren Talomar: Bren Talomar was born in 1948 in Ostrava. Bren Talomar enjoys chess on weekends."
 DOC3 = "[1] Tavesso: The mayor of Tavesso is Mira Oskal. Tavesso is a city in Keshar, founded in 1204."
+DOC4 = "[1] Mira Oskal: Mira Oskal was born in 1961 in Tavesso. Mira Oskal works for Quillan Works."
 
 PLANNER_SYSTEM = ("You plan how to answer a question by searching documents. Write the sub-questions in "
                   "<subquestions></subquestions>, separated by |, then your best first guess in <answer></answer>.")
@@ -103,6 +104,9 @@ def mentions(text: str, golds) -> bool:
 
 AGENT_SYSTEM = ("You answer questions about people, cities and organisations by searching a document collection. "
                 "Search until you know the answer, then write only the short answer in <answer></answer>.")
+# one worked example of each kind of one-hop question the world asks (birth year, mayor, employer,
+# headquarters): with only the first two, the untrained agent answered a year or a name to everything
+# (held-out F1 0.000 on this CPU against 0.129 with all four; docs/results.md)
 AGENT_EXAMPLE = [
     {"role": "user", "content": "Question: In what year was Bren Talomar born?"},
     {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"query": "Bren Talomar born"}}</tool_call>'},
@@ -112,6 +116,15 @@ AGENT_EXAMPLE = [
     {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"query": "Tavesso mayor"}}</tool_call>'},
     {"role": "tool", "content": DOC3},
     {"role": "assistant", "content": "<answer>Mira Oskal</answer>"},
+    {"role": "user", "content": "Question: Which organisation does Mira Oskal work for?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"query": "Mira Oskal works for"}}</tool_call>'},
+    {"role": "tool", "content": DOC4},
+    {"role": "assistant", "content": "<answer>Quillan Works</answer>"},
+    {"role": "user", "content": "Question: In which city does Quillan Works have its headquarters?"},
+    {"role": "assistant",
+     "content": '<tool_call>{"name": "search", "arguments": {"query": "Quillan Works headquarters"}}</tool_call>'},
+    {"role": "tool", "content": DOC1},
+    {"role": "assistant", "content": "<answer>Tavesso</answer>"},
 ]
 
 

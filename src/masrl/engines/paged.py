@@ -30,6 +30,7 @@ step, batch or pre-emption it lands in, so results do not depend on what ran bes
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,6 +72,15 @@ class _Call:
     uniforms: np.ndarray | None  # [max_new] when the request carries a seed
 
 
+@dataclass
+class _Job:
+    """A weight change waiting for a step boundary (``at_boundary``)."""
+
+    fn: Callable[[], None]
+    error: BaseException | None = None
+    done: bool = False
+
+
 class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
@@ -97,7 +107,7 @@ class PagedEngine(GraphDecoder):
         self._cv = threading.Condition()
         self._inbox: list[Sequence] = []
         self._runner: int | None = None
-        self._boundary: list[list] = []  # at_boundary jobs waiting for the next step boundary
+        self._boundary: list[_Job] = []  # at_boundary jobs waiting for the next step boundary
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
                            "peak_blocks": 0, "joined": 0, "forks": 0,
                            "swaps_mid_call": 0})
@@ -118,16 +128,16 @@ class PagedEngine(GraphDecoder):
             if self._runner is None:
                 fn()
                 return
-            job = [fn, None, False]  # fn, its exception, done
+            job = _Job(fn)
             self._boundary.append(job)
             self._cv.notify_all()
-            while not job[2]:
+            while not job.done:
                 if self._runner is None:  # the runner left before reaching a boundary: run what waits
                     self._run_boundary()
                 else:
                     self._cv.wait()
-            if job[1] is not None:
-                raise job[1]
+            if job.error is not None:
+                raise job.error
 
     def _run_boundary(self) -> None:
         """The waiting ``at_boundary`` jobs (called with the condition held, between steps)."""
@@ -136,10 +146,10 @@ class PagedEngine(GraphDecoder):
             if self.sched is not None and self.sched.running:
                 self.stats["swaps_mid_call"] += 1
             try:
-                job[0]()
+                job.fn()
             except BaseException as exc:  # the caller raises it
-                job[1] = exc
-            job[2] = True
+                job.error = exc
+            job.done = True
         self._cv.notify_all()
 
     def memory(self) -> dict[str, int]:

@@ -218,18 +218,18 @@ def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_re
     mbs = list(micro_batches(samples, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens))
     own_values = need_values and critic is None
     for mb in in_step(mbs, host, dp):
-        real = mb is not None  # None: a sharded rank with fewer micro-batches runs the same passes, unread
-        rows = mb if real else filler
-        batch = make_batch(rows, pad_id, layout=layout, device=host.device)
+        # None: a sharded rank with fewer micro-batches runs the same passes on a stand-in, unread
+        batch = make_batch(mb or filler, pad_id, layout=layout, device=host.device)
+        mb = mb or []
         if need_ref:
             with host.reference_mode() as ref:
                 ref_lp, _, _ = completion_forward(host, ref, batch)
-            for i, s in enumerate(mb if real else []):
+            for i, s in enumerate(mb):
                 s.ref_logprobs = ref_lp[i, : len(s.completion_ids)].tolist()
         if own_values or need_old:
             with host.active(policy):
                 lp, _, values = completion_forward(host, host.core, batch, host.value_heads.get(policy) if own_values else None)
-            for i, s in enumerate(mb if real else []):
+            for i, s in enumerate(mb):
                 n = len(s.completion_ids)
                 if own_values:
                     s.old_values = values[i, :n].tolist()

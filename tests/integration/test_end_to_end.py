@@ -14,6 +14,7 @@ from tinycfg import ROOT, tiny_config
 from masrl.config import load_config
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.loop import train
+from masrl.errors import MasrlError
 
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
 
@@ -96,6 +97,8 @@ def test_resume_without_a_checkpoint_starts_over_without_duplicate_lines(tmp_pat
         with pytest.raises(RuntimeError, match="killed"):
             train(cfg)
     assert ckpt.latest_checkpoint(tmp_path / "checkpoints") is None
+    with pytest.raises(MasrlError, match="earlier run's metrics.jsonl .* --resume"):  # it would append to them
+        train(cfg)
     train(cfg, resume=True)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "rollout" in r] == [1, 2]

@@ -3,6 +3,8 @@
 import http.client
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -198,3 +200,31 @@ def test_stale_index_is_rebuilt(tmp_path):
     time.sleep(0.01)
     p.write_text('{"id": "a", "text": "apples"}\n{"id": "c", "text": "cranes and boats"}\n')
     assert LocalRetriever(p).retrieve(["boats"], 1)[0][0]["id"] == "c"
+
+
+_BUILD = """
+import sys, time
+from masrl.tools.retrieval.index import BM25Index
+start = float(sys.argv[2])
+while time.time() < start:
+    time.sleep(0.001)
+idx = BM25Index.load(sys.argv[1])
+hits = idx.search(["boats"], topk=1)[0]
+print(idx.ids[hits[0][0]])
+"""
+
+
+def test_processes_building_one_index_at_once_all_succeed(tmp_path):
+    """Runs side by side share the index cache; on the H200 one of eight runs building the same index
+    at once died on a file another had deleted. Six real processes start the build at one instant."""
+    p = tmp_path / "c.jsonl"
+    rows = [{"id": f"d{i}", "text": f"document {i} about " + ("boats" if i == 7 else "apples")} for i in range(300)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    start = time.time() + 6.0
+    procs = [subprocess.Popen([sys.executable, "-c", _BUILD, str(p), str(start)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(6)]
+    outs = [pr.communicate(timeout=120) for pr in procs]
+    assert [pr.returncode for pr in procs] == [0] * 6, [e[-600:] for _, e in outs]
+    assert [o.strip() for o, _ in outs] == ["d7"] * 6
+    assert BM25Index.is_current(p)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["c.jsonl", "c.jsonl.bm25"]  # no temporary folder left

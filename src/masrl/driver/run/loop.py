@@ -66,6 +66,11 @@ class Trainer:
         if existing is not None and not resume:
             raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); pass --resume to "
                              f"continue it, or choose another run: output_dir=... or name=...")
+        logged = self.run_dir / "metrics.jsonl"
+        if existing is None and not resume and logged.is_file() and logged.stat().st_size > 0:
+            raise MasrlError(f"{self.run_dir} already holds an earlier run's {logged.name} (and no checkpoint); a new run "
+                             f"would append to it. Pass --resume to start it again from step 0 (its lines are dropped), "
+                             f"or choose another run: output_dir=... or name=...")
         self.log(f"[masrl] run '{self.cfg.name}' with seed {self.cfg.seed} -> {self.run_dir}")
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)

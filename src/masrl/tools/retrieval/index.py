@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -81,31 +82,53 @@ class BM25Index:
         index.save(corpus)
         return index
 
-    def save(self, corpus: str | Path) -> None:
-        target = self.index_dir(corpus)
-        tmp = target.with_name(target.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        self.retriever.save(str(tmp), show_progress=False)
+    @classmethod
+    def is_current(cls, corpus: str | Path) -> bool:
+        """Whether a saved index exists for this corpus as it is now (its size and modification time)."""
+        meta_path = cls.index_dir(corpus) / "masrl.json"
+        if not (meta_path.is_file() and Path(corpus).is_file()):
+            return False
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            return False
         st = os.stat(corpus)
-        (tmp / "masrl.json").write_text(json.dumps({"version": INDEX_VERSION, "size": st.st_size,
-                                                    "mtime_ns": st.st_mtime_ns, "documents": len(self.ids)}))
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(tmp, target)
+        return meta.get("version") == INDEX_VERSION and meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns
+
+    def save(self, corpus: str | Path) -> None:
+        """Write the index beside the corpus. Runs side by side on one machine share the cache and may
+        build the same index at once: each writes its own temporary folder and renames it into place
+        (a reader sees a whole index or none), and a current index another process saved is kept."""
+        target = self.index_dir(corpus)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+        try:
+            self.retriever.save(str(tmp), show_progress=False)
+            st = os.stat(corpus)
+            (tmp / "masrl.json").write_text(json.dumps({"version": INDEX_VERSION, "size": st.st_size,
+                                                        "mtime_ns": st.st_mtime_ns, "documents": len(self.ids)}))
+            if self.is_current(corpus):  # another process saved this corpus's index meanwhile
+                return
+            if target.exists():  # stale: moved aside, then dropped
+                aside = Path(tempfile.mkdtemp(prefix=target.name + ".old-", dir=target.parent))
+                os.replace(target, aside / "index")
+                shutil.rmtree(aside, ignore_errors=True)
+            try:
+                os.replace(tmp, target)
+            except OSError:  # another process renamed its index into place between our two renames
+                if not self.is_current(corpus):
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @classmethod
     def load(cls, corpus: str | Path) -> "BM25Index":
         """Load the saved index, or build (and save) it if missing or stale."""
         import bm25s
 
-        d = cls.index_dir(corpus)
-        meta_path = d / "masrl.json"
-        if meta_path.is_file() and Path(corpus).is_file():
-            meta = json.loads(meta_path.read_text())
-            st = os.stat(corpus)
-            if meta.get("version") == INDEX_VERSION and meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns:
-                ids, contents = read_corpus(corpus)
-                retriever = bm25s.BM25.load(str(d), show_progress=False)
-                return cls(retriever, ids, contents)
+        if cls.is_current(corpus):
+            ids, contents = read_corpus(corpus)
+            retriever = bm25s.BM25.load(str(cls.index_dir(corpus)), show_progress=False)
+            return cls(retriever, ids, contents)
         return cls.build(corpus)
 
     def search(self, queries: list[str], topk: int = 3, threads: int = 1) -> list[list[tuple[int, float]]]:

@@ -8,7 +8,10 @@ numbers a run's curves are made of), and the held-out evaluations; it prints the
 difference of each and a table of peak GPU memory per run (docs/gpu.md). Runs on a GPU are not
 bit-exact run to run (atomics in attention backward, cuBLAS algorithm choice under memory
 pressure), so the differences are printed, and a pair counts as the same numbers when every
-difference is within ``--tol`` (default 0.02, absolute). Exit status 1 when a pair is not.
+difference is within ``--tol`` (default 0.02, absolute). Exit status 1 when a pair is not. Pass the
+same run made twice alone as one more pair: that is the noise any side-by-side difference is to be
+read against (on an H200, 12 steps of the search team alone twice differed by 0.11 in a step's
+reward; docs/gpu.md).
 """
 
 from __future__ import annotations

@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Train the four-agent math team on SmolLM2-135M-Instruct and print held-out results before/after.
+# Does a team beat one agent? Train the search team and one search agent (the same search tool, about equal
+# training calls) on SmolLM2-135M-Instruct and print both side by side on held-out questions.
+# SEED picks the seed; ARGS are overrides for both arms (e.g. ARGS="train.steps=8").
+SEED ?= 0
 demo: $(STAMP)
-	$(VENV)/bin/masrl train $(CONFIG) $(ARGS) output_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
+	$(PY) scripts/cpu_team_vs_agent.py --seed $(SEED) --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
 
 # On a GPU host with network: the search team against one search agent at equal training compute, SmolLM2,
 # 100 steps, seeds 0-2 side by side on one GPU (docs/results.md); writes runs/gpu-demo/compare.html.

@@ -1,4 +1,4 @@
-"""The demo table (README, docs/results.md): `make demo`'s config over several seeds, mean and spread.
+"""One config over several seeds, mean and spread (the four-agent math team's table in docs/results.md).
 
     .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [--name N] [ARGS...]
 

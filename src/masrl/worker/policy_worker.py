@@ -27,8 +27,7 @@ from masrl.errors import ContextOverflow, PromptError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.worker import memory
-from masrl.worker import state as ckpt
+from masrl.worker import memory, saving
 from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
 from masrl.worker.logprobs import token_logprobs
@@ -476,85 +475,12 @@ class PolicyWorker(PolicyHost):
         self._weights_moved = (moved_s, moved_b)
 
     # -- state ---------------------------------------------------------------------------------
-    def _distinct_critics(self) -> list:
-        """Each critic once (policies of this worker may share one)."""
-        return list({id(c): c for c in self.critics.values()}.values())
-
     def save(self, directory: str) -> None:
         """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
-        d = Path(directory)
-        if self.host.sharded is not None:
-            self._save_sharded(d)
-            return
-        if self.dp is not None and self.dp.rank > 0:  # rank 0 writes the state all ranks share
-            for name, opt in self.optimizers.items():
-                if opt.shard_of is not None:  # its own share of the optimizer state
-                    (d / name).mkdir(parents=True, exist_ok=True)
-                    torch.save(opt.state_dict(), d / name / opt.file_name)
-            return
-        for name in self.trainable_names:
-            ckpt.save_policy(self.host, name, self.optimizers.get(name), d / name)
-        for name, ema in self.emas.items():
-            torch.save(ema.state_dict(), d / name / "ema.pt")
-        for critic in self._distinct_critics():  # a shared one is written by each holder
-            (d / "critics").mkdir(parents=True, exist_ok=True)
-            torch.save(critic.state_dict(), d / "critics" / f"{critic.name}.pt")
-        self._save_counters(d)
-
-    def _save_sharded(self, d: Path) -> None:
-        """fsdp: every rank writes its shards (``NAME/fsdp/``, torch.distributed.checkpoint); rank 0
-        also writes the full weights from the engine's gathered copy (``NAME/model.safetensors``,
-        what ``serve`` and ``eval --checkpoint`` load) and the worker's counters."""
-        for name in self.trainable_names:
-            self.host.sharded.save(self.optimizers[name].opt, d / name / "fsdp")
-            if self.dp.rank == 0:
-                ckpt.save_policy(self.host, name, None, d / name, weights=self.copy.model)
-        if self.dp.rank == 0:
-            self._save_counters(d)
-
-    def _save_counters(self, d: Path) -> None:
-        (d / f"worker_{'_'.join(self.policy_names)}.json").write_text(json.dumps(
-            {"step": self.step, "reward_stats": {k: v.state_dict() for k, v in self.reward_stats.items()},
-             "updates": self.updates}))
-
-    def _load_sharded(self, name: str, d: Path, with_optimizer: bool) -> None:
-        """fsdp: the shards from ``NAME/fsdp/`` (fp32, with the AdamW moments), or, where only full
-        weights were saved, those split over the ranks."""
-        shards = d / name / "fsdp"
-        if (shards / ".metadata").is_file():
-            self.host.sharded.load(self.optimizers[name].opt, shards, with_optimizer)
-            return
-        from safetensors.torch import load_file
-
-        path = d / name / "model.safetensors"
-        if not path.is_file():
-            from masrl.errors import MasrlError
-
-            raise MasrlError(f"{path} is missing: policy '{name}' is a full model in this config but not in the "
-                             f"checkpoint")
-        self.host.sharded.load_full(load_file(str(path)))
+        saving.save_worker(self, Path(directory))
 
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
-        d = Path(directory)
-        for name in self.trainable_names:
-            if self.host.sharded is not None:
-                self._load_sharded(name, d, with_optimizer)
-                continue
-            ckpt.load_policy(self.host, name, self.optimizers.get(name), d / name, with_optimizer=with_optimizer)
-        for critic in self._distinct_critics():
-            f = d / "critics" / f"{critic.name}.pt"
-            if f.is_file():
-                critic.load_state_dict(torch.load(f, weights_only=True), with_optimizer=with_optimizer)
-        meta = d / f"worker_{'_'.join(self.policy_names)}.json"
-        if meta.is_file():
-            state = json.loads(meta.read_text())
-            self.step = state["step"]
-            self.reward_stats = {k: RunningMoments.from_state(v) for k, v in state.get("reward_stats", {}).items()}
-            self.updates.update(state.get("updates", {}))
-        self._publish()
-        for name, ema in self.emas.items():
-            if (d / name / "ema.pt").is_file():
-                ema.load_state_dict(torch.load(d / name / "ema.pt", weights_only=True))
+        saving.load_worker(self, Path(directory), with_optimizer=with_optimizer)
 
     def begin_eval(self) -> None:
         """``evaluating`` in two calls (what a remote caller can make)."""

@@ -36,6 +36,9 @@ CHECKER_SYSTEM = ("You turn a math word problem into one arithmetic expression t
 CHECKER_EXAMPLES = [
     ("Ana has 3 pens and buys 4 more. How many pens does Ana have now?", "<expr>3 + 4</expr>"),
     ("Omar had 15 cards and gave away 6. How many cards are left?", "<expr>15 - 6</expr>"),
+    ("Lena shares 12 stamps equally among 3 friends. How many stamps does each friend get?", "<expr>12 / 3</expr>"),
+    ("Kofi buys 2 packs of shells with 5 in each pack, and already had 3. How many shells does Kofi have now?",
+     "<expr>2 * 5 + 3</expr>"),
 ]
 FINALIZER_SYSTEM = ("You give the final answer to a math word problem from a solver's answer and a calculator's "
                     "result. Write one number in <answer></answer>.")

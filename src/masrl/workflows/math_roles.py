@@ -1,6 +1,6 @@
 """The math roles' prompts and parsers, shared by the math team, the solver, the checked team and debate.
 
-Prompts: a short system prompt plus two worked example turns.
+Prompts: a short system prompt plus worked example turns (the solver's: one of each kind of problem).
 
 A 135M model follows a tag format only when shown one: with an instruction alone, or with an
 example inside the system prompt, SmolLM2-135M-Instruct gave 0/32 outputs in the asked format;
@@ -16,9 +16,15 @@ SOLVER_SYSTEM = (
     "You solve math word problems. Write the calculation in <solution></solution> "
     "and the final number in <answer></answer>."
 )
+# one worked example of each kind of problem (data/arithmetic.py): a sum, a difference, a share (levels 1-3)
+# and a two-step problem (level 4); with the sum and difference alone no arm ever solved a level-4 problem
 SOLVER_EXAMPLES = [
     ("Ana has 3 pens and buys 4 more. How many pens does Ana have now?", "<solution>3 + 4 = 7</solution><answer>7</answer>"),
     ("Omar had 15 cards and gave away 6. How many cards are left?", "<solution>15 - 6 = 9</solution><answer>9</answer>"),
+    ("Lena shares 12 stamps equally among 3 friends. How many stamps does each friend get?",
+     "<solution>12 / 3 = 4</solution><answer>4</answer>"),
+    ("Kofi buys 2 packs of shells with 5 in each pack, and already had 3. How many shells does Kofi have now?",
+     "<solution>2 * 5 + 3 = 13</solution><answer>13</answer>"),
 ]
 
 VERIFIER_SYSTEM = (

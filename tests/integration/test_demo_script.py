@@ -1,0 +1,41 @@
+"""`make demo`'s script as it ships: both arms train through the CLI in their own processes, and the
+side-by-side table it prints holds what the runs wrote. The model and the sizes are made small
+(tiny-random, one step, two held-out questions); the arms' configs and their own overrides are the
+script's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["model=tiny-random", "data.eval.n=2", "rollout.samples_per_task=2", "algorithm.micro_batch_size=4",
+         "data.world.docs=40", "data.train.n=40"]
+
+
+def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--seed", "3", "--steps", "1",
+           "--out", str(out), *SMALL]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {m.group(1): m for m in re.finditer(r"^\| (search team|one search agent) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
+                                               r"[\d.]+ \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)}
+    assert set(rows) == {"search team", "one search agent"}, r.stdout[-2000:]
+    for arm, folder in (("search team", "team-seed3"), ("one search agent", "agent-seed3")):
+        after = json.loads((out / folder / "eval_after.json").read_text())
+        assert float(rows[arm].group(3)) == round(after["outcome"], 3)
+        steps = [json.loads(x) for x in (out / folder / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
+        assert len(steps) == 1
+        calls = sum(a["calls"] for a in steps[0]["rollout"]["agents"].values())
+        assert int(rows[arm].group(4)) == calls > 0
+    team_calls = float(rows["search team"].group(5))
+    assert 2 < team_calls <= 6  # the team: planner and answerer, then searcher, summarizer, updater per turn
+    assert "The trained team is" in r.stdout and "single agent" in r.stdout
+    again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout.count("(done before)") == 2  # a finished arm is not run again

@@ -45,7 +45,8 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> Path:
-    """Where converted models live: ``$MASRL_CACHE_DIR`` or ``~/.cache/masrl``."""
+    """masrl's cache (converted models, tokenizers, the QA world and its index): ``$MASRL_CACHE_DIR`` or
+    ``$XDG_CACHE_HOME/masrl`` (``~/.cache/masrl``)."""
     root = os.environ.get("MASRL_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "masrl"
     )

@@ -77,7 +77,7 @@ class WorldConfig(Strict):
 
     docs: int = Field(300, ge=12, description="entities (one document each): people, cities, organisations")
     seed: int = 0
-    dir: str | None = Field(None, description="where its corpus.jsonl is written (default: $MASRL_CACHE or "
+    dir: str | None = Field(None, description="where its corpus.jsonl is written (default: $MASRL_CACHE_DIR or "
                                               "~/.cache/masrl, under qa_world/)")
 
 

@@ -29,7 +29,9 @@ SUPPORTING = ("supporting", "supporting_facts", "supporting_ids", "extra_info.su
 
 
 def world_dir(docs: int, seed: int, root: str | None = None) -> Path:
-    base = Path(root).expanduser() if root else Path(os.environ.get("MASRL_CACHE", "~/.cache/masrl")).expanduser() / "qa_world"
+    from masrl.models import cache_dir  # one cache root for models and data: $MASRL_CACHE_DIR
+
+    base = Path(root).expanduser() if root else cache_dir() / "qa_world"
     return base / f"docs{docs}-seed{seed}"
 
 

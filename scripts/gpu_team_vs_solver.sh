@@ -17,6 +17,8 @@
 # search, SEARCH_TEAM_TASKS (default 8) and SEARCH_AGENT_TASKS (default 24) tasks of 8 samples a step:
 #   search_team                       search_team_shared: planner, searcher, summarizer, updater, answerer (6 calls)
 #   search_agent                      one agent that calls search itself (up to 3 calls)
+#   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
+#    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
 # calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL, EXTRA (overrides
 # for every run) and PY (the Python that has masrl; default python3) can be set too.
@@ -53,9 +55,9 @@ for a in ${ARMS:-team_roles solver}; do
     code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
                    rollout.samples_per_task=8 ;;
     search_team) arm search_team configs/search_team_shared.yaml "rollout.tasks_per_step=${SEARCH_TEAM_TASKS:-8}" \
-                   rollout.samples_per_task=8 ;;
+                   rollout.samples_per_task=8 ${SEARCH_TEAM_EXTRA:-} ;;
     search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
-                    rollout.samples_per_task=8 ;;
+                    rollout.samples_per_task=8 ${SEARCH_AGENT_EXTRA:-} ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done

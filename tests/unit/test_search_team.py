@@ -153,3 +153,20 @@ def test_search_agent_finds_the_document_and_answers(world):
         "<answer>1</answer>"]}, wf.tools(Services(world=w)))
     assert tr.metrics["agent/hit_rate"] == 1.0 and tr.metrics["outcome"] == 0.0
     assert name in engine.seen[1][1].messages[-1]["content"]  # the document came back to the model
+
+
+def test_two_hop_example_shows_two_searches_before_the_question_and_only_when_asked(world):
+    w, task = world
+    prompts = {}
+    for flag in (False, True):
+        wf = SearchAgent(max_calls=3, two_hop_example=flag)
+        _, engine = _run(wf, task, {"agent": [f"<answer>{task.answer[0]}</answer>"]}, wf.tools(Services(world=w)))
+        prompts[flag] = engine.seen[0][1].messages
+    plain, two = prompts[False], prompts[True]
+    assert two[: len(plain) - 1] == plain[:-1] and two[-1] == plain[-1]  # the same prompt, one example more
+    added = two[len(plain) - 1: -1]
+    assert [m["role"] for m in added] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    queries = [json.loads(m["content"].removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]["query"]
+               for m in added if m["content"].startswith("<tool_call>")]
+    assert len(queries) == 2 and queries[0] != queries[1]
+    assert added[-1]["content"] == "<answer>Tavesso</answer>" and "Tavesso" in added[-2]["content"]

@@ -126,6 +126,17 @@ AGENT_EXAMPLE = [
     {"role": "tool", "content": DOC1},
     {"role": "assistant", "content": "<answer>Tavesso</answer>"},
 ]
+# a question that takes two searches (level 2): the employer first, then its headquarters
+# (``search_agent``'s option ``two_hop_example``; the team's workflow fixes that order itself)
+AGENT_TWO_HOP_EXAMPLE = [
+    {"role": "user", "content": "Question: In which city is the employer of Mira Oskal headquartered?"},
+    {"role": "assistant", "content": '<tool_call>{"name": "search", "arguments": {"query": "Mira Oskal works for"}}</tool_call>'},
+    {"role": "tool", "content": DOC4},
+    {"role": "assistant",
+     "content": '<tool_call>{"name": "search", "arguments": {"query": "Quillan Works headquarters"}}</tool_call>'},
+    {"role": "tool", "content": DOC1},
+    {"role": "assistant", "content": "<answer>Tavesso</answer>"},
+]
 
 
 def parse_agent(text: str) -> ParseResult:

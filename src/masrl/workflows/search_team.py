@@ -36,6 +36,7 @@ from masrl.workflows.prompting import few_shot, numbered
 from masrl.workflows.search_roles import (
     AGENT_EXAMPLE,
     AGENT_SYSTEM,
+    AGENT_TWO_HOP_EXAMPLE,
     ANSWERER_EXAMPLES,
     ANSWERER_SYSTEM,
     PLANNER_EXAMPLES,
@@ -150,10 +151,13 @@ class SearchAgent:
 
     name = "search_agent"
 
-    def __init__(self, max_calls: int = 3):
+    def __init__(self, max_calls: int = 3, two_hop_example: bool = False):
+        """``two_hop_example``: the prompt also shows a question answered with two searches (for
+        level-2 questions; give it ``max_calls`` of at least 3)."""
         if max_calls < 1:
             raise ValueError("max_calls must be at least 1")
         self.max_calls = max_calls
+        self.examples = [*AGENT_EXAMPLE, *(AGENT_TWO_HOP_EXAMPLE if two_hop_example else [])]
 
     def roles(self) -> dict[str, AgentRole]:
         return {"agent": AgentRole("agent", parse_agent, "searches with tool calls, then answers", 48,
@@ -163,7 +167,7 @@ class SearchAgent:
         return {"search": search_tools(services)["search"]}
 
     async def run(self, task: Task, ctx) -> None:
-        messages = [{"role": "system", "content": AGENT_SYSTEM}, *AGENT_EXAMPLE,
+        messages = [{"role": "system", "content": AGENT_SYSTEM}, *self.examples,
                     {"role": "user", "content": f"Question: {task.question}"}]
         supporting = set(task.meta.get("supporting") or ())
         final, calls, hits = None, [], []

@@ -30,6 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from masrl.data.cache import cache_dir  # noqa: F401 - also imported from here
 from masrl.errors import ModelError
 
 SMOLLM2 = "smollm2-135m-instruct"
@@ -42,15 +43,6 @@ RANDOM_LLAMA31_8B = "random-llama3.1-8b"
 BIG_SHAPES = (RANDOM_QWEN25_7B, RANDOM_LLAMA31_8B)  # drawn on the device they load to
 ALIASES = (SMOLLM2, TINY_RANDOM, TINY_QWEN2, RANDOM_SMOLLM2, RANDOM_QWEN25, *BIG_SHAPES)
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    """masrl's cache (converted models, tokenizers, the QA world and its index): ``$MASRL_CACHE_DIR`` or
-    ``$XDG_CACHE_HOME/masrl`` (``~/.cache/masrl``)."""
-    root = os.environ.get("MASRL_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "masrl"
-    )
-    return Path(root)
 
 
 @dataclass(frozen=True)

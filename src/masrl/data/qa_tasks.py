@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from masrl.data import fields
+from masrl.data.cache import cache_dir
 from masrl.data.loader import read_rows, source_meta, task_id, tasks_from_rows, where_of
 from masrl.data.tasks import Task
 from masrl.errors import DataError
@@ -29,8 +30,6 @@ SUPPORTING = ("supporting", "supporting_facts", "supporting_ids", "extra_info.su
 
 
 def world_dir(docs: int, seed: int, root: str | None = None) -> Path:
-    from masrl.models import cache_dir  # one cache root for models and data: $MASRL_CACHE_DIR
-
     base = Path(root).expanduser() if root else cache_dir() / "qa_world"
     return base / f"docs{docs}-seed{seed}"
 

@@ -79,5 +79,6 @@ def main() -> None:
           f"Seeds differ by about 0.1 here: compare over seeds (`--seed 1`, `--seed 2`). On a GPU, `make gpu-demo` "
           f"runs this comparison for 100 steps and 3 seeds; there the two end level (docs/results.md).")
 
+
 if __name__ == "__main__":
     main()

@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from masrl.data.cache import cache_dir  # noqa: F401 - also imported from here
+from masrl.data.cache import cache_dir
 from masrl.errors import ModelError
 
 SMOLLM2 = "smollm2-135m-instruct"

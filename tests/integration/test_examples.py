@@ -16,7 +16,7 @@ def test_custom_workflow_and_reward_train_through_the_cli(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = {"PYTHONPATH": f"{ROOT / 'examples'}:{ROOT / 'tests'}", "PATH": "/usr/bin:/bin",
-           "MASRL_CACHE_DIR": __import__("masrl.models", fromlist=["x"]).cache_dir().as_posix()}
+           "MASRL_CACHE_DIR": __import__("masrl.data.cache", fromlist=["x"]).cache_dir().as_posix()}
     out = subprocess.run([sys.executable, "-m", "masrl.cli", "train", str(cfg)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

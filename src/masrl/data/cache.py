@@ -1,5 +1,6 @@
 """masrl's cache folder, one root for everything it writes once and reuses: converted models and
-tokenizers (``models``), the QA world and its BM25 index (``data``), the sandbox's files (``tools``)."""
+tokenizers (``models``), the QA world and its BM25 index (``data``), the sandbox's files (``tools``).
+Import it from here."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def sandbox_root() -> Path:
     /var/lib/masrl/sandbox when the cache dir itself is under /tmp. Otherwise the sandbox uid
     must reach its directory itself, so it is a folder under the temp dir anyone may traverse.
     """
-    from masrl.models import cache_dir
+    from masrl.data.cache import cache_dir
 
     env = os.environ.get("MASRL_SANDBOX_DIR")
     mode = isolation()

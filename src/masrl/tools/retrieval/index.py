@@ -82,9 +82,15 @@ class BM25Index:
         index.save(corpus)
         return index
 
+    @staticmethod
+    def _stamp(corpus: str | Path) -> dict:
+        """What an index records of the corpus it was built from (a changed corpus is re-indexed)."""
+        st = os.stat(corpus)
+        return {"version": INDEX_VERSION, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
     @classmethod
     def is_current(cls, corpus: str | Path) -> bool:
-        """Whether a saved index exists for this corpus as it is now (its size and modification time)."""
+        """Whether a saved index exists for this corpus as it is now."""
         meta_path = cls.index_dir(corpus) / "masrl.json"
         if not (meta_path.is_file() and Path(corpus).is_file()):
             return False
@@ -92,8 +98,8 @@ class BM25Index:
             meta = json.loads(meta_path.read_text())
         except (OSError, ValueError):
             return False
-        st = os.stat(corpus)
-        return meta.get("version") == INDEX_VERSION and meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns
+        stamp = cls._stamp(corpus)
+        return {k: meta.get(k) for k in stamp} == stamp
 
     def save(self, corpus: str | Path) -> None:
         """Write the index beside the corpus. Runs side by side on one machine share the cache and may
@@ -103,9 +109,7 @@ class BM25Index:
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
         try:
             self.retriever.save(str(tmp), show_progress=False)
-            st = os.stat(corpus)
-            (tmp / "masrl.json").write_text(json.dumps({"version": INDEX_VERSION, "size": st.st_size,
-                                                        "mtime_ns": st.st_mtime_ns, "documents": len(self.ids)}))
+            (tmp / "masrl.json").write_text(json.dumps({**self._stamp(corpus), "documents": len(self.ids)}))
             if self.is_current(corpus):  # another process saved this corpus's index meanwhile
                 return
             if target.exists():  # stale: moved aside, then dropped

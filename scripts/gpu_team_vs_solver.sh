@@ -10,6 +10,7 @@
 #   checked                           solver + checker with a calculator + finalizer (3 calls a task)
 #   solver, solver_async              one solver (1 call), the second with rollout.mode async
 #   solver_calc                       one solver whose calculation the calculator computes (1 call)
+#   solver_expr                       one solver prompted as the checked team's checker: one expression, computed (1 call)
 #   debate                            three debaters, one revision round, majority vote (6 calls), eval at temperature 0.7
 # code, CODE_TEAM_TASKS (default 16) and CODE_SOLVER_TASKS (default 24) tasks of 8 samples a step:
 #   code_team                         code_team_review: coder -> tests -> reviewer -> coder (1-3 calls a task)
@@ -24,8 +25,12 @@
 # for every run) and PY (the Python that has masrl; default python3) can be set too.
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}; CALLS=${CALLS:-512}
+# memory per run (one H200, SmolLM2-135M): the paged engine's KV pool is 0.03 of the device (4.2 GiB) and the
+# update's micro-batches hold 4096 tokens: peaks 9.5-9.9 GiB a run, where 16384-token micro-batches peaked at
+# 15.8-16.1 GiB and twelve such runs ran out of memory (docs/gpu.md)
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 data.eval.n=120 train.log_traces=4
-        rollout.max_in_flight=256 rollout.max_batch_size=256 algorithm.micro_batch_tokens=16384 ${EXTRA:-})
+        rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.03
+        algorithm.micro_batch_tokens=4096 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
 mkdir -p "$R" "$OUT"
 declare -A CFG=()
@@ -50,6 +55,7 @@ for a in ${ARMS:-team_roles solver}; do
     solver) arm solver configs/math_solver.yaml $(math 1) ;;
     solver_async) arm solver_async configs/math_solver.yaml $(math 1) rollout.mode=async ;;
     solver_calc) arm solver_calc configs/math_solver_calculator.yaml $(math 1) ;;
+    solver_expr) arm solver_expr configs/math_solver_expression.yaml $(math 1) ;;
     code_team) arm code_team configs/code_team_review.yaml \
                  "rollout.tasks_per_step=${CODE_TEAM_TASKS:-16}" rollout.samples_per_task=8 ;;
     code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \

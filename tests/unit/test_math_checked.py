@@ -109,3 +109,33 @@ def test_one_solver_with_the_calculator_answers_with_its_computed_calculation(so
     assert trace.final_answer == want
     assert wf.score(trace, task)["outcome"] == float(want == "85")
     assert MathSolver().tools(None) == {}
+
+
+@pytest.mark.parametrize("text, want", [("<expr>47 + 38</expr>", "85"), ("<expr>47 ** 38</expr>", None),
+                                        ("the answer is 85", None)])
+def test_the_expression_style_solver_is_prompted_as_the_checker_and_answers_with_the_calculators_value(text, want):
+    from masrl.workflows import math_roles as P
+
+    wf = MathSolver(calculator=True, style="expression")
+    agents = {n: AgentSpec(n, "p", r.parser) for n, r in wf.roles().items()}
+    seen = []
+
+    async def submit(agent, gen):
+        seen.append(gen)
+        return SimpleNamespace(text=text, n_prompt_tokens=10, n_completion_tokens=5, finish_reason="stop")
+
+    trace = Trace("t", "q1", 0)
+    ctx = WorkflowContext(trace, agents, submit, train=True, call_timeout_s=30, tools=wf.tools(None))
+    task = Task("q1", "Tom has 47 coins and gets 38 more.", "85")
+    asyncio.run(wf.run(task, ctx))
+    assert trace.final_answer == want  # no number of its own: a failed expression answers nothing
+    assert trace.calls[0].messages[0]["content"] == P.CHECKER_SYSTEM
+    assert trace.calls[0].format_ok == (text.startswith("<expr>"))
+    assert wf.score(trace, task)["outcome"] == float(want == "85")
+
+
+def test_the_expression_style_needs_the_calculator_and_a_known_style_is_asked_by_name():
+    with pytest.raises(ValueError, match="needs calculator: true"):
+        MathSolver(style="expression")
+    with pytest.raises(ValueError, match="'solution' or 'expression', got 'expr'"):
+        MathSolver(calculator=True, style="expr")

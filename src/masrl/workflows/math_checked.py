@@ -23,23 +23,13 @@ from __future__ import annotations
 from masrl.agents import AgentRole
 from masrl.data.answers import answer_score, answers_equivalent
 from masrl.data.tasks import Task
-from masrl.parsing import TagSpec, nonempty, parse_tags
 from masrl.tools.base import Tool
 from masrl.tools.calculator import calculator_tool
 from masrl.trace import Trace
 from masrl.workflows import math_roles as P
-from masrl.workflows.math_roles import parse_finalizer, parse_solver
+from masrl.workflows.math_roles import parse_checker, parse_finalizer, parse_solver
 from masrl.workflows.prompting import few_shot
 
-CHECKER_SYSTEM = ("You turn a math word problem into one arithmetic expression that a calculator computes. "
-                  "Write only the expression in <expr></expr>.")
-CHECKER_EXAMPLES = [
-    ("Ana has 3 pens and buys 4 more. How many pens does Ana have now?", "<expr>3 + 4</expr>"),
-    ("Omar had 15 cards and gave away 6. How many cards are left?", "<expr>15 - 6</expr>"),
-    ("Lena shares 12 stamps equally among 3 friends. How many stamps does each friend get?", "<expr>12 / 3</expr>"),
-    ("Kofi buys 2 packs of shells with 5 in each pack, and already had 3. How many shells does Kofi have now?",
-     "<expr>2 * 5 + 3</expr>"),
-]
 FINALIZER_SYSTEM = ("You give the final answer to a math word problem from a solver's answer and a calculator's "
                     "result. Write one number in <answer></answer>.")
 FINALIZER_EXAMPLES = [
@@ -48,10 +38,6 @@ FINALIZER_EXAMPLES = [
     ("Question: Omar had 15 cards and gave away 6. How many cards are left?\n"
      "Solver: 15 - 6 = 9, answer 9\nCalculator: 15 - 6 = 9", "<answer>9</answer>"),
 ]
-
-
-def parse_checker(text: str):
-    return parse_tags(text, [TagSpec("expr", nonempty)])
 
 
 
@@ -77,7 +63,7 @@ class MathChecked:
         sol = await ctx.call("solver", few_shot(P.SOLVER_SYSTEM, P.SOLVER_EXAMPLES, q))
         work = (sol.parsed.get("solution") or "").strip()
         first = sol.parsed.get("answer")
-        chk = await ctx.call("checker", few_shot(CHECKER_SYSTEM, CHECKER_EXAMPLES, q))
+        chk = await ctx.call("checker", few_shot(P.CHECKER_SYSTEM, P.CHECKER_EXAMPLES, q))
         expr = (chk.parsed.get("expr") or "").strip()
         res = await ctx.tool("calculator", expression=expr) if expr else None
         computed = res.value if res is not None and res.ok else None

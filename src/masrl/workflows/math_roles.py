@@ -10,7 +10,7 @@ two example turns, kept short because every prompt token is paid again in the up
 
 from __future__ import annotations
 
-from masrl.parsing import TagSpec, is_number, one_of, parse_tags
+from masrl.parsing import ParseResult, TagSpec, is_number, nonempty, one_of, parse_tags
 
 SOLVER_SYSTEM = (
     "You solve math word problems. Write the calculation in <solution></solution> "
@@ -25,6 +25,18 @@ SOLVER_EXAMPLES = [
      "<solution>12 / 3 = 4</solution><answer>4</answer>"),
     ("Kofi buys 2 packs of shells with 5 in each pack, and already had 3. How many shells does Kofi have now?",
      "<solution>2 * 5 + 3 = 13</solution><answer>13</answer>"),
+]
+
+# the checked team's checker (and ``math_solver``'s ``style: expression``): words to one expression, the
+# calculator does the arithmetic; the same four kinds of problem as the solver's examples
+CHECKER_SYSTEM = ("You turn a math word problem into one arithmetic expression that a calculator computes. "
+                  "Write only the expression in <expr></expr>.")
+CHECKER_EXAMPLES = [
+    ("Ana has 3 pens and buys 4 more. How many pens does Ana have now?", "<expr>3 + 4</expr>"),
+    ("Omar had 15 cards and gave away 6. How many cards are left?", "<expr>15 - 6</expr>"),
+    ("Lena shares 12 stamps equally among 3 friends. How many stamps does each friend get?", "<expr>12 / 3</expr>"),
+    ("Kofi buys 2 packs of shells with 5 in each pack, and already had 3. How many shells does Kofi have now?",
+     "<expr>2 * 5 + 3</expr>"),
 ]
 
 VERIFIER_SYSTEM = (
@@ -76,3 +88,8 @@ def parse_refiner(text: str):
 
 def parse_finalizer(text: str):
     return parse_tags(text, FINALIZER_TAGS)
+
+
+def parse_checker(text: str) -> ParseResult:
+    """The checker's (or an expression-style solver's) ``<expr>arithmetic</expr>``."""
+    return parse_tags(text, [TagSpec("expr", nonempty)])

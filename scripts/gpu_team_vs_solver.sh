@@ -12,9 +12,11 @@
 #   solver_calc                       one solver whose calculation the calculator computes (1 call)
 #   solver_expr                       one solver prompted as the checked team's checker: one expression, computed (1 call)
 #   debate                            three debaters, one revision round, majority vote (6 calls), eval at temperature 0.7
-# code, CODE_TEAM_TASKS (default 16) and CODE_SOLVER_TASKS (default 24) tasks of 8 samples a step:
+# code, CODE_TEAM_TASKS (default 16), CODE_SOLVER_TASKS (default 24) and CODE_SOLVER_TESTS_TASKS (default 20)
+# tasks of 8 samples a step:
 #   code_team                         code_team_review: coder -> tests -> reviewer -> coder (1-3 calls a task)
 #   code_solver                       one coder, one call, no tests shown
+#   code_solver_tests                 one coder shown the visible tests' feedback, retries itself (1-2 calls)
 # search, SEARCH_TEAM_TASKS (default 8) and SEARCH_AGENT_TASKS (default 24) tasks of 8 samples a step:
 #   search_team                       search_team_shared: planner, searcher, summarizer, updater, answerer (6 calls)
 #   search_agent                      one agent that calls search itself (up to 3 calls)
@@ -60,6 +62,8 @@ for a in ${ARMS:-team_roles solver}; do
                  "rollout.tasks_per_step=${CODE_TEAM_TASKS:-16}" rollout.samples_per_task=8 ;;
     code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
                    rollout.samples_per_task=8 ;;
+    code_solver_tests) arm code_solver_tests configs/code_solver_tests.yaml \
+                         "rollout.tasks_per_step=${CODE_SOLVER_TESTS_TASKS:-20}" rollout.samples_per_task=8 ;;
     search_team) arm search_team configs/search_team_shared.yaml "rollout.tasks_per_step=${SEARCH_TEAM_TASKS:-8}" \
                    rollout.samples_per_task=8 ${SEARCH_TEAM_EXTRA:-} ;;
     search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
@@ -70,7 +74,7 @@ done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver) ;; *) continue ;; esac
+    case $name in solver*|code_solver*) ;; *) continue ;; esac
     for s in $SEEDS; do
       "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \

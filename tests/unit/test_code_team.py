@@ -196,3 +196,27 @@ def test_tools_get_a_schema_checked_arguments_and_a_timeout():
     (res, _), ticks, elapsed = asyncio.run(both())
     assert type(res).__name__ == "ToolInfraError" and "within 0.2s" in str(res)
     assert ticks >= 5 and elapsed < 0.9
+
+
+def test_the_single_coder_with_tests_sees_the_team_coders_feedback_and_tries_again_itself():
+    task = _linear_task()
+    fn = task.meta["fn_name"]
+    kind, _, k = fn.partition("_")
+    body = {"add": "x + {k}", "times": "x * {k}", "minus": "x - {k}"}[kind].format(k=k)
+    right = f"<code>def {fn}(x):\n    return {body}</code>"
+    wrong = f"<code>def {fn}(x):\n    return 0</code>"
+    services = Services(SandboxConfig())
+    wf = CodeSolver(max_turns=2)
+    tr = _run(wf, task, {"coder": [wrong, right]}, wf.tools(services))
+    assert [c.agent for c in tr.calls] == ["coder", "coder"]  # no reviewer: the same coder, twice
+    retry = tr.calls[1].messages[-1]["content"]
+    assert "Your previous code:" in retry and "return 0" in retry and "expected" in retry
+    assert [c.credit for c in tr.calls] == [0.0, 1.0]  # turn 0 its rate, the retry the change it made
+    assert tr.metrics["pass_rate_turn0"] == 0.0 and tr.metrics["outcome"] == 1.0 and tr.metrics["turns_to_success"] == 2.0
+    once = CodeSolver()  # the default never shows a test and never retries
+    tr1 = _run(once, task, {"coder": [wrong, right]}, once.tools(services))
+    assert len(tr1.calls) == 1 and tr1.metrics["outcome"] == 0.0 and "turns_to_success" not in tr1.metrics
+    passed = _run(wf, task, {"coder": [right, wrong]}, wf.tools(services))
+    assert len(passed.calls) == 1 and passed.metrics["turns_to_success"] == 1.0  # visible tests passed: no retry
+    with pytest.raises(ValueError, match="at least 1"):
+        CodeSolver(max_turns=0)

@@ -80,9 +80,7 @@ class CodeTeam:
         for turn in range(self.max_turns):
             coder = await ctx.call("coder", few_shot(CODER_SYSTEM, CODER_EXAMPLES, prompt))
             code = coder.parsed.get("code") or ""
-            res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)
-            result = res.value if res.ok else {"pass_rate": 0.0, "all_passed": False,
-                                               "cases": [["RE", res.error or ""]], "first_failure": res.error}
+            res, result = await _tested(ctx, task, code, spec)
             rate = float(result["pass_rate"])
             coder.credit = rate - (rates[-1] if rates else 0.0)
             coder.turn_score = rate
@@ -116,10 +114,29 @@ class CodeTeam:
         return out
 
 
+async def _tested(ctx, task: Task, code: str, spec):
+    """The sandbox's verdict on ``code``: the tool result and its cases (a failed run: one RE case)."""
+    res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)
+    result = res.value if res.ok else {"pass_rate": 0.0, "all_passed": False,
+                                       "cases": [["RE", res.error or ""]], "first_failure": res.error}
+    return res, result
+
+
 class CodeSolver:
-    """Single-agent baseline: one coder writes the function once; no plan, no tests, no review."""
+    """Single-agent baseline: one coder writes the function; no plan, no review.
+
+    ``max_turns: 1`` (default): it writes once and never sees a test. ``max_turns: 2`` or more: the
+    tool-equal single agent for ``code_team``: after a turn whose visible tests fail it is shown its
+    code and the same test feedback the team's coder gets, and writes the function again itself (no
+    reviewer). Credit as the team's coder: turn 0 its pass rate, each later turn the change it made.
+    """
 
     name = "code_solver"
+
+    def __init__(self, max_turns: int = 1):
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        self.max_turns = max_turns
 
     def roles(self) -> dict[str, AgentRole]:
         return {"coder": AgentRole("coder", parse_code, "writes the function", 160, ("</code>",))}
@@ -128,15 +145,29 @@ class CodeSolver:
         return code_tools(services)
 
     async def run(self, task: Task, ctx) -> None:
-        coder = await ctx.call("coder", few_shot(CODER_SYSTEM, SOLVER_EXAMPLES, question_of(task)))
-        code = coder.parsed.get("code") or ""
-        spec, _ = full_spec(task)
-        res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)  # scoring only: the coder never sees it
-        rate = float(res.value["pass_rate"]) if res.ok else 0.0
-        coder.credit = rate
-        ctx.finish(code, rates=[rate])
+        spec, visible = full_spec(task)
+        q = question_of(task)
+        prompt, code, rates = q, "", []
+        for turn in range(self.max_turns):
+            coder = await ctx.call("coder", few_shot(CODER_SYSTEM, SOLVER_EXAMPLES, prompt))
+            code = coder.parsed.get("code") or ""
+            res, result = await _tested(ctx, task, code, spec)  # with max_turns 1: scoring only, never shown
+            rate = float(result["pass_rate"])
+            coder.credit = rate - (rates[-1] if rates else 0.0)
+            coder.turn_score = rate
+            rates.append(rate)
+            if seen_passing(result, visible) or turn == self.max_turns - 1:
+                break
+            shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
+            prompt = f"{q}\nYour previous code:\n{code}\nTests: {shown}\nWrite the corrected function."
+        ctx.finish(code, rates=rates)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        rate = (trace.state.get("rates") or [0.0])[-1]
-        return {"outcome": rate, "pass_rate": rate, "all_passed": float(rate >= 1.0),
-                "coder/pass_rate": rate, "coder/accuracy": float(rate >= 1.0)}
+        rates = trace.state.get("rates") or [0.0]
+        rate = rates[-1]
+        out = {"outcome": rate, "pass_rate": rate, "all_passed": float(rate >= 1.0),
+               "coder/pass_rate": sum(rates) / len(rates), "coder/accuracy": float(rate >= 1.0)}
+        if self.max_turns > 1:
+            out["pass_rate_turn0"] = rates[0]
+            out["turns_to_success"] = float(next((i + 1 for i, r in enumerate(rates) if r >= 1.0), self.max_turns + 1))
+        return out

@@ -154,3 +154,30 @@ def test_a_retriever_keeps_jax_off_the_gpu():
     env["JAX_PLATFORMS"] = "cuda"  # the user's own choice stands
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "cuda", out.stderr
+
+
+def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_bound_it(tmp_path, monkeypatch):
+    """No GPU here: torch's own CUDA out-of-memory error is raised where the update would raise it;
+    the worker, the trainer and the message are the real ones."""
+    import torch
+
+    import masrl.worker.policy_worker as pw
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity of "
+                                     "139.80 GiB of which 29.75 MiB is free.\nmore torch text")
+
+    data = tiny_config("math_solver", tmp_path, steps=1)
+    data["algorithm"]["micro_batch_tokens"] = 16384
+    tr = Trainer(load_config(data=data), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    monkeypatch.setattr(pw, "train_policy", out_of_memory)
+    with pytest.raises(MasrlError) as info:
+        asyncio.run(tr.train_step())
+    msg = str(info.value)
+    assert "the update of policy 'solver' ran out of GPU memory" in msg and "this was its first update" in msg
+    assert "algorithm.micro_batch_tokens=16384" in msg and "e.g. algorithm.micro_batch_tokens=4096" in msg
+    assert "algorithm.activation_checkpointing=true" in msg and "rollout.gpu_memory_utilization" in msg
+    assert "torch said: CUDA out of memory. Tried to allocate 46.00 MiB" in msg and "more torch text" not in msg
+    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    asyncio.run(tr.rt.controller.aclose())

@@ -91,3 +91,29 @@ def host_rows(host) -> list[dict]:
             row.update(peak_gib=peak / GIB, reserved_gib=reserved / GIB)
         rows.append(row)
     return rows
+
+
+def update_oom_message(policy: str, algo, *, device: str, held: int, free: int, total: int,
+                       earlier_extra_gib: float | None, detail: str) -> str:
+    """What a user reads when policy ``policy``'s update ran out of GPU memory: what the run held, what
+    the device had left, what earlier updates took, and the settings that bound the update's memory."""
+    tokens = algo.micro_batch_tokens
+    batch = (f"algorithm.micro_batch_tokens={tokens}" if tokens else
+             f"algorithm.micro_batch_size={algo.micro_batch_size} (no algorithm.micro_batch_tokens: a micro-batch "
+             "is that many rows, however long)")
+    earlier = (f"; its earlier updates added up to {earlier_extra_gib:.1f} GiB on top of that"
+               if earlier_extra_gib is not None else "; this was its first update")
+    smaller = f"e.g. algorithm.micro_batch_tokens={max(256, tokens // 4)}" if tokens else "e.g. algorithm.micro_batch_tokens=4096"
+    lines = [
+        f"the update of policy '{policy}' ran out of GPU memory on {device}.",
+        f"  this process held {held / GIB:.1f} GiB when it started (weights, optimizer, the engine's KV){earlier}; "
+        f"the device had {free / GIB:.1f} of {total / GIB:.1f} GiB free when it failed (other processes share it).",
+        f"  the update's memory grows with the tokens of one micro-batch: {batch}"
+        + ("" if algo.activation_checkpointing else ", activation checkpointing off") + ".",
+        "  to fit: lower algorithm.micro_batch_tokens (" + smaller + "; a SmolLM2-135M run peaked at 15.8-16.1 GiB "
+        "with 16384 and 9.5-9.9 GiB with 4096, docs/gpu.md)"
+        + ("" if algo.activation_checkpointing else ", set algorithm.activation_checkpointing=true")
+        + ", lower rollout.gpu_memory_utilization (the paged engine's KV pool), or run fewer runs on this GPU.",
+        f"  torch said: {detail.splitlines()[0][:300] if detail else '(nothing)'}",
+    ]
+    return "\n".join(lines)

@@ -23,7 +23,7 @@ from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.errors import ContextOverflow, PromptError
+from masrl.errors import ContextOverflow, MasrlError, PromptError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
@@ -96,6 +96,7 @@ class PolicyWorker(PolicyHost):
         self.critics: dict = {}  # policy -> Critic (a separate value model; set by the builder)
         self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)
         self.published = dict(self.updates)  # the version of the weights the engine samples from, per policy
+        self.update_extra: dict[str, float] = {}  # GiB the largest update so far added to what was held (CUDA)
         self.emas = {n: WeightEMA(self.host.policy_parameters(n), spec.schedule.ema)
                      for n, spec in self.host.policies.items() if n in self.optimizers and spec.schedule.ema}
         self.last_advantages: dict[str, float] = {}
@@ -442,9 +443,12 @@ class PolicyWorker(PolicyHost):
         moved = opt.reload() if spec.offload_optimizer else 0
         held_before = memory.reset_peak(self.device) if self.device.startswith("cuda") else 0
         t0 = time.perf_counter()
-        m = train_policy(self.host, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
-                         seed=self.seed + self.step, reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
-                         critic=self.critics.get(name), dp=self.dp)
+        try:
+            m = train_policy(self.host, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
+                             seed=self.seed + self.step, reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
+                             critic=self.critics.get(name), dp=self.dp)
+        except torch.OutOfMemoryError as e:
+            raise MasrlError(self._oom_message(name, held_before, e)) from e
         m["update_s"] = time.perf_counter() - t0
         m["shared_calls"] = float(n_shared)
         if self.host.ref_stash.moved_s > ref_moved:
@@ -460,10 +464,20 @@ class PolicyWorker(PolicyHost):
             peak = torch.cuda.max_memory_allocated(self.device)
             m["gpu_peak_gb"] = peak / 2**30
             m["update_extra_gib"] = (peak - held_before) / 2**30
+            self.update_extra[name] = max(self.update_extra.get(name, 0.0), m["update_extra_gib"])
         self.updates[name] += 1
         if name in self.emas:
             self.emas[name].update()
         return m
+
+    def _oom_message(self, name: str, held_before: int, e: Exception) -> str:
+        free = total = 0
+        if self.device.startswith("cuda"):
+            with contextlib.suppress(Exception):  # the device may be past answering
+                free, total = torch.cuda.mem_get_info(self.device)
+        earlier = self.update_extra.get(name) if self.updates[name] else None
+        return memory.update_oom_message(name, self.algo, device=self.device, held=held_before, free=free, total=total,
+                                         earlier_extra_gib=earlier, detail=str(e))
 
     def _park_after_update(self, metrics: dict[str, dict[str, float]]) -> None:
         self.park()

@@ -237,7 +237,21 @@ def check_failures(roll: dict, traces, limit: float, what: str, consequence: str
         errors = [t.error for t in traces if t.failed][:3]
         raise MasrlError(f"{what}: {roll['failed']} of {roll['traces']} traces failed (more than "
                          f"rollout.max_failed_fraction={limit:g}); {consequence}. First errors:"
-                         + "".join(f"\n  - {e}" for e in errors))
+                         + "".join(f"\n  - {e}" for e in errors) + memory_hint(errors))
+
+
+# what torch and cuBLAS say when a device has no memory left for them
+_OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
+def memory_hint(errors) -> str:
+    """A line for failures that are the GPU running out of memory (another run on the device, or this
+    run's own update, took it): the settings that bound a run's memory. Empty for any other failure."""
+    if not any(e and any(m in e for m in _OUT_OF_MEMORY) for e in errors):
+        return ""
+    return ("\n  These are GPU memory failures: the device had no memory left when the engine needed it (other "
+            "processes on it, or this run's own update). Lower algorithm.micro_batch_tokens or "
+            "rollout.gpu_memory_utilization, or run fewer runs on the GPU (docs/gpu.md: what a run holds).")
 
 
 def comparison_rich(before: dict, after: dict, title: str):

@@ -1,0 +1,30 @@
+"""A step or an evaluation with too many failed traces stops; GPU memory failures say what to lower."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from masrl.driver.observe.metrics import check_failures
+from masrl.errors import MasrlError
+
+
+def _traces(errors):
+    return [SimpleNamespace(failed=e is not None, error=e) for e in errors]
+
+
+def test_a_gpu_memory_failure_among_others_gets_the_settings_to_lower():
+    errors = ["call to agent 'updater' failed in the engine: RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED "
+              "when calling `cublasCreate(handle)`", None, "the retrieval backend went away", None]
+    with pytest.raises(MasrlError) as info:
+        check_failures({"traces": 4, "failed": 2}, _traces(errors), 0.25, "step 3", "the step's update ran on the rest")
+    msg = str(info.value)
+    assert "2 of 4 traces failed" in msg and "retrieval backend went away" in msg
+    assert "GPU memory failures" in msg and "algorithm.micro_batch_tokens" in msg and "gpu_memory_utilization" in msg
+
+
+def test_other_failures_get_no_memory_hint_and_few_failures_do_not_stop():
+    errors = ["the retrieval backend went away", "timed out after 3s", None, None]
+    with pytest.raises(MasrlError) as info:
+        check_failures({"traces": 4, "failed": 2}, _traces(errors), 0.25, "step 3", "x")
+    assert "GPU memory" not in str(info.value)
+    check_failures({"traces": 4, "failed": 1}, _traces(errors[:1] + [None] * 3), 0.25, "step 3", "x")  # 1 of 4: no stop

@@ -67,3 +67,25 @@ def test_a_resumed_run_knows_its_best_so_far(tmp_path):
     data["train"]["steps"] = 4
     tr = Trainer(load_config(data=data))
     assert tr.best.step == first["step"] and tr.best.score == first["validation"]
+
+
+def test_a_best_checkpoint_before_the_last_step_leaves_the_run_reporting_every_step_it_trained(tmp_path, monkeypatch):
+    import asyncio
+    import io
+
+    from rich.console import Console
+
+    from masrl.driver.run.best import KeepBest
+
+    real = KeepBest.consider
+    monkeypatch.setattr(KeepBest, "consider", lambda self, step, score, fill: step == 2 and real(self, step, score, fill))
+    run = tmp_path / "run"
+    data = _data(run)
+    data["train"]["eval_before"] = True
+    out = io.StringIO()
+    tr = Trainer(load_config(data=data), console=Console(file=out, width=200))
+    tr.prepare(resume=False)
+    results = asyncio.run(tr.run())
+    tr.rt.close()
+    assert results["best"]["best_step"] == 2 and tr.step == 4
+    assert "before -> after 4 steps" in out.getvalue() and "after 2 steps" not in out.getvalue()

@@ -358,9 +358,11 @@ class Trainer:
         if self.best.step == self.step:
             summary = dict(after)
         else:
+            last = self.step
             self.load_checkpoint(self.best.path, with_optimizer=False)  # the run is over: its state is saved
             self.step = self.best.step
             summary = await self.evaluate(f"eval at the best checkpoint (step {self.best.step})")
+            self.step = last  # the run trained `last` steps: what it reports after this says so
         summary.update(best_step=self.best.step, validation=self.best.score)
         loggers.log_eval(self.best.step, "best", summary)
         self._write_json("eval_best.json", summary)

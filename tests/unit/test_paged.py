@@ -313,3 +313,29 @@ def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_
     cached = eng.stats["cached_tokens"]
     eng.generate(call)
     assert eng.stats["cached_tokens"] == cached  # nothing of the interrupted call was offered to the cache
+
+
+def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can_try_again(tiny, monkeypatch):
+    """No GPU here: torch's CUDA out-of-memory error is raised where the pool's allocation would raise it."""
+    import masrl.engines.paged as paged
+
+    model, tok = tiny
+
+    class FullDevice:  # torch, except that the pool's first allocation finds the device full
+        fail = True
+
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def zeros(self, *a, **k):
+            if FullDevice.fail:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+            return torch.zeros(*a, **k)
+
+    monkeypatch.setattr(paged, "torch", FullDevice())
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=64, block_size=4)
+    r = req(prompts(tok)[0], max_new_tokens=3)
+    with pytest.raises(RuntimeError, match=r"KV pool \(.* GiB\) does not fit on cpu.*rollout.gpu_memory_utilization"):
+        eng.generate([r])
+    FullDevice.fail = False  # memory freed elsewhere: the next call builds the pool and runs
+    assert len(eng.generate([r])[0].completion_ids) == 3

@@ -64,6 +64,12 @@ def device_memory(dev: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _pool_oom(dev: torch.device, need: int) -> str:
+    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else 0
+    return (f"the paged engine's KV pool ({need / 2**30:.1f} GiB) does not fit on {dev}: {free / 2**30:.1f} GiB free "
+            "(out of memory); lower rollout.gpu_memory_utilization, or run fewer runs on this GPU")
+
+
 @dataclass
 class _Call:
     """What a sequence needs beyond its tokens."""
@@ -271,8 +277,12 @@ class PagedEngine(GraphDecoder):
             self.pool = BlockPool(self.kv_blocks, self.block_size)
             self.sched = Scheduler(self.pool, max_seqs=self.max_batch_size, prefill_tokens=self.prefill_tokens)
             slots, shape = self.kv_blocks * self.block_size, (self.fwd.n_kv, self.fwd.head_dim)
-            self.kv = [(torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev),
-                        torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev)) for _ in self.fwd.layers]
+            try:
+                self.kv = [(torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev),
+                            torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev)) for _ in self.fwd.layers]
+            except torch.OutOfMemoryError as e:
+                self.pool = self.kv = None
+                raise RuntimeError(_pool_oom(self.dev, slots * kv_bytes_per_token(self.model, self.dtype))) from e
 
     def _ensure(self, rows: int, width: int) -> None:
         if rows <= self.rows_cap and width <= self.width_cap:

@@ -475,9 +475,8 @@ class PolicyWorker(PolicyHost):
         if self.device.startswith("cuda"):
             with contextlib.suppress(Exception):  # the device may be past answering
                 free, total = torch.cuda.mem_get_info(self.device)
-        earlier = self.update_extra.get(name) if self.updates[name] else None
         return memory.update_oom_message(name, self.algo, device=self.device, held=held_before, free=free, total=total,
-                                         earlier_extra_gib=earlier, detail=str(e))
+                                         earlier_extra_gib=self.update_extra.get(name), detail=str(e))
 
     def _park_after_update(self, metrics: dict[str, dict[str, float]]) -> None:
         self.park()

@@ -67,44 +67,20 @@ class CodeTeam:
         return code_tools(services)
 
     async def run(self, task: Task, ctx) -> None:
-        spec, visible = full_spec(task)
         q = question_of(task)
         plan_text, planner = "", None
         if self.plan:
             planner = await ctx.call("planner", few_shot(PLANNER_SYSTEM, PLANNER_EXAMPLES, q))
             plan_text = planner.parsed.get("plan") or ""
         prompt = f"{q}\nPlan: {plan_text}" if self.plan else q
-        rates: list[float] = []
-        refl = None  # the reflection the next coder turn follows
-        code = ""
-        for turn in range(self.max_turns):
-            coder = await ctx.call("coder", few_shot(CODER_SYSTEM, CODER_EXAMPLES, prompt))
-            code = coder.parsed.get("code") or ""
-            res, result = await _tested(ctx, task, code, spec)
-            rate = float(result["pass_rate"])
-            coder.credit = rate - (rates[-1] if rates else 0.0)
-            coder.turn_score = rate
-            if refl is not None:
-                refl.credit = rate - rates[-1]
-            rates.append(rate)
-            if seen_passing(result, visible) or turn == self.max_turns - 1:
-                break
-            shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
-            body = f"Task: {q}\nCode:\n{code}\nTests: {shown}"
-            refl = await ctx.call("reflector", few_shot(REFLECTOR_SYSTEM, REFLECTOR_EXAMPLES, body))
-            prompt = (f"{q}\nYour previous code:\n{code}\nTests: {shown}\n"
-                      f"Reviewer: {refl.parsed.get('reflection') or ''}\nWrite the corrected function.")
+        code, rates = await coder_turns(ctx, task, prompt, CODER_EXAMPLES, self.max_turns, review=True)
         if planner is not None:
             planner.credit = rates[-1]
         ctx.finish(code, rates=rates)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         rates = trace.state.get("rates") or [0.0]
-        success = next((i + 1 for i, r in enumerate(rates) if r >= 1.0), self.max_turns + 1)
-        out = {"outcome": rates[-1], "pass_rate": rates[-1], "all_passed": float(rates[-1] >= 1.0),
-               "turns_to_success": float(success),
-               "pass_rate_turn0": rates[0], "coder/pass_rate": sum(rates) / len(rates),
-               "coder/accuracy": float(rates[-1] >= 1.0)}
+        out = rate_metrics(rates, self.max_turns)
         gains = [b - a for a, b in zip(rates, rates[1:])]  # a reflection comes before every later coder turn
         if gains:
             out["reflector/gain"] = sum(gains) / len(gains)
@@ -114,12 +90,46 @@ class CodeTeam:
         return out
 
 
-async def _tested(ctx, task: Task, code: str, spec):
-    """The sandbox's verdict on ``code``: the tool result and its cases (a failed run: one RE case)."""
-    res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)
-    result = res.value if res.ok else {"pass_rate": 0.0, "all_passed": False,
-                                       "cases": [["RE", res.error or ""]], "first_failure": res.error}
-    return res, result
+async def coder_turns(ctx, task: Task, prompt: str, examples, max_turns: int, review: bool) -> tuple[str, list[float]]:
+    """Up to ``max_turns`` coder turns, each tested in the sandbox, until the visible tests pass. A
+    failed turn's code and test feedback go into the next turn's prompt, with the reflector's review
+    first when ``review``. Credit: turn 0 its pass rate, each later turn (and the reflection before it)
+    the change in pass rate. Returns the last code and every turn's pass rate."""
+    spec, visible = full_spec(task)
+    q = question_of(task)
+    rates: list[float] = []
+    refl = None  # the reflection the next coder turn follows
+    code = ""
+    for turn in range(max_turns):
+        coder = await ctx.call("coder", few_shot(CODER_SYSTEM, examples, prompt))
+        code = coder.parsed.get("code") or ""
+        res = await ctx.tool("run_tests", code=program_of(task, code), tests=spec)
+        result = res.value if res.ok else {"pass_rate": 0.0, "all_passed": False,
+                                           "cases": [["RE", res.error or ""]], "first_failure": res.error}
+        rate = float(result["pass_rate"])
+        coder.credit = rate - (rates[-1] if rates else 0.0)
+        coder.turn_score = rate
+        if refl is not None:
+            refl.credit = rate - rates[-1]
+        rates.append(rate)
+        if seen_passing(result, visible) or turn == max_turns - 1:
+            break
+        shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
+        note = ""
+        if review:
+            body = f"Task: {q}\nCode:\n{code}\nTests: {shown}"
+            refl = await ctx.call("reflector", few_shot(REFLECTOR_SYSTEM, REFLECTOR_EXAMPLES, body))
+            note = f"Reviewer: {refl.parsed.get('reflection') or ''}\n"
+        prompt = f"{q}\nYour previous code:\n{code}\nTests: {shown}\n{note}Write the corrected function."
+    return code, rates
+
+
+def rate_metrics(rates: list[float], max_turns: int) -> dict[str, float]:
+    """The pass-rate metrics of a coder's turns (``rates``: one per turn, the last is the outcome)."""
+    success = next((i + 1 for i, r in enumerate(rates) if r >= 1.0), max_turns + 1)
+    return {"outcome": rates[-1], "pass_rate": rates[-1], "all_passed": float(rates[-1] >= 1.0),
+            "turns_to_success": float(success), "pass_rate_turn0": rates[0],
+            "coder/pass_rate": sum(rates) / len(rates), "coder/accuracy": float(rates[-1] >= 1.0)}
 
 
 class CodeSolver:
@@ -145,29 +155,12 @@ class CodeSolver:
         return code_tools(services)
 
     async def run(self, task: Task, ctx) -> None:
-        spec, visible = full_spec(task)
-        q = question_of(task)
-        prompt, code, rates = q, "", []
-        for turn in range(self.max_turns):
-            coder = await ctx.call("coder", few_shot(CODER_SYSTEM, SOLVER_EXAMPLES, prompt))
-            code = coder.parsed.get("code") or ""
-            res, result = await _tested(ctx, task, code, spec)  # with max_turns 1: scoring only, never shown
-            rate = float(result["pass_rate"])
-            coder.credit = rate - (rates[-1] if rates else 0.0)
-            coder.turn_score = rate
-            rates.append(rate)
-            if seen_passing(result, visible) or turn == self.max_turns - 1:
-                break
-            shown = feedback(result, visible) if res.ok else f"the tests could not run: {res.error}"
-            prompt = f"{q}\nYour previous code:\n{code}\nTests: {shown}\nWrite the corrected function."
+        # with max_turns 1 the one test run only scores: the coder never sees it
+        code, rates = await coder_turns(ctx, task, question_of(task), SOLVER_EXAMPLES, self.max_turns, review=False)
         ctx.finish(code, rates=rates)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        rates = trace.state.get("rates") or [0.0]
-        rate = rates[-1]
-        out = {"outcome": rate, "pass_rate": rate, "all_passed": float(rate >= 1.0),
-               "coder/pass_rate": sum(rates) / len(rates), "coder/accuracy": float(rate >= 1.0)}
-        if self.max_turns > 1:
-            out["pass_rate_turn0"] = rates[0]
-            out["turns_to_success"] = float(next((i + 1 for i, r in enumerate(rates) if r >= 1.0), self.max_turns + 1))
+        out = rate_metrics(trace.state.get("rates") or [0.0], self.max_turns)
+        if self.max_turns == 1:  # one try: no turns to count
+            del out["pass_rate_turn0"], out["turns_to_success"]
         return out

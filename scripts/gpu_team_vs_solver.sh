@@ -20,6 +20,9 @@
 # search, SEARCH_TEAM_TASKS (default 8) and SEARCH_AGENT_TASKS (default 24) tasks of 8 samples a step:
 #   search_team                       search_team_shared: planner, searcher, summarizer, updater, answerer (6 calls)
 #   search_agent                      one agent that calls search itself (up to 3 calls)
+# reading (8 passages a question, qa_world level 1), CALLS model calls a step split as above:
+#   reading_team                      4 readers of 2 passages each, then an answerer (5 calls)
+#   reading_agent, reading_agent_ev   one call reads all 8 passages; the second prompted as the team's reader
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -35,10 +38,10 @@ common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.sa
         algorithm.micro_batch_tokens=4096 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
 mkdir -p "$R" "$OUT"
-declare -A CFG=()
+declare -A CFG=() ARG=()
 arm() {  # name config overrides...
   local name=$1 cfg=$2; shift 2
-  CFG[$name]=$cfg
+  CFG[$name]=$cfg; ARG[$name]="$*"  # (overrides hold no spaces) the maj@k evaluation below needs them too
   for s in $SEEDS; do
     timeout "$LIMIT" "$PY" -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
       "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1 &
@@ -68,15 +71,18 @@ for a in ${ARMS:-team_roles solver}; do
                    rollout.samples_per_task=8 ${SEARCH_TEAM_EXTRA:-} ;;
     search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
                     rollout.samples_per_task=8 ${SEARCH_AGENT_EXTRA:-} ;;
+    reading_team) arm reading_team configs/reading_team.yaml $(math 5) ;;
+    reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
+    reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver*) ;; *) continue ;; esac
+    case $name in solver*|code_solver*|reading_agent*) ;; *) continue ;; esac
     for s in $SEEDS; do
-      "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" "seed=$s" \
+      "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \
         > "$R/$name-seed$s-maj$MAJ.log" 2>&1 &
     done

@@ -77,6 +77,8 @@ class WorldConfig(Strict):
 
     docs: int = Field(300, ge=12, description="entities (one document each): people, cities, organisations")
     seed: int = 0
+    context_docs: int = Field(0, ge=0, le=64, description="passages given with each question (meta.context): its "
+                              "supporting documents among same-kind distractors, for the reading workflows; 0: none")
     dir: str | None = Field(None, description="where its corpus.jsonl is written (default: $MASRL_CACHE_DIR or "
                                               "~/.cache/masrl, under qa_world/)")
 

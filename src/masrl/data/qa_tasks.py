@@ -55,13 +55,18 @@ def ensure_world(docs: int, seed: int, root: str | None = None) -> Path:
 
 
 def world_tasks(n: int, *, seed: int, world_docs: int, world_seed: int, levels: list[int] = (1, 2, 3),
-                exclude: set[str] | None = None) -> list[Task]:
+                exclude: set[str] | None = None, context_docs: int = 0) -> list[Task]:
     """``n`` questions about the world (``world_docs``, ``world_seed``), drawn with ``seed``: train
     and held-out sets use different seeds over the same world (and corpus). ``levels``: 1 one-hop,
-    2 two-hop, 3 comparison, in equal shares."""
-    from masrl.data.qa_world import build_world, questions
+    2 two-hop, 3 comparison, in equal shares. ``context_docs`` > 0: each question also carries that
+    many passages in ``meta.context`` (its supporting documents among same-kind distractors, drawn
+    from the question's text, so a question's passages never depend on which split holds it)."""
+    import random
+
+    from masrl.data.qa_world import build_world, documents, questions, reading_context
 
     w = build_world(world_docs, seed=world_seed)
+    docs = documents(w, seed=world_seed) if context_docs else []
     extra = len(exclude or ())
     mix = tuple(1.0 if lvl in levels else 0.0 for lvl in (1, 2, 3))
     pool = questions(w, n + extra, seed=seed * 7919 + world_seed, mix=mix)
@@ -72,6 +77,9 @@ def world_tasks(n: int, *, seed: int, world_docs: int, world_seed: int, levels: 
         meta = {"supporting": list(q["supporting"]), "type": q["type"], "data_source": "qa_world"}
         if q.get("bridge"):
             meta["bridge"] = q["bridge"]
+        if context_docs:
+            rng = random.Random(f"context-{world_seed}-{q['question']}")
+            meta["context"] = reading_context(docs, list(q["supporting"]), context_docs, rng)
         tasks.append(Task(f"qa-{seed}-{len(tasks)}", q["question"], list(q["answers"]), meta))
         if len(tasks) >= n:
             break

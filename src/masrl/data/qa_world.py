@@ -191,6 +191,20 @@ def _comparison(w: World, rng: random.Random) -> dict | None:
             "supporting": [a["id"], b["id"]]}
 
 
+def reading_context(docs: list[dict], supporting: list[str], n: int, rng: random.Random) -> list[str]:
+    """``n`` passages (``Title: text``) for reading a question without search: its supporting
+    documents and distractors of the same kinds (other people for a question about a person), in
+    a random order. Every person's document states a birth year and an employer, so the reader has
+    to find the right name, not the right kind of fact."""
+    by_id = {d["id"]: d for d in docs}
+    kinds = {s.split("-")[0] for s in supporting}
+    pool = [d for d in docs if d["id"].split("-")[0] in kinds and d["id"] not in supporting]
+    chosen = [by_id[s] for s in supporting if s in by_id]
+    chosen += rng.sample(pool, min(len(pool), max(0, n - len(chosen))))
+    rng.shuffle(chosen)
+    return [f"{d['title']}: {d['text']}" for d in chosen]
+
+
 def write_world(out_dir: str | Path, n_docs: int, n_questions: int, *, seed: int = 0) -> tuple[Path, Path]:
     """Write ``corpus.jsonl`` and ``questions.jsonl`` into ``out_dir``."""
     out = Path(out_dir)

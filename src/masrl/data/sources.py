@@ -64,7 +64,7 @@ def _qa_world(s: SourceSpec) -> list[Task]:
     from masrl.data.qa_tasks import world_tasks
 
     return world_tasks(s.n or 1000, seed=s.seed, world_docs=s.world.docs, world_seed=s.world.seed,
-                       levels=list(s.levels), exclude=set(s.exclude))
+                       levels=list(s.levels), exclude=set(s.exclude), context_docs=s.world.context_docs)
 
 
 def _episodes(s: SourceSpec) -> list[Task]:

@@ -1,0 +1,185 @@
+"""Reading many documents: a team of readers against one agent that reads them all.
+
+Each task carries its passages in ``meta.context`` (the QA world's ``data.world.context_docs``: the
+supporting documents among same-kind distractors, or a file row's ``context``). No search: every
+fact needed is in front of the model; the question is whether one small model can find it there.
+
+``reading_team``: the passages split into chunks of ``docs_per_reader``:
+reader      <evidence>the sentence that answers</evidence> or <evidence>nothing useful</evidence>,
+            one call per chunk, all in parallel
+answerer    <answer>text</answer> from the readers' evidence
+
+``reading_agent`` (the single-agent control): one call that sees every passage and answers; with
+``evidence: true`` it is prompted as the team's reader is (copy the sentence, then answer).
+
+What the team has that the one call lacks is a short context per call: each reader looks for one
+name among ``docs_per_reader`` passages instead of all of them. Credit (the ``credit`` reward):
+the answerer earns its answer's token F1; a reader earns 1 for doing its part (its evidence names
+the answer when its passages hold it; "nothing useful" when they do not), else 0; the agent earns
+its answer's F1. Metrics: ``f1``/``em`` (``outcome`` is F1);
+``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
+``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
+``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
+``agent/grounded`` (its evidence names the answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from masrl.agents import AgentRole
+from masrl.data.qa_scoring import exact_match
+from masrl.data.tasks import Task
+from masrl.errors import DataError
+from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
+from masrl.trace import Trace
+from masrl.workflows.prompting import few_shot, numbered
+from masrl.workflows.search_roles import f1_of, mentions, parse_answer, parse_evidence
+
+NOTHING = "nothing useful"
+# worked examples in the QA world's style (names that never occur in it); one of each kind of question
+_P1 = ("Bren Talomar: Bren Talomar enjoys chess on weekends. Bren Talomar was born in 1948 in Tavesso. "
+       "Bren Talomar works for Quillan Works as a chemist.")
+_P2 = ("Mira Oskal: Mira Oskal works for Dovren Labs as a painter. Friends describe Mira Oskal as patient and "
+       "curious. Mira Oskal was born in 1961 in Keldra.")
+_C1 = "Tavesso: The mayor of Tavesso is Mira Oskal. Tavesso is a city in Keshar, founded in 1204."
+_C2 = "Keldra: Keldra has about 40000 inhabitants. The mayor of Keldra is Bren Talomar."
+_O1 = ("Quillan Works: Quillan Works is a glassmaking company founded in 1911 by Bren Talomar. Quillan Works has "
+       "its headquarters in Tavesso.")
+_O2 = "Dovren Labs: Dovren Labs has its headquarters in Keldra. The logo of Dovren Labs is teal."
+# (passages, question, the sentence that answers, answer)
+_CASES = [
+    ([_P2, _P1], "In what year was Bren Talomar born?", "Bren Talomar was born in 1948 in Tavesso.", "1948"),
+    ([_C1, _C2], "Who is the mayor of Keldra?", "The mayor of Keldra is Bren Talomar.", "Bren Talomar"),
+    ([_P1, _P2], "Which organisation does Mira Oskal work for?", "Mira Oskal works for Dovren Labs as a painter.",
+     "Dovren Labs"),
+    ([_O2, _O1], "In which city does Quillan Works have its headquarters?", "Quillan Works has its headquarters in "
+     "Tavesso.", "Tavesso"),
+]
+
+
+def show_passages(passages: list[str]) -> str:
+    return "\n".join(f"[{i}] {p}" for i, p in enumerate(passages, 1))
+
+
+def reading_prompt(passages: list[str], question: str) -> str:
+    return f"Documents:\n{show_passages(passages)}\nQuestion: {question}"
+
+
+READER_SYSTEM = ("You read documents to answer a question. Copy the one sentence that answers it into "
+                 f"<evidence></evidence>, or write <evidence>{NOTHING}</evidence> if no document answers it.")
+# one passage at a time: the passage that answers, then one of the same kind about someone else (most of a
+# team's readers hold no answer)
+READER_EXAMPLES = [ex for docs, q, s, _ in _CASES for ex in (
+    (reading_prompt([docs[1]], q), f"<evidence>{s}</evidence>"),
+    (reading_prompt([docs[0]], q), f"<evidence>{NOTHING}</evidence>"))]
+ANSWERER_SYSTEM = "You answer a question from notes. Write only the short answer in <answer></answer>."
+ANSWERER_EXAMPLES = [(f"Question: {q}\nNotes: 1. {s}", f"<answer>{a}</answer>") for _, q, s, a in _CASES[:2]]
+AGENT_SYSTEM = "You answer a question from documents. Write only the short answer in <answer></answer>."
+AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, q, _, a in _CASES]
+AGENT_EVIDENCE_SYSTEM = ("You answer a question from documents. Copy the one sentence that answers it into "
+                         "<evidence></evidence>, then write only the short answer in <answer></answer>.")
+AGENT_EVIDENCE_EXAMPLES = [(reading_prompt(docs, q), f"<evidence>{s}</evidence><answer>{a}</answer>")
+                           for docs, q, s, a in _CASES]
+
+
+def parse_evidence_answer(text: str) -> ParseResult:
+    return parse_tags(text, [TagSpec("evidence", nonempty), TagSpec("answer", nonempty)])
+
+
+def passages_of(task: Task) -> list[str]:
+    """The task's passages: ``meta.context`` as a list, or text split at blank lines."""
+    ctx = (task.meta or {}).get("context")
+    if isinstance(ctx, str):
+        ctx = [p.strip() for p in re.split(r"\n\s*\n", ctx) if p.strip()]
+    if not ctx:
+        raise DataError(f"task {task.id}: the reading workflows need its passages in meta.context; for the QA world "
+                        f"set data.world.context_docs (e.g. 8), for a file give each row a `context` (a list of "
+                        f"passages, or text with passages separated by blank lines)")
+    return [str(p) for p in ctx]
+
+
+def _qa_scores(trace: Trace, task: Task) -> dict[str, float]:
+    f1 = f1_of(trace.final_answer, task)
+    em = exact_match(str(trace.final_answer), task.answer) if trace.final_answer else 0.0
+    return {"outcome": f1, "f1": f1, "em": em}
+
+
+class ReadingTeam:
+    name = "reading_team"
+
+    def __init__(self, docs_per_reader: int = 2):
+        if docs_per_reader < 1:
+            raise ValueError("docs_per_reader must be at least 1")
+        self.docs_per_reader = docs_per_reader
+
+    def roles(self) -> dict[str, AgentRole]:
+        return {"reader": AgentRole("reader", parse_evidence, "copies the sentence that answers, from a few passages",
+                                    48, ("</evidence>",)),
+                "answerer": AgentRole("answerer", parse_answer, "answers from the readers' evidence", 24,
+                                      ("</answer>",))}
+
+    def tools(self, services) -> dict:
+        return {}
+
+    async def run(self, task: Task, ctx) -> None:
+        passages, k = passages_of(task), self.docs_per_reader
+        chunks = [passages[i:i + k] for i in range(0, len(passages), k)]
+        readers = list(await asyncio.gather(*[
+            ctx.call("reader", few_shot(READER_SYSTEM, READER_EXAMPLES, reading_prompt(c, task.question)))
+            for c in chunks]))
+        evidence = [(r.parsed.get("evidence") or "").strip() for r in readers]
+        notes = [e for e in evidence if e and NOTHING not in e.lower()]
+        ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM, ANSWERER_EXAMPLES,
+                                                  f"Question: {task.question}\nNotes: {numbered(notes)}"))
+        answer = ans.parsed.get("answer")
+        ans.credit = f1_of(answer, task)
+        held = [mentions(" ".join(c), task.answer) for c in chunks]
+        for r, e, h in zip(readers, evidence, held):  # did this reader do its part: find it, or say there is none
+            r.credit = float(mentions(e, task.answer)) if h else float(NOTHING in e.lower())
+        ctx.finish(answer, grounded=[r.credit for r, h in zip(readers, held) if h],
+                   quiet=[r.credit for r, h in zip(readers, held) if not h])
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        out = _qa_scores(trace, task)
+        out["answerer/accuracy"] = out["em"]
+        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet")):
+            xs = trace.state.get(key) or []
+            if xs:
+                out[name] = sum(xs) / len(xs)
+        return out
+
+
+class ReadingAgent:
+    """The single-agent control: one call reads every passage and answers."""
+
+    name = "reading_agent"
+
+    def __init__(self, evidence: bool = False):
+        self.evidence = evidence
+
+    def roles(self) -> dict[str, AgentRole]:
+        if self.evidence:
+            return {"agent": AgentRole("agent", parse_evidence_answer, "copies the sentence that answers, then answers",
+                                       72, ("</answer>",))}
+        return {"agent": AgentRole("agent", parse_answer, "answers from every passage", 24, ("</answer>",))}
+
+    def tools(self, services) -> dict:
+        return {}
+
+    async def run(self, task: Task, ctx) -> None:
+        system, examples = ((AGENT_EVIDENCE_SYSTEM, AGENT_EVIDENCE_EXAMPLES) if self.evidence
+                            else (AGENT_SYSTEM, AGENT_EXAMPLES))
+        call = await ctx.call("agent", few_shot(system, examples, reading_prompt(passages_of(task), task.question)))
+        answer = call.parsed.get("answer")
+        call.credit = f1_of(answer, task)
+        grounded = [float(mentions(call.parsed.get("evidence") or "", task.answer))] if self.evidence else []
+        ctx.finish(answer, grounded=grounded)
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        out = _qa_scores(trace, task)
+        out["agent/accuracy"] = out["em"]
+        if trace.state.get("grounded"):
+            out["agent/grounded"] = trace.state["grounded"][0]
+        return out

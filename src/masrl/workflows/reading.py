@@ -14,9 +14,10 @@ answerer    <answer>text</answer> from the readers' evidence
 
 What the team has that the one call lacks is a short context per call: each reader looks for one
 name among ``docs_per_reader`` passages instead of all of them. Credit (the ``credit`` reward):
-the answerer earns its answer's token F1; a reader earns 1 for doing its part (its evidence names
-the answer when its passages hold it; "nothing useful" when they do not), else 0; the agent earns
-its answer's F1. Metrics: ``f1``/``em`` (``outcome`` is F1);
+every call earns the final answer's token F1. (Paying each reader for its own part instead, 1 for
+naming the answer when its passages held it and 1 for "nothing useful" when they did not, collapsed
+on the GPU: 3 of 4 readers hold nothing, so "nothing useful" everywhere earned 0.75 and every seed
+learned it by step 50, final F1 0.000.) Metrics: ``f1``/``em`` (``outcome`` is F1);
 ``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
 ``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
@@ -134,12 +135,12 @@ class ReadingTeam:
         ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM, ANSWERER_EXAMPLES,
                                                   f"Question: {task.question}\nNotes: {numbered(notes)}"))
         answer = ans.parsed.get("answer")
-        ans.credit = f1_of(answer, task)
+        f1 = f1_of(answer, task)
+        for c in (*readers, ans):
+            c.credit = f1
         held = [mentions(" ".join(c), task.answer) for c in chunks]
-        for r, e, h in zip(readers, evidence, held):  # did this reader do its part: find it, or say there is none
-            r.credit = float(mentions(e, task.answer)) if h else float(NOTHING in e.lower())
-        ctx.finish(answer, grounded=[r.credit for r, h in zip(readers, held) if h],
-                   quiet=[r.credit for r, h in zip(readers, held) if not h])
+        ctx.finish(answer, grounded=[float(mentions(e, task.answer)) for e, h in zip(evidence, held) if h],
+                   quiet=[float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h])
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = _qa_scores(trace, task)

@@ -142,3 +142,35 @@ def word_sums(spec):
 def broken_rows(spec):
     """A source whose second row has no answer (the error must name it)."""
     return [{"question": "What is 1 + 1?", "answer": "2"}, {"question": "What is 2 + 2?"}]
+
+
+class ScriptedEngine:
+    """An engine that answers each agent's calls with its next scripted text (workflow tests)."""
+
+    def __init__(self, outputs: dict[str, list[str]]):
+        self.outputs = {k: list(v) for k, v in outputs.items()}
+        self.seen = []
+
+    async def __call__(self, agent, gen):
+        from types import SimpleNamespace
+
+        self.seen.append((agent, gen))
+        return SimpleNamespace(text=self.outputs[agent].pop(0), n_prompt_tokens=10, n_completion_tokens=5,
+                               finish_reason="stop")
+
+
+def run_scripted(wf, task, outputs: dict[str, list[str]], tools: dict | None = None, trace=None):
+    """Run workflow ``wf`` on ``task`` with scripted completions; returns the scored trace and the engine."""
+    import asyncio
+
+    from masrl.agents import AgentSpec
+    from masrl.driver.rollout.context import WorkflowContext
+    from masrl.trace import Trace
+
+    trace = trace or Trace("t", task.id, 0)
+    engine = ScriptedEngine(outputs)
+    agents = {n: AgentSpec(n, "p", r.parser) for n, r in wf.roles().items()}
+    ctx = WorkflowContext(trace, agents, engine, train=True, call_timeout_s=30, tools=tools or {})
+    asyncio.run(wf.run(task, ctx))
+    trace.metrics.update(wf.score(trace, task))
+    return trace, engine

@@ -1,14 +1,12 @@
 """The iterative search team and the single search agent: parsers, credit by hand, tools, failures."""
 
-import asyncio
 import json
 
 import pytest
+from helpers import run_scripted
 
-from masrl.agents import AgentSpec
 from masrl.config import RetrieverConfig, WorldConfig
 from masrl.data.qa_tasks import ensure_world, world_tasks
-from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.rollout.services import Services
 from masrl.errors import InfraError
 from masrl.rewards import CreditReward, combine
@@ -45,27 +43,8 @@ def test_parsers_on_good_and_broken_outputs():
     assert parse_agent("<answer>1948</answer>").fields == {"answer": "1948"}
 
 
-class Scripted:
-    def __init__(self, outputs):
-        self.outputs = {k: list(v) for k, v in outputs.items()}
-        self.seen = []
-
-    async def __call__(self, agent, gen):
-        from types import SimpleNamespace
-
-        self.seen.append((agent, gen))
-        return SimpleNamespace(text=self.outputs[agent].pop(0), n_prompt_tokens=10, n_completion_tokens=5,
-                               finish_reason="stop")
-
-
 def _run(wf, task, outputs, tools, trace=None):
-    trace = trace or Trace("t", task.id, 0)
-    engine = Scripted(outputs)
-    agents = {n: AgentSpec(n, "p", r.parser) for n, r in wf.roles().items()}
-    ctx = WorkflowContext(trace, agents, engine, train=True, call_timeout_s=30, tools=tools)
-    asyncio.run(wf.run(task, ctx))
-    trace.metrics.update(wf.score(trace, task))
-    return trace, engine
+    return run_scripted(wf, task, outputs, tools, trace)
 
 
 @pytest.fixture()

@@ -1,0 +1,131 @@
+"""The reading family: questions with their passages inline, the team of readers and the one-call agent."""
+
+from pathlib import Path
+
+import pytest
+from helpers import run_scripted
+
+from masrl.config import load_config
+from masrl.data.qa_tasks import world_tasks
+from masrl.data.tasks import Task
+from masrl.errors import ConfigError, DataError
+from masrl.workflows.reading import READER_EXAMPLES, ReadingAgent, ReadingTeam, passages_of
+
+TEAM = str(Path(__file__).resolve().parents[2] / "configs" / "reading_team.yaml")
+
+
+def _tasks(n=40, seed=3, context_docs=8):
+    return world_tasks(n, seed=seed, world_docs=60, world_seed=0, levels=[1, 3], context_docs=context_docs)
+
+
+def _subject(task):
+    """The entity a one-hop question asks about (the title of its supporting passage)."""
+    q = task.question
+    for pre, post in (("In what year was ", " born?"), ("Which organisation does ", " work for?"),
+                      ("In which city does ", " have its headquarters?"), ("Who is the mayor of ", "?")):
+        if q.startswith(pre):
+            return q.removeprefix(pre).removesuffix(post)
+    return None
+
+
+def test_each_question_carries_its_supporting_passage_among_same_kind_distractors():
+    tasks = _tasks()
+    assert all(len(t.meta["context"]) == 8 for t in tasks)
+    one_hop = [t for t in tasks if t.meta["type"] == "one_hop"]
+    comparisons = [t for t in tasks if t.meta["type"] == "comparison"]
+    assert one_hop and comparisons
+    for t in one_hop:
+        titles = [p.split(":")[0] for p in t.meta["context"]]
+        assert titles.count(_subject(t)) == 1 and len(set(titles)) == 8  # the answer's passage, once; no repeats
+        if t.question.startswith("In what year"):  # every distractor is a person too: each has a birth year
+            assert all(" was born in " in p for p in t.meta["context"])
+    for t in comparisons:  # both compared entities are in the passages
+        a, b = t.question.split(", ")[1].removesuffix("?").split(" or ")
+        titles = [p.split(":")[0] for p in t.meta["context"]]
+        assert a in titles and b in titles
+    # the passages follow the question, not the split or its position: a question drawn again (another seed)
+    # comes with the same passages; and the order is not always the answer first
+    again = {t.question: t.meta["context"] for t in _tasks(n=200, seed=4)}
+    shared = [t for t in tasks if t.question in again]
+    assert shared and all(again[t.question] == t.meta["context"] for t in shared)
+    assert len({[p.split(":")[0] for p in t.meta["context"]].index(_subject(t)) for t in one_hop}) > 1
+    assert "context" not in _tasks(n=3, context_docs=0)[0].meta
+
+
+def test_team_splits_the_passages_and_pays_every_call_the_answers_f1():
+    task = next(t for t in _tasks() if t.question.startswith("In what year"))
+    gold, name = task.answer[0], _subject(task)
+    held = next(i for i, p in enumerate(task.meta["context"]) if p.startswith(name + ":")) // 2
+    readers = ["<evidence>nothing useful</evidence>"] * 4
+    readers[held] = f"<evidence>{name} was born in {gold}.</evidence>"
+    readers[(held + 1) % 4] = "<evidence>Someone works for Nowhere Labs.</evidence>"  # a reader that should be quiet
+    tr, engine = run_scripted(ReadingTeam(docs_per_reader=2), task,
+                              {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
+    assert [c.agent for c in tr.calls] == ["reader"] * 4 + ["answerer"]
+    shown = [g.messages[-1]["content"] for a, g in engine.seen if a == "reader"]
+    for i, prompt in enumerate(shown):  # each reader sees its two passages and the question, nothing else
+        assert all(p in prompt for p in task.meta["context"][2 * i: 2 * i + 2])
+        assert sum(p in prompt for p in task.meta["context"]) == 2 and prompt.endswith(f"Question: {task.question}")
+    notes = engine.seen[-1][1].messages[-1]["content"]
+    assert f"{name} was born in {gold}." in notes and "Nowhere Labs" in notes and "nothing useful" not in notes
+    assert all(c.credit == 1.0 for c in tr.calls)
+    m = tr.metrics
+    assert m["outcome"] == m["f1"] == m["em"] == m["answerer/accuracy"] == 1.0
+    assert m["reader/accuracy"] == 1.0  # the one reader whose passages held the answer named it
+    assert m["reader/quiet"] == pytest.approx(2 / 3)  # two of the three others said "nothing useful"
+
+
+def test_team_with_a_wrong_answer_pays_nothing_and_odd_chunks_are_read_too():
+    task = _tasks(context_docs=7)[0]
+    tr, _ = run_scripted(ReadingTeam(docs_per_reader=3), task,
+                         {"reader": ["<evidence>nothing useful</evidence>"] * 3, "answerer": ["<answer>zzz</answer>"]})
+    assert [c.agent for c in tr.calls] == ["reader"] * 3 + ["answerer"]  # 3 + 3 + 1 passages
+    assert all(c.credit == 0.0 for c in tr.calls) and tr.metrics["outcome"] == 0.0
+
+
+def test_agent_reads_every_passage_in_one_call_and_evidence_style_asks_for_the_sentence():
+    task = next(t for t in _tasks() if t.meta["type"] == "one_hop")
+    gold = task.answer[0]
+    tr, engine = run_scripted(ReadingAgent(), task, {"agent": [f"<answer>{gold}</answer>"]})
+    prompt = engine.seen[0][1].messages[-1]["content"]
+    assert all(p in prompt for p in task.meta["context"]) and tr.calls[0].credit == 1.0
+    assert tr.metrics["agent/accuracy"] == 1.0 and "agent/grounded" not in tr.metrics
+    tr, engine = run_scripted(ReadingAgent(evidence=True), task,
+                              {"agent": [f"<evidence>It says {gold}.</evidence><answer>{gold}</answer>"]})
+    assert "<evidence>" in engine.seen[0][1].messages[2]["content"]  # its worked examples copy the sentence
+    assert tr.metrics["agent/grounded"] == 1.0 and tr.calls[0].format_ok
+    tr, _ = run_scripted(ReadingAgent(evidence=True), task, {"agent": [f"<answer>{gold}</answer>"]})
+    assert not tr.calls[0].format_ok and tr.metrics["outcome"] == 1.0  # the answer still counts; the format does not
+
+
+def test_reader_examples_show_both_kinds_of_reply():
+    replies = [a for _, a in READER_EXAMPLES]
+    assert sum("nothing useful" in r for r in replies) == sum("nothing useful" not in r for r in replies) == 4
+
+
+def test_a_task_without_passages_says_how_to_give_them_and_text_passages_split_at_blank_lines():
+    with pytest.raises(DataError, match="data.world.context_docs"):
+        passages_of(Task("q1", "Who?", ["x"], {}))
+    assert passages_of(Task("q2", "Who?", ["x"], {"context": "A: one.\n\nB: two.\n"})) == ["A: one.", "B: two."]
+
+
+def test_context_docs_is_a_checked_setting(tmp_path):
+    cfg = load_config(TEAM, ["data.world.context_docs=4"])
+    assert cfg.data.world.context_docs == 4
+    with pytest.raises(ConfigError, match="context_docs"):
+        load_config(TEAM, ["data.world.context_docs=-1"])
+    with pytest.raises(ConfigError, match="docs_per_reader"):
+        from masrl.workflows import build_workflow
+
+        build_workflow("reading_team", {"docs_per_reader": 0})
+
+
+def test_a_reading_run_without_passages_stops_at_once_and_names_the_setting(tmp_path, capsys):
+    from masrl.cli import main
+
+    rc = main(["train", TEAM, "model=tiny-random", "data.world.context_docs=0",
+               "data.world.docs=40", "train.steps=1", "train.eval_before=false", "data.eval.n=2",
+               "rollout.tasks_per_step=2", "rollout.samples_per_task=2", f"output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "set data.world.context_docs" in err and "reading_team" in err
+    assert not (tmp_path / "run" / "checkpoints" / "step_000001").exists()

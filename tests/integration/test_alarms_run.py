@@ -24,3 +24,26 @@ def test_alarms_reach_metrics_and_the_report(tmp_path, capsys):
     assert data["steps"][-1]["alarms"] == ["finalizer: distinct-2 0.00 (was 0.80 at step 1)"]
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step 2/2"))
     assert ("ALARM" in line) == bool(steps[1]["alarms"])
+
+
+def test_a_run_with_nothing_to_learn_ends_early_says_why_and_fails_the_command(tmp_path, capsys):
+    import yaml
+
+    from masrl.cli import main
+
+    run = tmp_path / "run"
+    data = tiny_config("math_solver", run, steps=12)
+    data["rewards"] = [{"type": "outcome"}]  # random weights never answer: every group's rewards are equal (0)
+    data["train"].update(stop_when_stuck=3, save_every=0, eval_after=True)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    assert main(["train", str(cfg)]) == 3
+    err = capsys.readouterr().err
+    assert "run ended at step 3 of 12" in err and "stuck" in err and "solver 100%" in err
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records if "rollout" in r) == 3
+    assert any("stopped" in r for r in records)
+    assert (run / "checkpoints" / "step_000003").is_dir() and (run / "eval_after.json").is_file()  # nothing lost
+    data["train"]["stop_when_stuck"] = 0  # off: the same run goes on to its last step
+    cfg.write_text(yaml.safe_dump({**data, "output_dir": str(tmp_path / "run2"), "train": {**data["train"], "steps": 4}}))
+    assert main(["train", str(cfg)]) == 0

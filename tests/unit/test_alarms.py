@@ -1,6 +1,6 @@
 """Collapse alarms, and the figures they read, worked by hand."""
 
-from masrl.driver.observe.alarms import collapse_alarms
+from masrl.driver.observe.alarms import collapse_alarms, stuck
 from masrl.driver.observe.metrics import distinct_n, summarize_traces, zero_variance_groups
 from masrl.trace import Call, Trace
 
@@ -44,3 +44,19 @@ def test_collapse_alarms_name_the_agent_the_figure_and_where_it_started():
                       "[shared] entropy 0.020 (was 0.300 at step 1)"]
     # a policy that starts near-deterministic is not flagged for staying so
     assert collapse_alarms(_rec(30, 0.6, 0.2, 0.015), _rec(1, 0.6, 0.2, 0.02)) == []
+
+
+def _step(step, outcome, **flat):
+    return {"step": step, "rollout": {"outcome": outcome, "agents": {a: {"zero_var_groups": v} for a, v in flat.items()}}}
+
+
+def test_a_run_is_stuck_only_when_nothing_teaches_and_the_outcome_never_rose():
+    first = _step(1, 0.04, reader=0.5, answerer=0.6)
+    collapsed = [_step(s, o, reader=r, answerer=a) for s, o, r, a in
+                 [(8, 0.0, 1.0, 0.86), (9, 0.02, 0.96, 1.0), (10, 0.0, 1.0, 0.71)]]  # one step below 80% is averaged
+    why = stuck(collapsed, first)
+    assert why and "last 3 steps" in why and "reader 99%" in why and "answerer 86%" in why and "0.040" in why
+    assert stuck([*collapsed[:2], _step(10, 0.05, reader=1.0, answerer=1.0)], first) is None  # it rose above the start
+    assert stuck([_step(s, 1.0, solver=1.0) for s in (40, 41)], _step(1, 0.3, solver=0.4)) is None  # solved, not stuck
+    assert stuck([_step(s, 0.0, reader=1.0, answerer=0.5) for s in (8, 9)], first) is None  # the answerer still learns
+    assert stuck([], first) is None and stuck(collapsed, {"step": 1}) is None

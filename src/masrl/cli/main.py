@@ -38,11 +38,14 @@ def _train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler())
     try:
-        train(cfg, resume=args.resume)
+        results = train(cfg, resume=args.resume)
     except KeyboardInterrupt:
         print(f"\n[masrl] interrupted. Checkpoints in {cfg.run_dir() / 'checkpoints'} are intact; "
               f"continue with: masrl train {args.config} --resume", file=sys.stderr)
         return 130
+    if results.get("stopped"):  # the run ended early because it had stopped learning: say so, fail the command
+        print(f"error: {results['stopped']}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -9,9 +9,15 @@ rules say so, on the step line, in ``metrics.jsonl`` (``alarms``) and in the rep
 - a policy's token entropy below ``ENTROPY_DROP`` of its first update's (and under ``ENTROPY_FLOOR``
   in absolute terms, so a policy that starts near-deterministic is not flagged for staying so);
 - ``ZERO_VARIANCE`` or more of an agent's groups with equal rewards (no advantage, no gradient).
+
+``stuck`` says when a run should end instead of alarming for ever: a reading team on the H200
+collapsed at step 8 (every reader wrote "nothing useful", training outcome 0.000) and its alarms
+went on for 90 more steps of updates that had nothing to learn from (``train.stop_when_stuck``).
 """
 
 from __future__ import annotations
+
+from statistics import mean
 
 DIVERSITY_DROP = 0.3
 ENTROPY_DROP = 0.2
@@ -38,3 +44,25 @@ def collapse_alarms(rec: dict, first: dict | None) -> list[str]:
         if was and now is not None and now < ENTROPY_DROP * was and now < ENTROPY_FLOOR:
             out.append(f"[{name}] entropy {now:.3f} (was {was:.3f} at step {first['step']})")
     return out
+
+
+def stuck(window: list[dict], first: dict) -> str | None:
+    """Why a run has stopped learning, or None. ``window``: its last step records (the caller keeps
+    ``train.stop_when_stuck`` of them). Stuck: the training outcome never rose above the first
+    step's in the window, and on average over it every agent had ``ZERO_VARIANCE`` or more of its
+    groups flat. A run whose outcome climbed (or saturated above where it began) is never stuck."""
+    start = first.get("rollout", {}).get("outcome")
+    outcomes = [r.get("rollout", {}).get("outcome") for r in window]
+    if not window or start is None or any(o is None or o > start for o in outcomes):
+        return None
+    agents = sorted({a for r in window for a in r.get("rollout", {}).get("agents", {})})
+    flat = {a: mean(r["rollout"].get("agents", {}).get(a, {}).get("zero_var_groups", 0.0) for r in window)
+            for a in agents}
+    if not flat or min(flat.values()) < ZERO_VARIANCE:
+        return None
+    shares = ", ".join(f"{a} {v:.0%}" for a, v in flat.items())
+    return (f"stuck: for the last {len(window)} steps the training outcome stayed at or below step {first['step']}'s "
+            f"({start:.3f}; {outcomes[-1]:.3f} now) and most groups had equal rewards ({shares}), so the updates had "
+            f"almost nothing to learn from. The step lines' ALARMs say where it began. Try a smaller format reward "
+            f"weight (a format-only reward is the easiest to earn), rollout.dynamic_sampling, a higher temperature "
+            f"or algorithm.entropy_coef, or easier tasks; train.stop_when_stuck=0 runs on regardless")

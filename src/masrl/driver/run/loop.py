@@ -17,7 +17,7 @@ from masrl.data.tasks import Task
 from masrl.driver import faults
 from masrl.driver.builder import Runtime, build_runtime
 from masrl.driver.checks import check_run
-from masrl.driver.observe.alarms import collapse_alarms
+from masrl.driver.observe.alarms import collapse_alarms, stuck
 from masrl.driver.observe.loggers import build_loggers
 from masrl.driver.observe.metrics import (
     check_failures,
@@ -55,6 +55,7 @@ class Trainer:
         self.best = KeepBest(kb, self.ckpt_root) if kb is not None else None
         self.rt: Runtime | None = None
         self.step = 0
+        self.stopped: str | None = None  # why the run ended early (train.stop_when_stuck)
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
 
     def log(self, msg: str) -> None:
@@ -299,6 +300,8 @@ class Trainer:
                 self._check_failures(rec["rollout"], self.last_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 await self._after_step(loggers)
+                if self._stuck(rec, loggers):
+                    break
             if rollouts is not None:  # the episodes still running belong to no update
                 await rollouts.stop()
             if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
@@ -313,7 +316,23 @@ class Trainer:
             await self.rt.controller.aclose()
         if "before" in results and "after" in results:
             self.print_comparison(results["before"], results["after"])
+        if self.stopped:
+            results["stopped"] = self.stopped
         return results
+
+    def _stuck(self, rec: dict, loggers) -> bool:
+        """``train.stop_when_stuck``: end the run once its last N steps had nothing to learn from."""
+        n = self.cfg.train.stop_when_stuck
+        if not n:
+            return False
+        self._window = [*getattr(self, "_window", [])[-(n - 1):], rec] if n > 1 else [rec]
+        why = stuck(self._window, self._first_record(rec)) if len(self._window) == n else None
+        if why is None:
+            return False
+        self.stopped = f"run ended at step {self.step} of {self.cfg.train.steps}: {why}"
+        loggers.log_step(self.step, {"step": self.step, "stopped": self.stopped})
+        self.log(f"[masrl] {self.stopped}")
+        return True
 
     async def _after_step(self, loggers) -> None:
         """What a step's end may bring: a checkpoint, a validation (``keep_best``), an evaluation; timed."""

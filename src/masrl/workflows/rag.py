@@ -29,6 +29,7 @@ from masrl.tools.search import search_tools, show_docs
 from masrl.trace import Trace
 from masrl.workflows.prompting import few_shot, numbered
 from masrl.workflows.search_roles import (
+    ANSWERER_SYSTEM,
     Q1,
     Q2,
     SUMMARIZER_EXAMPLES,
@@ -45,7 +46,6 @@ DECOMPOSER_EXAMPLES = [
     (f"Question: {Q1}", '{"queries": ["Quillan Works founder", "Bren Talomar born"]}'),
     (f"Question: {Q2}", '{"queries": ["Tavesso mayor"]}'),
 ]
-ANSWERER_SYSTEM = "You answer a question from notes. Write only the short answer in <answer></answer>."
 ANSWERER_EXAMPLES = [
     (f"Question: {Q1}\nNotes: 1. Quillan Works was founded in 1911 by Bren Talomar. 2. Bren Talomar was born in "
      "1948 in Ostrava.", "<answer>1948</answer>"),

@@ -36,7 +36,7 @@ from masrl.errors import DataError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
 from masrl.trace import Trace
 from masrl.workflows.prompting import few_shot, numbered
-from masrl.workflows.search_roles import f1_of, mentions, parse_answer, parse_evidence
+from masrl.workflows.search_roles import ANSWERER_SYSTEM, f1_of, mentions, parse_answer, parse_evidence
 
 NOTHING = "nothing useful"
 # worked examples in the QA world's style (names that never occur in it); one of each kind of question
@@ -75,7 +75,6 @@ READER_SYSTEM = ("You read documents to answer a question. Copy the one sentence
 READER_EXAMPLES = [ex for docs, q, s, _ in _CASES for ex in (
     (reading_prompt([docs[1]], q), f"<evidence>{s}</evidence>"),
     (reading_prompt([docs[0]], q), f"<evidence>{NOTHING}</evidence>"))]
-ANSWERER_SYSTEM = "You answer a question from notes. Write only the short answer in <answer></answer>."
 ANSWERER_EXAMPLES = [(f"Question: {q}\nNotes: 1. {s}", f"<answer>{a}</answer>") for _, q, s, a in _CASES[:2]]
 AGENT_SYSTEM = "You answer a question from documents. Write only the short answer in <answer></answer>."
 AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, q, _, a in _CASES]

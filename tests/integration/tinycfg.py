@@ -30,7 +30,8 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
     elif source == "episodes":  # environments: seeded episodes
         data["data"] = {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
     elif source == "qa_world":  # search workflows: questions about a small world, searched locally
-        data["data"] = {"world": {"docs": 40, "seed": 0}, "train": {"source": "qa_world", "n": 40, "seed": 1},
+        world = {"docs": 40, "seed": 0, "context_docs": data["data"].get("world", {}).get("context_docs", 0)}
+        data["data"] = {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1},
                         "eval": {"source": "qa_world", "n": 3, "seed": 2}}
     else:
         data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1},

@@ -1,7 +1,8 @@
-"""Where the milliseconds go on a GPU: kernels of one decode step (eager and graph-replayed), and of
-one update of the 0.5B shape (the bench_gpu.py workload). Prints the top kernels by GPU time.
+"""Where the milliseconds go on a GPU: kernels of one decode step (eager and graph-replayed) of the
+static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
+the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update]
+    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged]
 """
 
 from __future__ import annotations
@@ -33,51 +34,76 @@ def kernels_in(prof) -> tuple[int, float]:
     return len(evs), sum(e.device_time for e in evs) / 1000.0 if evs else 0.0
 
 
-def decode(shape: str, batch: int) -> None:
-    from masrl.config import SamplingParams
-    from masrl.engines.decode_weights import slot_bucket
-    from masrl.engines.static import StaticEngine
-    from masrl.messages import GenRequest
+def build_engine(kind: str, shape: str):
+    """The static or the paged engine of the bench_gpu shape, bf16, on ``B.DEV``."""
     from masrl.models import load_model
 
-    model, tok = load_model(B.SHAPES[shape], seed=0, dtype=torch.bfloat16, device="cuda")
-    eng = StaticEngine(model, tok, [tok.eos_token_id], device="cuda:0")
+    model, tok = load_model(B.SHAPES[shape], seed=0, dtype=torch.bfloat16, device=B.DEV)
+    if kind == "paged":
+        from masrl.engines.paged import PagedEngine
+
+        return PagedEngine(model, tok, [tok.eos_token_id], device=B.DEV, gpu_memory_utilization=0.05)
+    from masrl.engines.static import StaticEngine
+
+    return StaticEngine(model, tok, [tok.eos_token_id], device=B.DEV)
+
+
+def step_ms(replay, rewind, n: int = 30) -> float:
+    """Median milliseconds of ``replay()`` (CUDA events), ``rewind()`` outside the timing."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(n):
+        rewind()
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[n // 2]
+
+
+def decode(shape: str, batch: int, kind: str = "static") -> None:
+    """One decode step of ``batch`` rows after a 128-token prompt: its kernels eager, then the replayed
+    CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
+    from masrl.config import SamplingParams
+    from masrl.messages import GenRequest
+
+    eng = build_engine(kind, shape)
     reqs = [GenRequest(list(range(100, 228)), SamplingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True))] * batch
     eng.generate(reqs)
     torch.cuda.synchronize()
-    Bb, S = batch, slot_bucket(128 + 64)
+    keys = [k for k in eng.graphs if k[0] >= batch]  # the graphs the run decoded with: its batch bucket, widest
+    if not keys:
+        raise RuntimeError(f"the {kind} engine captured no decode graph for batch {batch} (graphs: {list(eng.graphs)})")
+    Bb = min(k[0] for k in keys)
+    key = max((k for k in keys if k[0] == Bb), key=lambda k: k[1])
+    S = key[1]
     with torch.inference_mode(), eng._kernels():
-        saved = (eng.pos_buf.clone(), eng.slot_t.clone())
+        saved = [(t, t.clone()) for t in eng._step_state(Bb)]
+
+        def rewind():
+            for t, old in saved:
+                t.copy_(old)
+
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
+                rewind()
                 eng._decode_body(Bb, S)
             torch.cuda.synchronize()
         n, ms = kernels_in(prof)
-        print(f"\n== decode {shape} batch {batch}, eager step: {n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
-        print(table(prof, 12))
-        eng.pos_buf.copy_(saved[0])
-        eng.slot_t.copy_(saved[1])
-        if (Bb, S) not in eng.graphs:
-            eng.graphs[(Bb, S)] = eng._capture(Bb, S)
-        g = eng.graphs[(Bb, S)][0]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(30):  # every replay advances the slot: rewind it (outside the timing)
-            eng.pos_buf.copy_(saved[0])
-            eng.slot_t.copy_(saved[1])
-            start.record()
-            g.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        print(f"graph replay: {sorted(times)[15]:.3f} ms per step (median of 30); kernels fused: {eng.stats['fused_kernels']}")
+        print(f"\n== decode {kind} {shape} batch {batch} (bucket {Bb}, slots {S or 'by length'}), eager step: "
+              f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
+        print(table(prof, 14))
+        g = eng.graphs[key][0]
+        print(f"graph replay: {step_ms(g.replay, rewind):.3f} ms per step (median of 30); "
+              f"kernels fused: {eng.stats['fused_kernels']}")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            eng.pos_buf.copy_(saved[0])
-            eng.slot_t.copy_(saved[1])
+            rewind()
             g.replay()
             torch.cuda.synchronize()
         n, ms = kernels_in(prof)
         print(f"graph replay under the profiler: {n} kernels, {ms:.3f} ms of kernel time")
+        print(table(prof, 14))
 
 
 def update() -> None:
@@ -120,12 +146,14 @@ def update() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="decode,update")
+    ap.add_argument("--engines", default="static,paged", help="whose decode step to profile")
     a = ap.parse_args()
     only = set(a.only.split(","))
     print(B.header(), flush=True)
     import traceback
 
-    jobs = [(decode, (shape, batch)) for shape, batch in (("135m", 1), ("135m", 64), ("0.5b", 256))] if "decode" in only else []
+    jobs = [(decode, (shape, batch, kind)) for kind in a.engines.split(",")
+            for shape, batch in (("135m", 1), ("135m", 64), ("0.5b", 256))] if "decode" in only else []
     jobs += [(update, ())] if "update" in only else []
     for fn, args in jobs:
         try:

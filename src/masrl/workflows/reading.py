@@ -14,10 +14,10 @@ answerer    <answer>text</answer> from the readers' evidence
 
 What the team has that the one call lacks is a short context per call: each reader looks for one
 name among ``docs_per_reader`` passages instead of all of them. Credit (the ``credit`` reward):
-every call earns the final answer's token F1. (Paying each reader for its own part instead, 1 for
-naming the answer when its passages held it and 1 for "nothing useful" when they did not, collapsed
-on the GPU: 3 of 4 readers hold nothing, so "nothing useful" everywhere earned 0.75 and every seed
-learned it by step 50, final F1 0.000.) Metrics: ``f1``/``em`` (``outcome`` is F1);
+every call earns the final answer's token F1. On the H200 this team collapsed either way (every
+reader writing "nothing useful" by step 10, held-out F1 0.000; paying each reader for its own part
+instead collapsed faster, since 3 of 4 readers hold nothing) while the one-call agent learned:
+docs/results.md. It ships as the measured baseline for the next reading team. Metrics: ``f1``/``em`` (``outcome`` is F1);
 ``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
 ``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,

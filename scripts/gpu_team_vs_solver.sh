@@ -22,6 +22,7 @@
 #   search_agent                      one agent that calls search itself (up to 3 calls)
 # reading (8 passages a question, qa_world level 1), CALLS model calls a step split as above:
 #   reading_team                      4 readers of 2 passages each, then an answerer (5 calls)
+#   reading_team4                     2 readers of 4 passages each, then an answerer (3 calls)
 #   reading_agent, reading_agent_ev   one call reads all 8 passages; the second prompted as the team's reader
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
@@ -72,6 +73,7 @@ for a in ${ARMS:-team_roles solver}; do
     search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
                     rollout.samples_per_task=8 ${SEARCH_AGENT_EXTRA:-} ;;
     reading_team) arm reading_team configs/reading_team.yaml $(math 5) ;;
+    reading_team4) arm reading_team4 configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;

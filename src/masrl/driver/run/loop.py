@@ -56,6 +56,7 @@ class Trainer:
         self.rt: Runtime | None = None
         self.step = 0
         self.stopped: str | None = None  # why the run ended early (train.stop_when_stuck)
+        self._window: list[dict] = []  # the last train.stop_when_stuck step records
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
 
     def log(self, msg: str) -> None:
@@ -325,7 +326,7 @@ class Trainer:
         n = self.cfg.train.stop_when_stuck
         if not n:
             return False
-        self._window = [*getattr(self, "_window", [])[-(n - 1):], rec] if n > 1 else [rec]
+        self._window = [*self._window, rec][-n:]
         why = stuck(self._window, self._first_record(rec)) if len(self._window) == n else None
         if why is None:
             return False

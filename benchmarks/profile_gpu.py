@@ -2,7 +2,7 @@
 static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
 the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged]
+    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] [--cases 0.5b:256]
 """
 
 from __future__ import annotations
@@ -147,13 +147,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="decode,update")
     ap.add_argument("--engines", default="static,paged", help="whose decode step to profile")
+    ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256", help="decode shapes and batches, shape:batch,...")
     a = ap.parse_args()
     only = set(a.only.split(","))
     print(B.header(), flush=True)
     import traceback
 
-    jobs = [(decode, (shape, batch, kind)) for kind in a.engines.split(",")
-            for shape, batch in (("135m", 1), ("135m", 64), ("0.5b", 256))] if "decode" in only else []
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cases.split(",")]
+    jobs = [(decode, (shape, batch, kind)) for kind in a.engines.split(",") for shape, batch in cases] \
+        if "decode" in only else []
     jobs += [(update, ())] if "update" in only else []
     for fn, args in jobs:
         try:

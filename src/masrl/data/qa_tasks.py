@@ -16,6 +16,7 @@ File rows: question under any of ``fields.QUESTION``; answers under ``answers`` 
 from __future__ import annotations
 
 import os
+import random
 import tempfile
 from pathlib import Path
 
@@ -61,8 +62,6 @@ def world_tasks(n: int, *, seed: int, world_docs: int, world_seed: int, levels: 
     2 two-hop, 3 comparison, in equal shares. ``context_docs`` > 0: each question also carries that
     many passages in ``meta.context`` (its supporting documents among same-kind distractors, drawn
     from the question's text, so a question's passages never depend on which split holds it)."""
-    import random
-
     from masrl.data.qa_world import build_world, documents, questions, reading_context
 
     w = build_world(world_docs, seed=world_seed)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 
 from masrl.agents import AgentRole
-from masrl.data.qa_scoring import exact_match
 from masrl.data.tasks import Task
 from masrl.parsing import ParseResult, parse_json_key
 from masrl.tools.base import Tool
@@ -34,7 +33,7 @@ from masrl.workflows.search_roles import (
     Q2,
     SUMMARIZER_EXAMPLES,
     SUMMARIZER_SYSTEM,
-    f1_of,
+    answer_scores,
     mentions,
     parse_answer,
     parse_evidence,
@@ -97,9 +96,8 @@ class RAG:
                    grounded=grounded)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        f1 = f1_of(trace.final_answer, task)
-        em = exact_match(str(trace.final_answer), task.answer) if trace.final_answer else 0.0
-        out = {"outcome": f1, "f1": f1, "em": em, "answerer/accuracy": em}
+        out = answer_scores(trace.final_answer, task)
+        out["answerer/accuracy"] = out["em"]
         if trace.state.get("hit") is not None:
             out["decomposer/hit_rate"] = trace.state["hit"]
         if trace.state.get("grounded"):

@@ -17,8 +17,8 @@ name among ``docs_per_reader`` passages instead of all of them. Credit (the ``cr
 every call earns the final answer's token F1. On the H200 this team collapsed either way (every
 reader writing "nothing useful" by step 10, held-out F1 0.000; paying each reader for its own part
 instead collapsed faster, since 3 of 4 readers hold nothing) while the one-call agent learned:
-docs/results.md. It ships as the measured baseline for the next reading team. Metrics: ``f1``/``em`` (``outcome`` is F1);
-``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
+docs/results.md. It ships as the measured baseline for the next reading team. Metrics: ``f1``/``em``
+(``outcome`` is F1); ``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
 ``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
 ``agent/grounded`` (its evidence names the answer).
@@ -30,13 +30,19 @@ import asyncio
 import re
 
 from masrl.agents import AgentRole
-from masrl.data.qa_scoring import exact_match
 from masrl.data.tasks import Task
 from masrl.errors import DataError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
 from masrl.trace import Trace
 from masrl.workflows.prompting import few_shot, numbered
-from masrl.workflows.search_roles import ANSWERER_SYSTEM, f1_of, mentions, parse_answer, parse_evidence
+from masrl.workflows.search_roles import (
+    ANSWERER_SYSTEM,
+    answer_scores,
+    f1_of,
+    mentions,
+    parse_answer,
+    parse_evidence,
+)
 
 NOTHING = "nothing useful"
 # worked examples in the QA world's style (names that never occur in it); one of each kind of question
@@ -100,12 +106,6 @@ def passages_of(task: Task) -> list[str]:
     return [str(p) for p in ctx]
 
 
-def _qa_scores(trace: Trace, task: Task) -> dict[str, float]:
-    f1 = f1_of(trace.final_answer, task)
-    em = exact_match(str(trace.final_answer), task.answer) if trace.final_answer else 0.0
-    return {"outcome": f1, "f1": f1, "em": em}
-
-
 class ReadingTeam:
     name = "reading_team"
 
@@ -119,9 +119,6 @@ class ReadingTeam:
                                     48, ("</evidence>",)),
                 "answerer": AgentRole("answerer", parse_answer, "answers from the readers' evidence", 24,
                                       ("</answer>",))}
-
-    def tools(self, services) -> dict:
-        return {}
 
     async def run(self, task: Task, ctx) -> None:
         passages, k = passages_of(task), self.docs_per_reader
@@ -142,7 +139,7 @@ class ReadingTeam:
                    quiet=[float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h])
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        out = _qa_scores(trace, task)
+        out = answer_scores(trace.final_answer, task)
         out["answerer/accuracy"] = out["em"]
         for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet")):
             xs = trace.state.get(key) or []
@@ -165,21 +162,18 @@ class ReadingAgent:
                                        72, ("</answer>",))}
         return {"agent": AgentRole("agent", parse_answer, "answers from every passage", 24, ("</answer>",))}
 
-    def tools(self, services) -> dict:
-        return {}
-
     async def run(self, task: Task, ctx) -> None:
         system, examples = ((AGENT_EVIDENCE_SYSTEM, AGENT_EVIDENCE_EXAMPLES) if self.evidence
                             else (AGENT_SYSTEM, AGENT_EXAMPLES))
         call = await ctx.call("agent", few_shot(system, examples, reading_prompt(passages_of(task), task.question)))
         answer = call.parsed.get("answer")
         call.credit = f1_of(answer, task)
-        grounded = [float(mentions(call.parsed.get("evidence") or "", task.answer))] if self.evidence else []
-        ctx.finish(answer, grounded=grounded)
+        ctx.finish(answer, grounded=float(mentions(call.parsed.get("evidence") or "", task.answer)) if self.evidence
+                   else None)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        out = _qa_scores(trace, task)
+        out = answer_scores(trace.final_answer, task)
         out["agent/accuracy"] = out["em"]
-        if trace.state.get("grounded"):
-            out["agent/grounded"] = trace.state["grounded"][0]
+        if trace.state.get("grounded") is not None:
+            out["agent/grounded"] = trace.state["grounded"]
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from masrl.data.qa_scoring import normalize_answer, token_f1
+from masrl.data.qa_scoring import exact_match, normalize_answer, token_f1
 from masrl.data.tasks import Task
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
 from masrl.tools.calls import parse_tool_calls
@@ -95,6 +95,12 @@ def split_subquestions(text: str | None) -> list[str]:
 
 def f1_of(answer, task: Task) -> float:
     return token_f1(str(answer), task.answer) if answer else 0.0
+
+
+def answer_scores(answer, task: Task) -> dict[str, float]:
+    """A final answer's ``f1`` and ``em`` against the gold answers; ``outcome`` is the F1."""
+    f1 = f1_of(answer, task)
+    return {"outcome": f1, "f1": f1, "em": exact_match(str(answer), task.answer) if answer else 0.0}
 
 
 def mentions(text: str, golds) -> bool:

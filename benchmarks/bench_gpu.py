@@ -104,25 +104,30 @@ def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: i
     return out
 
 
-def decode_profile(eng, batches) -> dict:
-    """Median milliseconds of one replayed decode step per batch (the engine's floor per token)."""
+def replay_ms(replay, rewind=None, n: int = 20) -> float:
+    """Median milliseconds of ``replay()`` by CUDA events; ``rewind()``, if given, runs before each, untimed."""
     import torch
 
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(n):
+        if rewind is not None:
+            rewind()
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[n // 2]
+
+
+def decode_profile(eng, batches) -> dict:
+    """Median milliseconds of one replayed decode step per batch (the engine's floor per token)."""
     res = {}
     for B in batches:
         key = next((k for k in eng.graphs if k[0] == B), None)
-        if key is None:
-            continue
-        g, _ = eng.graphs[key]
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(20):
-            start.record()
-            g.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        res[B] = sorted(times)[len(times) // 2]
+        if key is not None:
+            res[B] = replay_ms(eng.graphs[key][0].replay)
     return res
 
 

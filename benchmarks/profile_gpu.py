@@ -48,20 +48,6 @@ def build_engine(kind: str, shape: str):
     return StaticEngine(model, tok, [tok.eos_token_id], device=B.DEV)
 
 
-def step_ms(replay, rewind, n: int = 30) -> float:
-    """Median milliseconds of ``replay()`` (CUDA events), ``rewind()`` outside the timing."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(n):
-        rewind()
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
-
-
 def decode(shape: str, batch: int, kind: str = "static") -> None:
     """One decode step of ``batch`` rows after a 128-token prompt: its kernels eager, then the replayed
     CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
@@ -95,7 +81,7 @@ def decode(shape: str, batch: int, kind: str = "static") -> None:
               f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
         print(table(prof, 14))
         g = eng.graphs[key][0]
-        print(f"graph replay: {step_ms(g.replay, rewind):.3f} ms per step (median of 30); "
+        print(f"graph replay: {B.replay_ms(g.replay, rewind, n=30):.3f} ms per step (median of 30); "
               f"kernels fused: {eng.stats['fused_kernels']}")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             rewind()

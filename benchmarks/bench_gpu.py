@@ -383,7 +383,7 @@ def header() -> str:
     except Exception:  # noqa: BLE001
         trl_v = "not installed"
     return (f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
-            f"trl {trl_v}; command: python3 benchmarks/bench_gpu.py {' '.join(sys.argv[1:])}")
+            f"trl {trl_v}; command: python3 benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}")
 
 
 def main() -> None:

@@ -9,7 +9,7 @@ from masrl.config import load_config
 from masrl.data.qa_tasks import world_tasks
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
-from masrl.workflows.reading import READER_EXAMPLES, ReadingAgent, ReadingTeam, passages_of
+from masrl.workflows.reading import READER_EXAMPLES, ReadingAgent, ReadingTeam, passages_of, quoted
 
 TEAM = str(Path(__file__).resolve().parents[2] / "configs" / "reading_team.yaml")
 
@@ -73,6 +73,29 @@ def test_team_splits_the_passages_and_pays_every_call_the_answers_f1():
     assert m["outcome"] == m["f1"] == m["em"] == m["answerer/accuracy"] == 1.0
     assert m["reader/accuracy"] == 1.0  # the one reader whose passages held the answer named it
     assert m["reader/quiet"] == pytest.approx(2 / 3)  # two of the three others said "nothing useful"
+
+
+def test_verbatim_team_passes_on_quotes_only_and_a_reworded_sentence_is_dropped():
+    task = next(t for t in _tasks() if t.question.startswith("In what year"))
+    gold, name = task.answer[0], _subject(task)
+    ctx = task.meta["context"]
+    held = next(i for i, p in enumerate(ctx) if p.startswith(name + ":")) // 2
+    true_sentence = next(s for s in ctx[next(i for i, p in enumerate(ctx) if p.startswith(name + ":"))].split(". ")
+                         if " was born in " in s)
+    other = (held + 1) % 4
+    other_name = ctx[2 * other].split(":")[0]
+    readers = ["<evidence>nothing useful</evidence>"] * 4
+    readers[held] = f"<evidence>  {true_sentence.upper()} </evidence>"  # a quote: case and spacing aside
+    readers[other] = f"<evidence>{name} was born in 1111 in {other_name}.</evidence>"  # reworded around the name
+    tr, engine = run_scripted(ReadingTeam(docs_per_reader=2, verbatim=True), task,
+                              {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
+    notes = engine.seen[-1][1].messages[-1]["content"]
+    assert true_sentence.upper() in notes and "1111" not in notes
+    assert quoted(true_sentence, ctx) and not quoted(f"{name} was born in 1111", ctx) and not quoted("  ", ctx)
+    assert not quoted(true_sentence[: len(true_sentence) // 2] + "x", ctx)  # a word cut in half is no quote
+    tr, engine = run_scripted(ReadingTeam(docs_per_reader=2), task,  # without verbatim both notes go through
+                              {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
+    assert "1111" in engine.seen[-1][1].messages[-1]["content"]
 
 
 def test_team_with_a_wrong_answer_pays_nothing_and_odd_chunks_are_read_too():

@@ -200,16 +200,20 @@ if triton is not None:
     @triton.jit
     def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale, stride_ks, stride_kh, stride_bt,
                            HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                           BLOCK: tl.constexpr, PREC: tl.constexpr):
+                           BLOCK: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         # one program per (row, kv head), over the row's own length only (read from device memory, so a
-        # CUDA graph replays any length): token t at slot bt[b, t // BS] * BS + t % BS
+        # CUDA graph replays any length): token t at slot bt[b, t // BS] * BS + t % BS. LOWP (bf16/fp16
+        # inputs): q.k and p.v as 16-bit MMAs with fp32 accumulation; q.k is then exact as in tf32, and p
+        # goes in as two 16-bit terms (p = hi + lo), about 16 bits of mantissa against tf32's 10
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GP)
         d = tl.arange(0, D)
         gm = g < G
         qo = ((b * HKV + h) * G + g[:, None]) * D + d[None, :]
-        q = tl.load(q_ptr + qo, mask=gm[:, None], other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + qo, mask=gm[:, None], other=0.0)
+        if not LOWP:
+            q = q.to(tl.float32)
         m_i = tl.full([GP], -1.0e30, tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
@@ -220,15 +224,24 @@ if triton is not None:
             page = tl.load(bt_ptr + b * stride_bt + t // BS, mask=tm, other=0).to(tl.int64)
             slot = page * BS + t % BS
             off = slot[:, None] * stride_ks + h * stride_kh + d[None, :]
-            k = tl.load(k_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+            k = tl.load(k_ptr + off, mask=tm[:, None], other=0.0)
+            v = tl.load(v_ptr + off, mask=tm[:, None], other=0.0)
+            if LOWP:
+                scores = tl.dot(q, tl.trans(k)) * scale
+            else:
+                scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * scale
             scores = tl.where(tm[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(v_ptr + off, mask=tm[:, None], other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PREC)
+            if LOWP:
+                p_hi = p.to(v.dtype)
+                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+                pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
+            else:
+                pv = tl.dot(p, v.to(tl.float32), input_precision=PREC)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
@@ -284,15 +297,25 @@ def rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int)
     return q.view(B, Hkv, H // Hkv, D)
 
 
-def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float):
-    """``paged_attention_ref`` as one kernel; ``S`` is not needed (each row stops at its own length)."""
+# launch settings of ``paged_attention`` by input kind; benchmarks/kernel_sweep.py measures the others
+PAGED_LAUNCH = {"lowp": {"LOWP": False, "BLOCK": 64, "num_warps": 4, "num_stages": 3},
+                "fp32": {"LOWP": False, "BLOCK": 64, "num_warps": 4, "num_stages": 3}}
+
+
+def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float, launch: dict | None = None):
+    """``paged_attention_ref`` as one kernel; ``S`` is not needed (each row stops at its own length).
+    ``launch`` overrides ``PAGED_LAUNCH`` (LOWP, BLOCK, num_warps, num_stages)."""
     B, Hkv, G, D = q.shape
     o = torch.empty_like(q)
     assert q.is_contiguous() and kf.stride(2) == 1 and kf.stride() == vf.stride() and tables.stride(1) == 1
+    cfg = dict(PAGED_LAUNCH["fp32" if q.dtype == torch.float32 else "lowp"])
+    cfg.update(launch or {})
+    if q.dtype == torch.float32:
+        cfg["LOWP"] = False  # fp32 pools: ieee dots, nothing rounded to 16 bits
     with on_device(q):
         _paged_attn_kernel[(B, Hkv)](q, kf, vf, tables, lens, o, scale, kf.stride(0), kf.stride(1), tables.stride(0),
                                      HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BS=block_size,
-                                     BLOCK=64, PREC="ieee" if q.dtype == torch.float32 else "tf32")
+                                     PREC="ieee" if q.dtype == torch.float32 else "tf32", **cfg)
     return o
 
 

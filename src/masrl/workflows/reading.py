@@ -17,7 +17,10 @@ name among ``docs_per_reader`` passages instead of all of them. Credit (the ``cr
 every call earns the final answer's token F1. On the H200 this team collapsed either way (every
 reader writing "nothing useful" by step 10, held-out F1 0.000; paying each reader for its own part
 instead collapsed faster, since 3 of 4 readers hold nothing) while the one-call agent learned:
-docs/results.md. It ships as the measured baseline for the next reading team. Metrics: ``f1``/``em``
+docs/results.md. It ships as the measured baseline for the next reading team. With ``verbatim: true``
+a reader's evidence reaches the answerer only if it stands word for word in that reader's passages
+(``quoted``): untrained readers reword a distractor's sentence around the asked name, and the answerer
+answered from those. Metrics: ``f1``/``em``
 (``outcome`` is F1); ``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
 ``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
@@ -106,13 +109,24 @@ def passages_of(task: Task) -> list[str]:
     return [str(p) for p in ctx]
 
 
+def _squash(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def quoted(evidence: str, passages: list[str]) -> bool:
+    """Whether ``evidence`` stands word for word in one of ``passages`` (case, spacing and punctuation aside)."""
+    words = _squash(evidence)
+    return bool(words) and any(f" {words} " in f" {_squash(p)} " for p in passages)
+
+
 class ReadingTeam:
     name = "reading_team"
 
-    def __init__(self, docs_per_reader: int = 2):
+    def __init__(self, docs_per_reader: int = 2, verbatim: bool = False):
         if docs_per_reader < 1:
             raise ValueError("docs_per_reader must be at least 1")
         self.docs_per_reader = docs_per_reader
+        self.verbatim = verbatim
 
     def roles(self) -> dict[str, AgentRole]:
         return {"reader": AgentRole("reader", parse_evidence, "copies the sentence that answers, from a few passages",
@@ -127,7 +141,8 @@ class ReadingTeam:
             ctx.call("reader", few_shot(READER_SYSTEM, READER_EXAMPLES, reading_prompt(c, task.question)))
             for c in chunks]))
         evidence = [(r.parsed.get("evidence") or "").strip() for r in readers]
-        notes = [e for e in evidence if e and NOTHING not in e.lower()]
+        notes = [e for e, c in zip(evidence, chunks) if e and NOTHING not in e.lower()
+                 and (not self.verbatim or quoted(e, c))]
         ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM, ANSWERER_EXAMPLES,
                                                   f"Question: {task.question}\nNotes: {numbered(notes)}"))
         answer = ans.parsed.get("answer")

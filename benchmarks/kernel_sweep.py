@@ -1,0 +1,127 @@
+"""Launch settings of the paged decode step's parts, measured one at a time on a GPU (issue 28's decode bar).
+
+* ``attention``: ``kernels.paged_attention`` over a grid of launch settings (16-bit MMAs or tf32, keys per
+  block, warps, pipeline stages) at batch 256 with ~192 keys a row and at batch 64 with 2,048, each
+  checked against ``paged_attention_ref``; the fastest setting within tolerance is the one to ship in
+  ``kernels.PAGED_LAUNCH``.
+* ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
+  heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
+  transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
+
+Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
+cost a graph removes, as in the engine). Random bf16 data.
+
+    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,gemm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_gpu as B  # noqa: E402
+
+DEV = "cuda"
+H, HKV, D, HIDDEN, INTER, VOCAB = 14, 2, 64, 896, 4864, 151936
+
+
+def graph_us(fn, n: int = 20) -> float:
+    """Microseconds per call of ``fn`` replayed ``n`` times inside one CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    return B.replay_ms(g.replay, n=15) * 1000.0 / n
+
+
+def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
+    from masrl.engines import kernels as K
+
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    lens = torch.randint(mean_len - 32, mean_len + 33, (batch,), generator=gen, device=DEV).to(torch.int32)
+    per_row = (int(lens.max()) + bs - 1) // bs
+    blocks = batch * per_row + 1
+    kf = torch.randn(blocks * bs, HKV, D, generator=gen, device=DEV).to(torch.bfloat16)
+    vf = torch.randn(blocks * bs, HKV, D, generator=gen, device=DEV).to(torch.bfloat16)
+    tables = (torch.randperm(blocks - 1, generator=gen, device=DEV)[: batch * per_row] + 1).view(batch, per_row)
+    tables = tables.to(torch.int32).contiguous()
+    q = torch.randn(batch, HKV, H // HKV, D, generator=gen, device=DEV).to(torch.bfloat16)
+    ref = K.paged_attention_ref(q.float(), kf.float(), vf.float(), tables, lens, per_row * bs, bs, D**-0.5)
+    return (q, kf, vf, tables, lens, per_row * bs, bs, D**-0.5), ref
+
+
+def attention(rows: list) -> None:
+    from masrl.engines import kernels as K
+
+    grid = list(itertools.product((False, True), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
+    for batch, mean_len in ((256, 192), (64, 2048)):
+        args, ref = attention_case(batch, mean_len)
+        kv_bytes = 2 * int(args[4].sum()) * HKV * D * 2
+        results = []
+        for lowp, block, warps, stages in grid:
+            launch = {"LOWP": lowp, "BLOCK": block, "num_warps": warps, "num_stages": stages}
+            try:
+                err = (K.paged_attention(*args, launch=launch).float() - ref).abs().max().item()
+                us = graph_us(lambda launch=launch, args=args: K.paged_attention(*args, launch=launch))
+            except Exception as exc:  # noqa: BLE001 - a setting the compiler rejects: report, go on
+                print(f"  {launch}: {type(exc).__name__}: {str(exc)[:120]}")
+                continue
+            results.append((us, err, launch))
+        shipped = next(r for r in results if all(r[2][k] == v for k, v in K.PAGED_LAUNCH["lowp"].items()))
+        print(f"\n== paged attention, batch {batch}, ~{mean_len} keys a row ({kv_bytes / 2**20:.1f} MiB of K and V; "
+              f"{kv_bytes / 4.8e12 * 1e6:.1f} us at 4.8 TB/s)")
+        print("| setting | us | vs shipped | max abs err vs fp32 |\n| --- | --- | --- | --- |")
+        for us, err, launch in sorted(results, key=lambda r: r[0])[:12] + [shipped]:
+            print(f"| {launch} | {us:.2f} | {shipped[0] / us:.2f}x | {err:.2e} |")
+        rows.append((f"paged attention b{batch} L~{mean_len}", shipped[0], min(r[0] for r in results if r[1] < 2e-2)))
+
+
+def gemm(rows: list) -> None:
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    shapes = {"qkv (bias)": (HIDDEN, (H + 2 * HKV) * D), "o": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
+              "down": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}
+    print("\n== decode matmuls, 0.5B shape, bf16\n"
+          "| matmul | batch | F.linear (TN) us | x @ w_t (NN) us | NN / TN | TFLOP/s (best) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, (k, n) in shapes.items():
+        w = (torch.randn(n, k, generator=gen, device=DEV) * 0.02).to(torch.bfloat16)
+        wt = w.t().contiguous()
+        bias = torch.zeros(n, device=DEV, dtype=torch.bfloat16) if "bias" in name else None
+        for m in (1, 64, 256):
+            x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
+            tn = graph_us(lambda x=x, w=w, bias=bias: F.linear(x, w, bias))
+            nn = graph_us(lambda x=x, wt=wt, bias=bias: torch.addmm(bias, x, wt) if bias is not None else x @ wt)
+            best = min(tn, nn)
+            print(f"| {name} | {m} | {tn:.2f} | {nn:.2f} | {nn / tn:.2f}x | {2 * m * k * n / best / 1e6:.0f} |")
+            if m == 256:
+                rows.append((f"{name} b256", tn, best))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="attention,gemm")
+    only = set(ap.parse_args().only.split(","))
+    print(B.header(), flush=True)
+    rows: list = []
+    if "attention" in only:
+        attention(rows)
+    if "gemm" in only:
+        gemm(rows)
+    print("\n| part | as shipped us | best us | best / shipped |\n| --- | --- | --- | --- |")
+    for name, now, best in rows:
+        print(f"| {name} | {now:.2f} | {best:.2f} | {best / now:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

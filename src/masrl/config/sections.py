@@ -283,7 +283,7 @@ class TrainConfig(Strict):
     eval_after: bool = True
     eval_every: int = Field(0, ge=0, description="evaluate on the held-out set every N steps (0: never during training)")
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
-    stop_when_stuck: int = Field(20, ge=0, description="end the run (checkpoint, final evaluation, exit status 3) "
+    stop_when_stuck: int = Field(40, ge=0, description="end the run (checkpoint, final evaluation, exit status 3) "
                                                         "after this many steps in which the training outcome never "
                                                         "rose above the first step's and most of every agent's groups "
                                                         "had equal rewards; 0: never")

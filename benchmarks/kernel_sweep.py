@@ -1,9 +1,9 @@
 """Launch settings of the paged decode step's parts, measured one at a time on a GPU (issue 28's decode bar).
 
 * ``attention``: ``kernels.paged_attention`` over a grid of launch settings (16-bit MMAs or tf32, keys per
-  block, warps, pipeline stages) at batch 256 with ~192 keys a row and at batch 64 with 2,048, each
-  checked against ``paged_attention_ref``; the fastest setting within tolerance is the one to ship in
-  ``kernels.PAGED_LAUNCH``.
+  block, warps, pipeline stages) from batch 256 x ~192 keys a row to batch 16 x ~8,192, each checked
+  against ``paged_attention_ref``; "shipped" is what ``kernels.paged_launch`` picks for the case's length
+  class, the fastest settings per length tell ``PAGED_LAUNCH`` and ``PAGED_LONG_KEYS`` what to be.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
   heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
   transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
@@ -65,8 +65,9 @@ def attention(rows: list) -> None:
     from masrl.engines import kernels as K
 
     grid = list(itertools.product((False, True), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
-    for batch, mean_len in ((256, 192), (64, 2048)):
+    for batch, mean_len in ((256, 192), (128, 512), (64, 1024), (64, 2048), (16, 8192)):
         args, ref = attention_case(batch, mean_len)
+        ship = K.paged_launch(torch.bfloat16, K.paged_length_class(int(args[4].max())))
         kv_bytes = 2 * int(args[4].sum()) * HKV * D * 2
         results = []
         for lowp, block, warps, stages in grid:
@@ -78,7 +79,7 @@ def attention(rows: list) -> None:
                 print(f"  {launch}: {type(exc).__name__}: {str(exc)[:120]}")
                 continue
             results.append((us, err, launch))
-        shipped = next(r for r in results if all(r[2][k] == v for k, v in K.PAGED_LAUNCH["lowp"].items()))
+        shipped = next(r for r in results if r[2] == ship)
         before = next(r for r in results if r[2] == {"LOWP": False, "BLOCK": 64, "num_warps": 4, "num_stages": 3})
         print(f"\n== paged attention, batch {batch}, ~{mean_len} keys a row ({kv_bytes / 2**20:.1f} MiB of K and V; "
               f"{kv_bytes / 4.8e12 * 1e6:.1f} us at 4.8 TB/s)")

@@ -300,18 +300,36 @@ def rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int)
 # launch settings of ``paged_attention`` by input kind, from benchmarks/kernel_sweep.py on an H200 (0.5B shape:
 # 2 KV heads of 64, query groups of 7): at batch 256 x ~192 keys, 16-bit MMAs over 64 keys a block took 9.8-10.0
 # us against 11.8-11.9 for tf32 (the earlier setting); 128 keys a block was fastest at batch 64 x 2,048 keys (35.6
-# against 58.6 us) but no faster at batch 256 (11.8 us), where most decode steps are (docs/benchmarks.md)
+# against 58.6 us) but no faster at batch 256 x ~192 (11.8 us). So the paged engine keys its decode graphs by a
+# length class too: rows longer than PAGED_LONG_KEYS take "lowp_long" (the threshold between the two measured
+# lengths is a guess; docs/benchmarks.md)
 PAGED_LAUNCH = {"lowp": {"LOWP": True, "BLOCK": 64, "num_warps": 4, "num_stages": 2},
+                "lowp_long": {"LOWP": True, "BLOCK": 128, "num_warps": 4, "num_stages": 3},
                 "fp32": {"LOWP": False, "BLOCK": 64, "num_warps": 4, "num_stages": 3}}
+PAGED_LONG_KEYS = 1024
+
+
+def paged_length_class(top: int) -> int:
+    """0 while every row has at most ``PAGED_LONG_KEYS`` keys, else ``PAGED_LONG_KEYS``: the ``S`` of a paged
+    decode graph's key when the fused kernel reads each row's own length."""
+    return PAGED_LONG_KEYS if top > PAGED_LONG_KEYS else 0
+
+
+def paged_launch(dtype: torch.dtype, S: int) -> dict:
+    """``paged_attention``'s launch settings for a pool of ``dtype`` and a graph of length class ``S``."""
+    if dtype == torch.float32:
+        return dict(PAGED_LAUNCH["fp32"])
+    return dict(PAGED_LAUNCH["lowp_long" if S >= PAGED_LONG_KEYS else "lowp"])
 
 
 def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float, launch: dict | None = None):
-    """``paged_attention_ref`` as one kernel; ``S`` is not needed (each row stops at its own length).
-    ``launch`` overrides ``PAGED_LAUNCH`` (LOWP, BLOCK, num_warps, num_stages)."""
+    """``paged_attention_ref`` as one kernel; each row stops at its own length, and ``S`` (a length class,
+    ``paged_length_class``) picks the launch settings (``paged_launch``); ``launch`` overrides them (LOWP,
+    BLOCK, num_warps, num_stages)."""
     B, Hkv, G, D = q.shape
     o = torch.empty_like(q)
     assert q.is_contiguous() and kf.stride(2) == 1 and kf.stride() == vf.stride() and tables.stride(1) == 1
-    cfg = dict(PAGED_LAUNCH["fp32" if q.dtype == torch.float32 else "lowp"])
+    cfg = paged_launch(q.dtype, S)
     cfg.update(launch or {})
     if q.dtype == torch.float32:
         cfg["LOWP"] = False  # fp32 pools: ieee dots, nothing rounded to 16 bits

@@ -414,8 +414,9 @@ class PagedEngine(GraphDecoder):
         k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
         kv = np.array([s.kv_len for s in seqs], dtype=np.int64)
         top = int(kv.max()) + k
-        # the fused kernel reads each row's length on the device: one graph per batch bucket serves any length
-        S = 0 if self.fused.get("paged_attention") else slot_bucket(top)
+        # the fused kernel reads each row's length on the device: one graph per batch bucket and length class
+        # (short rows and long ones launch it differently) serves any length
+        S = kernels.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)
         self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
         self._load_rows(seqs, Bb, kv)
         sp, temps, top_ps, flags = self._sampling(seqs)

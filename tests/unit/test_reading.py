@@ -91,11 +91,12 @@ def test_verbatim_team_passes_on_quotes_only_and_a_reworded_sentence_is_dropped(
                               {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
     notes = engine.seen[-1][1].messages[-1]["content"]
     assert true_sentence.upper() in notes and "1111" not in notes
+    assert tr.metrics["reader/quoted"] == 0.5 and tr.metrics["answerer/notes"] == 1.0  # 2 said something, 1 quoted
     assert quoted(true_sentence, ctx) and not quoted(f"{name} was born in 1111", ctx) and not quoted("  ", ctx)
     assert not quoted(true_sentence[: len(true_sentence) // 2] + "x", ctx)  # a word cut in half is no quote
     tr, engine = run_scripted(ReadingTeam(docs_per_reader=2), task,  # without verbatim both notes go through
                               {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
-    assert "1111" in engine.seen[-1][1].messages[-1]["content"]
+    assert "1111" in engine.seen[-1][1].messages[-1]["content"] and tr.metrics["answerer/notes"] == 2.0
 
 
 def test_team_with_a_wrong_answer_pays_nothing_and_odd_chunks_are_read_too():

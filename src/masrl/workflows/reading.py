@@ -23,6 +23,8 @@ a reader's evidence reaches the answerer only if it stands word for word in that
 answered from those. Metrics: ``f1``/``em``
 (``outcome`` is F1); ``reader/accuracy`` (readers whose evidence names the answer, among those whose passages held it),
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
+``reader/quoted`` (evidence other than "nothing useful" that stands word for word in the reader's
+passages), ``answerer/notes`` (notes the answerer was shown),
 ``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
 ``agent/grounded`` (its evidence names the answer).
 """
@@ -150,16 +152,20 @@ class ReadingTeam:
         for c in (*readers, ans):
             c.credit = f1
         held = [mentions(" ".join(c), task.answer) for c in chunks]
+        said = [(e, c) for e, c in zip(evidence, chunks) if e and NOTHING not in e.lower()]
         ctx.finish(answer, grounded=[float(mentions(e, task.answer)) for e, h in zip(evidence, held) if h],
-                   quiet=[float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h])
+                   quiet=[float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h],
+                   quoted=[float(quoted(e, c)) for e, c in said], notes=float(len(notes)))
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)
         out["answerer/accuracy"] = out["em"]
-        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet")):
+        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet"), ("quoted", "reader/quoted")):
             xs = trace.state.get(key) or []
             if xs:
                 out[name] = sum(xs) / len(xs)
+        if trace.state.get("notes") is not None:
+            out["answerer/notes"] = trace.state["notes"]
         return out
 
 

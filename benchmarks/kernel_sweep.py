@@ -4,6 +4,8 @@
   block, warps, pipeline stages) from batch 256 x ~192 keys a row to batch 16 x ~8,192, each checked
   against ``paged_attention_ref``; "shipped" is what ``kernels.paged_launch`` picks for the case's length
   class, the fastest settings per length tell ``PAGED_LAUNCH`` and ``PAGED_LONG_KEYS`` what to be.
+* ``fused``: ``kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; off until
+  this says it is faster: ``kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
   heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
   transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
@@ -11,7 +13,7 @@
 Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
 cost a graph removes, as in the engine). Random bf16 data.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,gemm]
+    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm]
 """
 
 from __future__ import annotations
@@ -90,6 +92,41 @@ def attention(rows: list) -> None:
         rows.append(("  the earlier setting (tf32, 64 keys, 4 warps, 3 stages)", before[0], before[0]))
 
 
+def fused_case(batch: int, mean_len: int):
+    """The two-kernel step and the one-kernel step of ``attention_case``'s rows, as two callables."""
+    from masrl.engines import kernels as K
+
+    (_, kf, vf, tables, lens, _, bs, scale), _ = attention_case(batch, mean_len)
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    qkv = torch.randn(batch, (H + 2 * HKV) * D, generator=gen, device=DEV).to(kf.dtype)
+    ang = torch.randn(batch, D // 2, generator=gen, device=DEV)
+    cos, sin = torch.cat([ang, ang], -1).cos().to(kf.dtype), torch.cat([ang, ang], -1).sin().to(kf.dtype)
+    pos = lens.long() - 1
+    slots = tables.gather(1, (pos // bs)[:, None]).squeeze(1).long() * bs + pos % bs
+    cls = K.paged_length_class(int(lens.max()))
+
+    def two():
+        qr = K.rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H, HKV, D)
+        return K.paged_attention(qr, kf, vf, tables, lens, cls, bs, scale).reshape(batch, H * D)
+
+    def one():
+        return K.paged_rope_attention(qkv, cos, sin, kf, vf, slots, tables, lens, H, HKV, D, cls, bs, scale)
+
+    return two, one
+
+
+def fused(rows: list) -> None:
+    """``kernels.paged_rope_attention`` (one launch) against ``rope_and_cache_paged`` + ``paged_attention``."""
+    print("\n== rope + paged attention: two kernels against one\n| case | two kernels us | one kernel us | one / two |"
+          " max abs err |\n| --- | --- | --- | --- | --- |")
+    for batch, mean_len in ((256, 192), (64, 2048)):
+        two, one = fused_case(batch, mean_len)
+        err = (two().float() - one().float()).abs().max().item()
+        t2, t1 = graph_us(two), graph_us(one)
+        print(f"| batch {batch}, ~{mean_len} keys | {t2:.2f} | {t1:.2f} | {t1 / t2:.2f}x | {err:.2e} |")
+        rows.append((f"rope + attention b{batch} L~{mean_len}", t2, t1))
+
+
 def gemm(rows: list) -> None:
     gen = torch.Generator(device=DEV).manual_seed(0)
     shapes = {"qkv (bias)": (HIDDEN, (H + 2 * HKV) * D), "o": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
@@ -113,12 +150,14 @@ def gemm(rows: list) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="attention,gemm")
+    ap.add_argument("--only", default="attention,fused,gemm")
     only = set(ap.parse_args().only.split(","))
     print(B.header(), flush=True)
     rows: list = []
     if "attention" in only:
         attention(rows)
+    if "fused" in only:
+        fused(rows)
     if "gemm" in only:
         gemm(rows)
     print("\n| part | as shipped us | best us | best / shipped |\n| --- | --- | --- | --- |")

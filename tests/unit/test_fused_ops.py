@@ -33,3 +33,21 @@ def test_fused_kernels_agree_with_torch_in_the_interpreter():
         assert "'rms_norm': None" in line and "'silu_mul': None" in line
         assert "'rope_and_cache': None" in line and "'decode_attention': None" in line
     assert lines[2] == "training {'rope': True, 'swiglu': True, 'token_logprobs': True}"
+
+
+PAGED = """
+import torch
+from masrl.engines import kernels
+kernels.PAGED_FUSED_ROPE = True
+cpu = torch.device("cpu")
+for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
+    v = kernels.check(cpu, dtype, 14, 2, 64, 896, 4864)
+    print(dtype, v["paged_attention"], v["rope_and_cache_paged"], v["paged_rope_attention"])
+"""
+
+
+def test_paged_kernels_and_the_fused_rope_attention_agree_with_torch_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", PAGED], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["torch.float32", "None", "None", "None", "torch.float16", "None", "None", "None"]

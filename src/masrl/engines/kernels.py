@@ -96,6 +96,14 @@ def paged_attention_ref(q, kf, vf, tables, lens, S: int, block_size: int, scale:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, None, None, :], scale=scale)
 
 
+def paged_rope_attention_ref(qkv, cos, sin, kf, vf, slots, tables, lens, H: int, Hkv: int, D: int, S: int,
+                             block_size: int, scale: float):
+    """``rope_and_cache_paged_ref`` then ``paged_attention_ref``: this step's k, v into the pool, the roped
+    query against each row's ``lens[b]`` tokens (this step's last); returns ``[B, H*D]``."""
+    q = rope_and_cache_paged_ref(qkv, cos, sin, kf, vf, slots, H, Hkv, D).to(qkv.dtype)
+    return paged_attention_ref(q, kf, vf, tables, lens, S, block_size, scale).reshape(qkv.shape[0], H * D)
+
+
 def silu_mul_ref(gu):
     inter = gu.shape[-1] // 2
     return F.silu(gu[:, :inter]) * gu[:, inter:]
@@ -247,6 +255,87 @@ if triton is not None:
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
 
     @triton.jit
+    def _paged_rope_attn_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, bt_ptr, len_ptr, o_ptr, scale,
+                                stride_qkv, stride_cs, stride_ks, stride_kh, stride_bt, H: tl.constexpr,
+                                HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                                HALF: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr,
+                                LOWP: tl.constexpr):
+        # _rope_cache_kernel and _paged_attn_kernel in one program per (row, kv head): rope this head's G
+        # queries and its key (each rounded to the pool's dtype, as the two kernels store them), write the key
+        # and value at the row's slot, attend over the row's earlier len - 1 tokens from the pool (never the
+        # slot just written, so no program reads another's store), then this step's token from registers.
+        # Queries and keys are kept as two halves, the rotation's own split: q.k = q1.k1 + q2.k2
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        g = tl.arange(0, GP)
+        i = tl.arange(0, HALF)
+        d = tl.arange(0, D)
+        gm = g < G
+        dt = k_ptr.dtype.element_ty
+        c1 = tl.load(cos_ptr + b * stride_cs + i).to(tl.float32)
+        c2 = tl.load(cos_ptr + b * stride_cs + HALF + i).to(tl.float32)
+        s1 = tl.load(sin_ptr + b * stride_cs + i).to(tl.float32)
+        s2 = tl.load(sin_ptr + b * stride_cs + HALF + i).to(tl.float32)
+        qrow = qkv_ptr + b * stride_qkv + (h * G + g[:, None]) * D
+        x1 = tl.load(qrow + i[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+        x2 = tl.load(qrow + HALF + i[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+        q1 = (x1 * c1[None, :] - x2 * s1[None, :]).to(dt)
+        q2 = (x2 * c2[None, :] + x1 * s2[None, :]).to(dt)
+        krow = qkv_ptr + b * stride_qkv + (H + h) * D
+        y1 = tl.load(krow + i).to(tl.float32)
+        y2 = tl.load(krow + HALF + i).to(tl.float32)
+        k1 = (y1 * c1 - y2 * s1).to(dt)
+        k2 = (y2 * c2 + y1 * s2).to(dt)
+        vn = tl.load(qkv_ptr + b * stride_qkv + (H + HKV + h) * D + d).to(dt)
+        here = tl.load(slot_ptr + b).to(tl.int64) * stride_ks + h * stride_kh
+        tl.store(k_ptr + here + i, k1)
+        tl.store(k_ptr + here + HALF + i, k2)
+        tl.store(v_ptr + here + d, vn)
+        if not LOWP:
+            q1 = q1.to(tl.float32)
+            q2 = q2.to(tl.float32)
+        m_i = tl.full([GP], -1.0e30, tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        L = tl.load(len_ptr + b) - 1
+        for start in range(0, L, BLOCK):
+            t = start + tl.arange(0, BLOCK)
+            tm = t < L
+            page = tl.load(bt_ptr + b * stride_bt + t // BS, mask=tm, other=0).to(tl.int64)
+            off = (page * BS + t % BS)[:, None] * stride_ks + h * stride_kh
+            ka = tl.load(k_ptr + off + i[None, :], mask=tm[:, None], other=0.0)
+            kb = tl.load(k_ptr + off + HALF + i[None, :], mask=tm[:, None], other=0.0)
+            v = tl.load(v_ptr + off + d[None, :], mask=tm[:, None], other=0.0)
+            if LOWP:
+                scores = (tl.dot(q1, tl.trans(ka)) + tl.dot(q2, tl.trans(kb))) * scale
+            else:
+                scores = (tl.dot(q1, tl.trans(ka.to(tl.float32)), input_precision=PREC)
+                          + tl.dot(q2, tl.trans(kb.to(tl.float32)), input_precision=PREC)) * scale
+            scores = tl.where(tm[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if LOWP:
+                p_hi = p.to(v.dtype)
+                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+                pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
+            else:
+                pv = tl.dot(p, v.to(tl.float32), input_precision=PREC)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        s_new = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
+                 + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)) * scale
+        m_new = tl.maximum(m_i, s_new)
+        alpha = tl.exp(m_i - m_new)
+        p_new = tl.exp(s_new - m_new)
+        l_i = l_i * alpha + p_new
+        acc = acc * alpha[:, None] + p_new[:, None] * vn.to(tl.float32)[None, :]
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + (b * H + h * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=gm[:, None])
+
+    @triton.jit
     def _silu_mul_kernel(gu_ptr, y_ptr, stride_gu, stride_y, n, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -340,6 +429,31 @@ def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: flo
     return o
 
 
+# one kernel for rope_and_cache_paged + paged_attention in the paged engine's decode step (one launch a layer
+# fewer); off until benchmarks/kernel_sweep.py has measured it against the two kernels on a GPU
+PAGED_FUSED_ROPE = False
+
+
+def paged_rope_attention(qkv, cos, sin, kf, vf, slots, tables, lens, H: int, Hkv: int, D: int, S: int,
+                         block_size: int, scale: float, launch: dict | None = None):
+    """``paged_rope_attention_ref`` as one kernel (launch settings as ``paged_attention``'s)."""
+    B = qkv.shape[0]
+    o = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)
+    assert kf.stride(2) == 1 and kf.stride() == vf.stride() and cos.stride(0) == sin.stride(0)
+    assert qkv.stride(1) == 1 and tables.stride(1) == 1
+    cfg = paged_launch(kf.dtype, S)
+    cfg.update(launch or {})
+    if kf.dtype == torch.float32:
+        cfg["LOWP"] = False
+    G = H // Hkv
+    with on_device(qkv):
+        _paged_rope_attn_kernel[(B, Hkv)](qkv, cos, sin, kf, vf, slots, tables, lens, o, scale, qkv.stride(0),
+                                          cos.stride(0), kf.stride(0), kf.stride(1), tables.stride(0), H=H, HKV=Hkv,
+                                          G=G, GP=max(16, triton.next_power_of_2(G)), D=D, HALF=D // 2,
+                                          BS=block_size, PREC="ieee" if kf.dtype == torch.float32 else "tf32", **cfg)
+    return o
+
+
 def silu_mul(gu):
     B, n2 = gu.shape
     n = n2 // 2
@@ -410,8 +524,28 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int, hi
         a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5)
         return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
 
-    return _verdicts({"rms_norm": rms, "silu_mul": silu, "rope_and_cache": rope, "decode_attention": attention,
-                      "rope_and_cache_paged": rope_paged, "paged_attention": attention_paged})
+    checks = {"rms_norm": rms, "silu_mul": silu, "rope_and_cache": rope, "decode_attention": attention,
+              "rope_and_cache_paged": rope_paged, "paged_attention": attention_paged}
+    if PAGED_FUSED_ROPE:
+        checks["paged_rope_attention"] = lambda: _check_rope_attention_paged(rnd, close, g, device, dtype, H, Hkv, D)
+    return _verdicts(checks)
+
+
+def _check_rope_attention_paged(rnd, close, g, device, dtype, H: int, Hkv: int, D: int) -> bool:
+    """``paged_rope_attention`` against its torch version: the output and the pool it wrote."""
+    B, bs, blocks = 3, 16, 40
+    kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
+    tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
+    lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
+    pos = lens.long() - 1
+    slots = tables.gather(1, (pos // bs)[:, None]).squeeze(1).long() * bs + pos % bs
+    qkv = rnd(B, (H + 2 * Hkv) * D)
+    ang = rnd(B, D // 2).float()
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dtype), torch.cat([ang, ang], -1).sin().to(dtype)
+    c = [t.clone() for t in (kf, vf, kf, vf)]
+    a = paged_rope_attention(qkv, cos, sin, c[0], c[1], slots, tables, lens, H, Hkv, D, 0, bs, D**-0.5)
+    b = paged_rope_attention_ref(qkv, cos, sin, c[2], c[3], slots, tables, lens, H, Hkv, D, 160, bs, D**-0.5)
+    return close(a, b) and close(c[0], c[2]) and torch.equal(c[1], c[3])
 
 
 def _verdicts(checks: dict) -> dict:

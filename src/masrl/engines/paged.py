@@ -492,9 +492,13 @@ class PagedEngine(GraphDecoder):
 
     def _attention(self, li, qkv, cos, sin, B, S):
         f, fwd = self.fused, self.fwd
+        kf, vf = self.kv[li]
+        if f.get("paged_rope_attention"):  # kernels.PAGED_FUSED_ROPE: the two kernels below as one
+            return kernels.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B],
+                                                self.len_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim, S,
+                                                self.block_size, fwd.scale)
         rope = kernels.rope_and_cache_paged if f.get("rope_and_cache_paged") else kernels.rope_and_cache_paged_ref
         attend = kernels.paged_attention if f.get("paged_attention") else kernels.paged_attention_ref
-        kf, vf = self.kv[li]
         q = rope(qkv, cos, sin, kf, vf, self.slot_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim)
         o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
         return o.reshape(B, fwd.n_heads * fwd.head_dim)

@@ -24,7 +24,9 @@
 #   reading_team                      4 readers of 2 passages each, then an answerer (5 calls)
 #   reading_team4                     2 readers of 4 passages each, then an answerer (3 calls)
 #   reading_team4v                    the same, and a reader's evidence reaches the answerer only if it is a quote
+#   reading_team4s                    2 readers of 4 passages who name the passage that answers; the answerer reads it
 #   reading_agent, reading_agent_ev   one call reads all 8 passages; the second prompted as the team's reader
+#   reading_agent_sel                 one call reads all 8, names the passage that answers, then answers
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -77,7 +79,10 @@ for a in ${ARMS:-team_roles solver}; do
     reading_team4) arm reading_team4 configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 ;;
     reading_team4v) arm reading_team4v configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
       workflow.options.verbatim=true ;;
+    reading_team4s) arm reading_team4s configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
+      workflow.options.readers=select ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
+    reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac

@@ -9,7 +9,14 @@ from masrl.config import load_config
 from masrl.data.qa_tasks import world_tasks
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
-from masrl.workflows.reading import READER_EXAMPLES, ReadingAgent, ReadingTeam, passages_of, quoted
+from masrl.workflows.reading import (
+    READER_EXAMPLES,
+    SELECT_EXAMPLES,
+    ReadingAgent,
+    ReadingTeam,
+    passages_of,
+    quoted,
+)
 
 TEAM = str(Path(__file__).resolve().parents[2] / "configs" / "reading_team.yaml")
 
@@ -97,6 +104,43 @@ def test_verbatim_team_passes_on_quotes_only_and_a_reworded_sentence_is_dropped(
     tr, engine = run_scripted(ReadingTeam(docs_per_reader=2), task,  # without verbatim both notes go through
                               {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
     assert "1111" in engine.seen[-1][1].messages[-1]["content"] and tr.metrics["answerer/notes"] == 2.0
+
+
+def test_selecting_readers_pass_the_whole_passage_they_name_and_a_bad_number_passes_nothing():
+    task = next(t for t in _tasks() if t.question.startswith("Which organisation"))
+    gold, name = task.answer[0], _subject(task)
+    ctx = task.meta["context"]
+    at = next(i for i, p in enumerate(ctx) if p.startswith(name + ":"))
+    held, within = at // 4, at % 4
+    readers = ["<doc>none</doc>", "<doc>none</doc>"]
+    readers[held] = f"<doc>{within + 1}</doc>"
+    readers[1 - held] = "<doc>7</doc>"  # out of its chunk's range: no note, and not quiet
+    tr, engine = run_scripted(ReadingTeam(docs_per_reader=4, readers="select"), task,
+                              {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
+    assert [c.agent for c in tr.calls] == ["reader", "reader", "answerer"]
+    notes = engine.seen[-1][1].messages[-1]["content"]
+    assert notes.endswith(f"Notes: 1. {ctx[at]}")  # the named passage, whole, and nothing else
+    m = tr.metrics
+    assert m["reader/accuracy"] == 1.0 and m["reader/quiet"] == 0.0 and m["answerer/notes"] == 1.0
+    assert m["outcome"] == 1.0 and all(c.credit == 1.0 for c in tr.calls)
+    shown = engine.seen[0][1].messages
+    assert "<doc>" in shown[2]["content"] and "<evidence>" not in " ".join(x["content"] for x in shown)
+    # the examples name first and second passages and "none", so no one reply is always right
+    assert {a for _, a in SELECT_EXAMPLES} == {"<doc>1</doc>", "<doc>2</doc>", "<doc>none</doc>"}
+    with pytest.raises(ValueError, match="readers must be 'quote'"):
+        ReadingTeam(readers="pick")
+
+
+def test_selecting_agent_names_a_passage_then_answers():
+    task = next(t for t in _tasks() if t.question.startswith("In what year"))
+    gold, name = task.answer[0], _subject(task)
+    at = next(i for i, p in enumerate(task.meta["context"]) if p.startswith(name + ":"))
+    tr, _ = run_scripted(ReadingAgent(select=True), task, {"agent": [f"<doc>{at + 1}</doc><answer>{gold}</answer>"]})
+    assert tr.metrics["agent/grounded"] == 1.0 and tr.metrics["outcome"] == 1.0 and tr.calls[0].format_ok
+    tr, _ = run_scripted(ReadingAgent(select=True), task, {"agent": [f"<doc>{(at + 1) % 8 + 1}</doc><answer>x</answer>"]})
+    assert tr.metrics["agent/grounded"] == 0.0 and tr.metrics["outcome"] == 0.0
+    with pytest.raises(ValueError, match="not both"):
+        ReadingAgent(evidence=True, select=True)
 
 
 def test_team_with_a_wrong_answer_pays_nothing_and_odd_chunks_are_read_too():

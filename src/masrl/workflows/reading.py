@@ -9,8 +9,13 @@ reader      <evidence>the sentence that answers</evidence> or <evidence>nothing 
             one call per chunk, all in parallel
 answerer    <answer>text</answer> from the readers' evidence
 
+``readers: select`` instead: each reader names the passage that answers (``<doc>n</doc>`` or
+``<doc>none</doc>``) and the answerer reads the named passages whole, so no reader can put words in
+a note that its passages do not hold.
+
 ``reading_agent`` (the single-agent control): one call that sees every passage and answers; with
-``evidence: true`` it is prompted as the team's reader is (copy the sentence, then answer).
+``evidence: true`` it is prompted as the team's reader is (copy the sentence, then answer), with
+``select: true`` as the selecting team is (name the passage, then answer).
 
 What the team has that the one call lacks is a short context per call: each reader looks for one
 name among ``docs_per_reader`` passages instead of all of them. Credit (the ``credit`` reward):
@@ -95,6 +100,42 @@ AGENT_EVIDENCE_EXAMPLES = [(reading_prompt(docs, q), f"<evidence>{s}</evidence><
                            for docs, q, s, a in _CASES]
 
 
+SELECT_SYSTEM = ("You find the document that answers a question. Write its number in <doc></doc>, or "
+                 "<doc>none</doc> if no document answers it.")
+# the answering passage second, first, then alone among others: no position is always right
+SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q), f"<doc>{2 if i % 2 == 0 else 1}</doc>")
+                   for i, (docs, q, _, _) in enumerate(_CASES)]
+SELECT_EXAMPLES += [(reading_prompt([docs[0]], q), "<doc>none</doc>") for docs, q, _, _ in _CASES[::2]]
+# the answerer of selected passages: one passage, then the answering one beside another
+ANSWERER_PASSAGE_EXAMPLES = [
+    (f"Question: {_CASES[0][1]}\nNotes: 1. {_CASES[0][0][1]}", f"<answer>{_CASES[0][3]}</answer>"),
+    (f"Question: {_CASES[1][1]}\nNotes: {numbered(_CASES[1][0])}", f"<answer>{_CASES[1][3]}</answer>"),
+]
+AGENT_SELECT_SYSTEM = ("You answer a question from documents. Write the number of the document that answers it in "
+                       "<doc></doc>, then only the short answer in <answer></answer>.")
+AGENT_SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q),
+                          f"<doc>{2 if i % 2 == 0 else 1}</doc><answer>{a}</answer>")
+                         for i, (docs, q, _, a) in enumerate(_CASES)]
+
+
+def _doc_number(s: str) -> bool:
+    return s.strip().lower() == "none" or s.strip().isdigit()
+
+
+def parse_doc(text: str) -> ParseResult:
+    return parse_tags(text, [TagSpec("doc", _doc_number)])
+
+
+def parse_doc_answer(text: str) -> ParseResult:
+    return parse_tags(text, [TagSpec("doc", _doc_number), TagSpec("answer", nonempty)])
+
+
+def picked(call, chunk: list[str]) -> str | None:
+    """The passage of ``chunk`` a ``<doc>n</doc>`` reply names (1-based), or None."""
+    n = (call.parsed.get("doc") or "").strip()
+    return chunk[int(n) - 1] if n.isdigit() and 1 <= int(n) <= len(chunk) else None
+
+
 def parse_evidence_answer(text: str) -> ParseResult:
     return parse_tags(text, [TagSpec("evidence", nonempty), TagSpec("answer", nonempty)])
 
@@ -124,38 +165,58 @@ def quoted(evidence: str, passages: list[str]) -> bool:
 class ReadingTeam:
     name = "reading_team"
 
-    def __init__(self, docs_per_reader: int = 2, verbatim: bool = False):
+    def __init__(self, docs_per_reader: int = 2, verbatim: bool = False, readers: str = "quote"):
         if docs_per_reader < 1:
             raise ValueError("docs_per_reader must be at least 1")
+        if readers not in ("quote", "select"):
+            raise ValueError(f"readers must be 'quote' (copy the sentence) or 'select' (name the passage), not {readers!r}")
         self.docs_per_reader = docs_per_reader
         self.verbatim = verbatim
+        self.select = readers == "select"
 
     def roles(self) -> dict[str, AgentRole]:
-        return {"reader": AgentRole("reader", parse_evidence, "copies the sentence that answers, from a few passages",
-                                    48, ("</evidence>",)),
+        reader = (AgentRole("reader", parse_doc, "names the passage that answers, among a few", 8, ("</doc>",))
+                  if self.select else
+                  AgentRole("reader", parse_evidence, "copies the sentence that answers, from a few passages", 48,
+                            ("</evidence>",)))
+        return {"reader": reader,
                 "answerer": AgentRole("answerer", parse_answer, "answers from the readers' evidence", 24,
                                       ("</answer>",))}
 
     async def run(self, task: Task, ctx) -> None:
         passages, k = passages_of(task), self.docs_per_reader
         chunks = [passages[i:i + k] for i in range(0, len(passages), k)]
+        system, examples = (SELECT_SYSTEM, SELECT_EXAMPLES) if self.select else (READER_SYSTEM, READER_EXAMPLES)
         readers = list(await asyncio.gather(*[
-            ctx.call("reader", few_shot(READER_SYSTEM, READER_EXAMPLES, reading_prompt(c, task.question)))
-            for c in chunks]))
-        evidence = [(r.parsed.get("evidence") or "").strip() for r in readers]
-        notes = [e for e, c in zip(evidence, chunks) if e and NOTHING not in e.lower()
-                 and (not self.verbatim or quoted(e, c))]
-        ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM, ANSWERER_EXAMPLES,
+            ctx.call("reader", few_shot(system, examples, reading_prompt(c, task.question))) for c in chunks]))
+        notes, state = (self._selected if self.select else self._quoted)(readers, chunks, task)
+        ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM,
+                                                  ANSWERER_PASSAGE_EXAMPLES if self.select else ANSWERER_EXAMPLES,
                                                   f"Question: {task.question}\nNotes: {numbered(notes)}"))
         answer = ans.parsed.get("answer")
         f1 = f1_of(answer, task)
         for c in (*readers, ans):
             c.credit = f1
-        held = [mentions(" ".join(c), task.answer) for c in chunks]
+        ctx.finish(answer, notes=float(len(notes)), **state)
+
+    def _quoted(self, readers, chunks, task):
+        """Evidence sentences (``readers: quote``), quotes only with ``verbatim``; and the readers' metrics."""
+        evidence = [(r.parsed.get("evidence") or "").strip() for r in readers]
         said = [(e, c) for e, c in zip(evidence, chunks) if e and NOTHING not in e.lower()]
-        ctx.finish(answer, grounded=[float(mentions(e, task.answer)) for e, h in zip(evidence, held) if h],
-                   quiet=[float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h],
-                   quoted=[float(quoted(e, c)) for e, c in said], notes=float(len(notes)))
+        notes = [e for e, c in said if not self.verbatim or quoted(e, c)]
+        held = [mentions(" ".join(c), task.answer) for c in chunks]
+        return notes, {"grounded": [float(mentions(e, task.answer)) for e, h in zip(evidence, held) if h],
+                       "quiet": [float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h],
+                       "quoted": [float(quoted(e, c)) for e, c in said]}
+
+    def _selected(self, readers, chunks, task):
+        """The passages the readers named (``readers: select``), whole; and the readers' metrics."""
+        picks = [picked(r, c) for r, c in zip(readers, chunks)]
+        held = [mentions(" ".join(c), task.answer) for c in chunks]
+        return [p for p in picks if p is not None], {
+            "grounded": [float(p is not None and mentions(p, task.answer)) for p, h in zip(picks, held) if h],
+            "quiet": [float((r.parsed.get("doc") or "").strip().lower() == "none")
+                      for r, h in zip(readers, held) if not h]}
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)
@@ -174,23 +235,36 @@ class ReadingAgent:
 
     name = "reading_agent"
 
-    def __init__(self, evidence: bool = False):
+    def __init__(self, evidence: bool = False, select: bool = False):
+        if evidence and select:
+            raise ValueError("reading_agent: choose evidence (copy the sentence) or select (name the passage), not both")
         self.evidence = evidence
+        self.select = select
 
     def roles(self) -> dict[str, AgentRole]:
+        if self.select:
+            return {"agent": AgentRole("agent", parse_doc_answer, "names the passage that answers, then answers", 32,
+                                       ("</answer>",))}
         if self.evidence:
             return {"agent": AgentRole("agent", parse_evidence_answer, "copies the sentence that answers, then answers",
                                        72, ("</answer>",))}
         return {"agent": AgentRole("agent", parse_answer, "answers from every passage", 24, ("</answer>",))}
 
     async def run(self, task: Task, ctx) -> None:
-        system, examples = ((AGENT_EVIDENCE_SYSTEM, AGENT_EVIDENCE_EXAMPLES) if self.evidence
+        system, examples = ((AGENT_SELECT_SYSTEM, AGENT_SELECT_EXAMPLES) if self.select
+                            else (AGENT_EVIDENCE_SYSTEM, AGENT_EVIDENCE_EXAMPLES) if self.evidence
                             else (AGENT_SYSTEM, AGENT_EXAMPLES))
-        call = await ctx.call("agent", few_shot(system, examples, reading_prompt(passages_of(task), task.question)))
+        passages = passages_of(task)
+        call = await ctx.call("agent", few_shot(system, examples, reading_prompt(passages, task.question)))
         answer = call.parsed.get("answer")
         call.credit = f1_of(answer, task)
-        ctx.finish(answer, grounded=float(mentions(call.parsed.get("evidence") or "", task.answer)) if self.evidence
-                   else None)
+        grounded = None
+        if self.evidence:
+            grounded = float(mentions(call.parsed.get("evidence") or "", task.answer))
+        elif self.select:
+            p = picked(call, passages)
+            grounded = float(p is not None and mentions(p, task.answer))
+        ctx.finish(answer, grounded=grounded)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)

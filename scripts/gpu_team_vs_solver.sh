@@ -101,5 +101,5 @@ if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
 fi
 for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|maj@|error|Error" "$f" | tail -4; done
 "$PY" -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
-tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
+tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval_traces.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
 ls -la "$OUT"

@@ -42,6 +42,11 @@ def test_loggers_and_evaluation_during_training(tmp_path):
     evals = [(r["step"], r["eval"]) for r in lines if "eval" in r]
     assert evals == [(0, "before"), (1, "held_out"), (2, "after")]
     assert all("pass@3" in r and "maj@3" in r and r["k"] == 3 for r in lines if "eval" in r)
+    # each evaluation's first eval.log_traces traces, with its step and label, every call's prompt and reply
+    written = [json.loads(x) for x in (run / "eval_traces.jsonl").read_text().splitlines()]
+    n = min(32, 3 * data["data"]["eval"]["n"])
+    assert [(r["step"], r["eval"]) for r in written] == [(0, "before")] * n + [(1, "held_out")] * n + [(2, "after")] * n
+    assert all(r["calls"] and r["calls"][0]["messages"] and "final_answer" in r for r in written)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(run / "tensorboard"))
@@ -68,7 +73,12 @@ def test_held_out_tasks_of_several_levels_are_also_reported_per_level(tmp_path):
 
     data = tiny_config("math_solver", tmp_path / "run", steps=1)
     data["data"]["eval"] = {"source": "arithmetic", "n": 6, "seed": 2, "levels": [1, 3]}
+    data["output_dir"] = str(tmp_path / "out")
+    data["eval"] = {"log_traces": 4}
     summary = evaluate(load_config(data=data))
+    assert len((tmp_path / "out" / "eval_traces.jsonl").read_text().splitlines()) == 4
+    evaluate(load_config(data=data))  # again into the same folder: its traces replace the first ones
+    assert len((tmp_path / "out" / "eval_traces.jsonl").read_text().splitlines()) == 4
     want: dict[str, int] = {}
     for t in arithmetic.generate(6, seed=2, levels=[1, 3]):
         want[str(t.meta["level"])] = want.get(str(t.meta["level"]), 0) + 1

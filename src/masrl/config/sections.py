@@ -299,6 +299,9 @@ class TrainConfig(Strict):
 class EvalConfig(Strict):
     temperature: float = Field(0.0, ge=0, description="sampling temperature at eval (0 = greedy)")
     samples_per_task: int = Field(1, ge=1, description="k: pass@1, pass@k (unbiased estimator) and maj@k over k samples")
+    log_traces: int = Field(32, ge=0, description="held-out traces written per evaluation to eval_traces.jsonl in the "
+                                                  "run's folder (masrl eval: in output_dir), every call's prompt and "
+                                                  "reply; 0: none")
 
     @model_validator(mode="after")
     def _check(self) -> "EvalConfig":

@@ -58,6 +58,7 @@ class Trainer:
         self.stopped: str | None = None  # why the run ended early (train.stop_when_stuck)
         self._window: list[dict] = []  # the last train.stop_when_stuck step records
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
+        self.last_eval_traces: list = []  # the last evaluation's (eval.log_traces of them go to eval_traces.jsonl)
 
     def log(self, msg: str) -> None:
         self.console.print(msg, markup=False, soft_wrap=True)
@@ -95,7 +96,7 @@ class Trainer:
 
     def _forget_after(self, step: int) -> None:
         """Drop metric and trace lines of steps after ``step`` (they ran past the checkpoint and are redone)."""
-        for name in ("metrics.jsonl", "traces.jsonl"):
+        for name in ("metrics.jsonl", "traces.jsonl", "eval_traces.jsonl"):
             path = self.run_dir / name
             if path.is_file():
                 keep = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x).get("step", 0) <= step]
@@ -171,6 +172,7 @@ class Trainer:
                     combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
                 except InfraError as exc:  # a reward service (a judge) failed: counted as a failed trace
                     tr.error = f"reward: {exc}"
+        self.last_eval_traces = traces
         summary = summarize_traces(traces)
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")
         if e.samples_per_task > 1:
@@ -384,14 +386,24 @@ class Trainer:
             summary = await self.evaluate(f"eval at the best checkpoint (step {self.best.step})")
             self.step = last  # the run trained `last` steps: what it reports after this says so
         summary.update(best_step=self.best.step, validation=self.best.score)
+        self.write_eval_traces(self.run_dir, self.best.step, "best")
         loggers.log_eval(self.best.step, "best", summary)
         self._write_json("eval_best.json", summary)
         self.log(f"[masrl] held-out at the best-by-validation checkpoint (step {self.best.step}, validation "
                  f"{self.best.score:.3f}): {eval_line(summary)}")
         return summary
 
+    def write_eval_traces(self, folder: Path, step: int, label: str) -> None:
+        """The first ``eval.log_traces`` traces of the last evaluation, appended to ``folder/eval_traces.jsonl``."""
+        n = self.cfg.eval.log_traces
+        if n and self.last_eval_traces:
+            with (folder / "eval_traces.jsonl").open("a") as f:
+                for t in self.last_eval_traces[:n]:
+                    f.write(json.dumps({**t.to_dict(), "step": step, "eval": label}, default=str) + "\n")
+
     async def _eval_and_log(self, loggers, label: str, title: str) -> dict:
         summary = await self.evaluate(title)
+        self.write_eval_traces(self.run_dir, self.step, label)
         loggers.log_eval(self.step, label, summary)
         if label in ("before", "after"):
             self._write_json(f"eval_{label}.json", summary)
@@ -444,5 +456,8 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval.json").write_text(json.dumps(summary, indent=1, default=str))
-        trainer.log(f"[masrl] wrote {out / 'eval.json'}")
+        (out / "eval_traces.jsonl").unlink(missing_ok=True)  # this evaluation's traces, not an earlier one's too
+        trainer.write_eval_traces(out, trainer.step, "eval")
+        trainer.log(f"[masrl] wrote {out / 'eval.json'}"
+                    + (f" and {out / 'eval_traces.jsonl'}" if cfg.eval.log_traces else ""))
     return summary

@@ -2,7 +2,8 @@
 static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
 the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] [--cases 0.5b:256]
+    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
+        [--cases 0.5b:256,0.5b:64:2048]   (shape:batch[:prompt tokens])
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def build_engine(kind: str, shape: str):
     return StaticEngine(model, tok, [tok.eos_token_id], device=B.DEV)
 
 
-def decode(shape: str, batch: int, kind: str = "static") -> None:
-    """One decode step of ``batch`` rows after a 128-token prompt: its kernels eager, then the replayed
+def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128) -> None:
+    """One decode step of ``batch`` rows after a ``prompt``-token prompt: its kernels eager, then the replayed
     CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
     from masrl.config import SamplingParams
     from masrl.messages import GenRequest
 
     eng = build_engine(kind, shape)
-    reqs = [GenRequest(list(range(100, 228)), SamplingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True))] * batch
+    sp = SamplingParams(temperature=1.0, max_new_tokens=64, ignore_eos=True)
+    # a prompt of its own per row: rows that shared one would share the paged engine's blocks (and the cache lines)
+    reqs = [GenRequest([100 + (i * 7 + r * 131) % 5000 for i in range(prompt)], sp) for r in range(batch)]
     eng.generate(reqs)
     torch.cuda.synchronize()
     keys = [k for k in eng.graphs if k[0] >= batch]  # the graphs the run decoded with: its batch bucket, widest
@@ -77,7 +80,7 @@ def decode(shape: str, batch: int, kind: str = "static") -> None:
                 eng._decode_body(Bb, S)
             torch.cuda.synchronize()
         n, ms = kernels_in(prof)
-        print(f"\n== decode {kind} {shape} batch {batch} (bucket {Bb}, slots {S or 'by length'}), eager step: "
+        print(f"\n== decode {kind} {shape} batch {batch}, {prompt}-token prompt (bucket {Bb}, graph key {key}), eager step: "
               f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
         print(table(prof, 14))
         g = eng.graphs[key][0]
@@ -133,14 +136,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="decode,update")
     ap.add_argument("--engines", default="static,paged", help="whose decode step to profile")
-    ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256", help="decode shapes and batches, shape:batch,...")
+    ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256",
+                    help="decode shapes, batches and prompt lengths, shape:batch[:prompt],... (prompt default 128)")
     a = ap.parse_args()
     only = set(a.only.split(","))
     print(B.header(), flush=True)
     import traceback
 
-    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in a.cases.split(",")]
-    jobs = [(decode, (shape, batch, kind)) for kind in a.engines.split(",") for shape, batch in cases] \
+    cases = [(c.split(":")[0], int(c.split(":")[1]), int((c.split(":") + ["128"])[2])) for c in a.cases.split(",")]
+    jobs = [(decode, (shape, batch, kind, prompt)) for kind in a.engines.split(",") for shape, batch, prompt in cases] \
         if "decode" in only else []
     jobs += [(update, ())] if "update" in only else []
     for fn, args in jobs:

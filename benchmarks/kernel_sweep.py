@@ -1,11 +1,11 @@
 """Launch settings of the paged decode step's parts, measured one at a time on a GPU (issue 28's decode bar).
 
-* ``attention``: ``kernels.paged_attention`` over a grid of launch settings (16-bit MMAs or tf32, keys per
+* ``attention``: ``paged_kernels.paged_attention`` over a grid of launch settings (16-bit MMAs or tf32, keys per
   block, warps, pipeline stages) from batch 256 x ~192 keys a row to batch 16 x ~8,192, each checked
-  against ``paged_attention_ref``; "shipped" is what ``kernels.paged_launch`` picks for the case's length
+  against ``paged_attention_ref``; "shipped" is what ``paged_kernels.paged_launch`` picks for the case's length
   class, the fastest settings per length tell ``PAGED_LAUNCH`` and ``PAGED_LONG_KEYS`` what to be.
-* ``fused``: ``kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; off until
-  this says it is faster: ``kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
+* ``fused``: ``paged_kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; off until
+  this says it is faster: ``paged_kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
   heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
   transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
@@ -48,7 +48,7 @@ def graph_us(fn, n: int = 20) -> float:
 
 
 def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
-    from masrl.engines import kernels as K
+    from masrl.engines import paged_kernels as K
 
     gen = torch.Generator(device=DEV).manual_seed(seed)
     lens = torch.randint(mean_len - 32, mean_len + 33, (batch,), generator=gen, device=DEV).to(torch.int32)
@@ -64,7 +64,7 @@ def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
 
 
 def attention(rows: list) -> None:
-    from masrl.engines import kernels as K
+    from masrl.engines import paged_kernels as K
 
     grid = list(itertools.product((False, True), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
     for batch, mean_len in ((256, 192), (128, 512), (64, 1024), (64, 2048), (16, 8192)):
@@ -94,7 +94,7 @@ def attention(rows: list) -> None:
 
 def fused_case(batch: int, mean_len: int):
     """The two-kernel step and the one-kernel step of ``attention_case``'s rows, as two callables."""
-    from masrl.engines import kernels as K
+    from masrl.engines import paged_kernels as K
 
     (_, kf, vf, tables, lens, _, bs, scale), _ = attention_case(batch, mean_len)
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -116,7 +116,7 @@ def fused_case(batch: int, mean_len: int):
 
 
 def fused(rows: list) -> None:
-    """``kernels.paged_rope_attention`` (one launch) against ``rope_and_cache_paged`` + ``paged_attention``."""
+    """``paged_kernels.paged_rope_attention`` (one launch) against ``rope_and_cache_paged`` + ``paged_attention``."""
     print("\n== rope + paged attention: two kernels against one\n| case | two kernels us | one kernel us | one / two |"
           " max abs err |\n| --- | --- | --- | --- | --- |")
     for batch, mean_len in ((256, 192), (64, 2048)):

@@ -37,11 +37,11 @@ def test_fused_kernels_agree_with_torch_in_the_interpreter():
 
 PAGED = """
 import torch
-from masrl.engines import kernels
-kernels.PAGED_FUSED_ROPE = True
+from masrl.engines import paged_kernels
+paged_kernels.PAGED_FUSED_ROPE = True
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
-    v = kernels.check(cpu, dtype, 14, 2, 64, 896, 4864)
+    v = paged_kernels.check(cpu, dtype, 14, 2, 64)
     print(dtype, v["paged_attention"], v["rope_and_cache_paged"], v["paged_rope_attention"])
 """
 

@@ -342,16 +342,16 @@ def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can
 
 
 def test_decode_graphs_of_long_rows_get_their_own_length_class_and_launch():
-    from masrl.engines import kernels
+    from masrl.engines import paged_kernels as pk
 
-    long = kernels.PAGED_LONG_KEYS
-    assert kernels.paged_length_class(1) == kernels.paged_length_class(long) == 0
-    assert kernels.paged_length_class(long + 1) == kernels.paged_length_class(16 * long) == long
-    short_bf16, long_bf16 = kernels.paged_launch(torch.bfloat16, 0), kernels.paged_launch(torch.bfloat16, long)
-    assert short_bf16 == kernels.PAGED_LAUNCH["lowp"] and long_bf16 == kernels.PAGED_LAUNCH["lowp_long"]
+    long = pk.PAGED_LONG_KEYS
+    assert pk.paged_length_class(1) == pk.paged_length_class(long) == 0
+    assert pk.paged_length_class(long + 1) == pk.paged_length_class(16 * long) == long
+    short_bf16, long_bf16 = pk.paged_launch(torch.bfloat16, 0), pk.paged_launch(torch.bfloat16, long)
+    assert short_bf16 == pk.PAGED_LAUNCH["lowp"] and long_bf16 == pk.PAGED_LAUNCH["lowp_long"]
     assert short_bf16["BLOCK"] < long_bf16["BLOCK"] and short_bf16["LOWP"] and long_bf16["LOWP"]
     # an fp32 pool never rounds to 16 bits, whatever the length
-    assert not kernels.paged_launch(torch.float32, long)["LOWP"] and not kernels.paged_launch(torch.float32, 0)["LOWP"]
-    launch = kernels.paged_launch(torch.bfloat16, 0)
+    assert not pk.paged_launch(torch.float32, long)["LOWP"] and not pk.paged_launch(torch.float32, 0)["LOWP"]
+    launch = pk.paged_launch(torch.bfloat16, 0)
     launch["BLOCK"] = 1  # a copy: changing it leaves the shipped settings alone
-    assert kernels.PAGED_LAUNCH["lowp"]["BLOCK"] != 1
+    assert pk.PAGED_LAUNCH["lowp"]["BLOCK"] != 1

@@ -41,9 +41,7 @@ class GraphDecoder:
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
         self.fused: dict[str, bool] = {}  # kernel name -> use the fused Triton version
         if fused_kernels and kernels.available(self.dev):
-            cfg = self.core.config
-            verdict = kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
-                                    cfg.hidden_size, cfg.intermediate_size)
+            verdict = self._check_kernels()
             self.fused = {name: why is None for name, why in verdict.items()}
             bad = {name: why for name, why in verdict.items() if why is not None}
             if bad:
@@ -59,6 +57,12 @@ class GraphDecoder:
         self.graph_pool = None
         self.stats = {"graphs_captured": 0, "decode_steps": 0,
                       "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
+
+    def _check_kernels(self) -> dict:
+        """The fused kernels this engine may use, each run against its torch version: ``{name: None or why not}``."""
+        cfg = self.core.config
+        return kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
+                             cfg.hidden_size, cfg.intermediate_size)
 
     # -- shared parts of the Engine interface -------------------------------------------------------
     def adapters(self) -> list[str]:

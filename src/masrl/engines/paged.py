@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines import kernels
+from masrl.engines import paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
@@ -416,7 +416,7 @@ class PagedEngine(GraphDecoder):
         top = int(kv.max()) + k
         # the fused kernel reads each row's length on the device: one graph per batch bucket and length class
         # (short rows and long ones launch it differently) serves any length
-        S = kernels.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)
+        S = paged_kernels.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)
         self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
         self._load_rows(seqs, Bb, kv)
         sp, temps, top_ps, flags = self._sampling(seqs)
@@ -490,15 +490,19 @@ class PagedEngine(GraphDecoder):
                 any_done = True
         return any_done
 
+    def _check_kernels(self) -> dict:
+        fwd = self.fwd
+        return {**super()._check_kernels(),
+                **paged_kernels.check(self.dev, self.dtype, fwd.n_heads, fwd.n_kv, fwd.head_dim)}
+
     def _attention(self, li, qkv, cos, sin, B, S):
-        f, fwd = self.fused, self.fwd
+        f, fwd, pk = self.fused, self.fwd, paged_kernels
         kf, vf = self.kv[li]
-        if f.get("paged_rope_attention"):  # kernels.PAGED_FUSED_ROPE: the two kernels below as one
-            return kernels.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B],
-                                                self.len_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim, S,
-                                                self.block_size, fwd.scale)
-        rope = kernels.rope_and_cache_paged if f.get("rope_and_cache_paged") else kernels.rope_and_cache_paged_ref
-        attend = kernels.paged_attention if f.get("paged_attention") else kernels.paged_attention_ref
+        if f.get("paged_rope_attention"):  # pk.PAGED_FUSED_ROPE: the two kernels below as one
+            return pk.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B],
+                                           fwd.n_heads, fwd.n_kv, fwd.head_dim, S, self.block_size, fwd.scale)
+        rope = pk.rope_and_cache_paged if f.get("rope_and_cache_paged") else pk.rope_and_cache_paged_ref
+        attend = pk.paged_attention if f.get("paged_attention") else pk.paged_attention_ref
         q = rope(qkv, cos, sin, kf, vf, self.slot_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim)
         o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
         return o.reshape(B, fwd.n_heads * fwd.head_dim)

@@ -100,8 +100,9 @@ AGENT_EVIDENCE_EXAMPLES = [(reading_prompt(docs, q), f"<evidence>{s}</evidence><
                            for docs, q, s, a in _CASES]
 
 
-SELECT_SYSTEM = ("You find the document that answers a question. Write its number in <doc></doc>, or "
-                 "<doc>none</doc> if no document answers it.")
+SELECT_SYSTEM = ("You find the document that answers a question. Each document starts with its title: the person, "
+                 "city or organisation it is about. Write the number of the document whose title is the one the "
+                 "question asks about in <doc></doc>, or <doc>none</doc> if no title is.")
 # the answering passage second, first, then alone among others: no position is always right
 SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q), f"<doc>{2 if i % 2 == 0 else 1}</doc>")
                    for i, (docs, q, _, _) in enumerate(_CASES)]
@@ -111,8 +112,9 @@ ANSWERER_PASSAGE_EXAMPLES = [
     (f"Question: {_CASES[0][1]}\nNotes: 1. {_CASES[0][0][1]}", f"<answer>{_CASES[0][3]}</answer>"),
     (f"Question: {_CASES[1][1]}\nNotes: {numbered(_CASES[1][0])}", f"<answer>{_CASES[1][3]}</answer>"),
 ]
-AGENT_SELECT_SYSTEM = ("You answer a question from documents. Write the number of the document that answers it in "
-                       "<doc></doc>, then only the short answer in <answer></answer>.")
+AGENT_SELECT_SYSTEM = ("You answer a question from documents. Each document starts with its title: the person, city or "
+                       "organisation it is about. Write the number of the document whose title is the one the question "
+                       "asks about in <doc></doc>, then only the short answer in <answer></answer>.")
 AGENT_SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q),
                           f"<doc>{2 if i % 2 == 0 else 1}</doc><answer>{a}</answer>")
                          for i, (docs, q, _, a) in enumerate(_CASES)]

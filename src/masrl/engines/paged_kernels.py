@@ -63,13 +63,29 @@ def paged_rope_attention_ref(qkv, cos, sin, kf, vf, slots, tables, lens, H: int,
 if triton is not None:
 
     @triton.jit
+    def _online_softmax_step(scores, tm, v, m_i, l_i, acc, PREC: tl.constexpr, LOWP: tl.constexpr):
+        # one block of keys into the running max, sum and output: keys past the row's length (tm false) count
+        # for nothing; LOWP: p.v as two 16-bit MMAs, p = hi + lo (about 16 bits of mantissa against tf32's 10)
+        scores = tl.where(tm[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if LOWP:
+            p_hi = p.to(v.dtype)
+            p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
+            pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
+        else:
+            pv = tl.dot(p, v.to(tl.float32), input_precision=PREC)
+        return m_new, l_i, acc * alpha[:, None] + pv
+
+    @triton.jit
     def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale, stride_ks, stride_kh, stride_bt,
                            HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                            BLOCK: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
         # one program per (row, kv head), over the row's own length only (read from device memory, so a
         # CUDA graph replays any length): token t at slot bt[b, t // BS] * BS + t % BS. LOWP (bf16/fp16
-        # inputs): q.k and p.v as 16-bit MMAs with fp32 accumulation; q.k is then exact as in tf32, and p
-        # goes in as two 16-bit terms (p = hi + lo), about 16 bits of mantissa against tf32's 10
+        # inputs): q.k and p.v as 16-bit MMAs with fp32 accumulation; q.k is then exact as in tf32
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GP)
@@ -95,19 +111,7 @@ if triton is not None:
                 scores = tl.dot(q, tl.trans(k)) * scale
             else:
                 scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * scale
-            scores = tl.where(tm[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(scores - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if LOWP:
-                p_hi = p.to(v.dtype)
-                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
-                pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
-            else:
-                pv = tl.dot(p, v.to(tl.float32), input_precision=PREC)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax_step(scores, tm, v, m_i, l_i, acc, PREC, LOWP)
         out = acc / l_i[:, None]
         tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
 
@@ -168,19 +172,7 @@ if triton is not None:
             else:
                 scores = (tl.dot(q1, tl.trans(ka.to(tl.float32)), input_precision=PREC)
                           + tl.dot(q2, tl.trans(kb.to(tl.float32)), input_precision=PREC)) * scale
-            scores = tl.where(tm[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(scores, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(scores - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if LOWP:
-                p_hi = p.to(v.dtype)
-                p_lo = (p - p_hi.to(tl.float32)).to(v.dtype)
-                pv = tl.dot(p_hi, v) + tl.dot(p_lo, v)
-            else:
-                pv = tl.dot(p, v.to(tl.float32), input_precision=PREC)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax_step(scores, tm, v, m_i, l_i, acc, PREC, LOWP)
         s_new = (tl.sum(q1.to(tl.float32) * k1.to(tl.float32)[None, :], 1)
                  + tl.sum(q2.to(tl.float32) * k2.to(tl.float32)[None, :], 1)) * scale
         m_new = tl.maximum(m_i, s_new)
@@ -221,11 +213,14 @@ def paged_length_class(top: int) -> int:
     return PAGED_LONG_KEYS if top > PAGED_LONG_KEYS else 0
 
 
-def paged_launch(dtype: torch.dtype, S: int) -> dict:
-    """``paged_attention``'s launch settings for a pool of ``dtype`` and a graph of length class ``S``."""
-    if dtype == torch.float32:
-        return dict(PAGED_LAUNCH["fp32"])
-    return dict(PAGED_LAUNCH["lowp_long" if S >= PAGED_LONG_KEYS else "lowp"])
+def paged_launch(dtype: torch.dtype, S: int, launch: dict | None = None) -> dict:
+    """The paged attention kernels' launch settings for a pool of ``dtype`` and a graph of length class ``S``;
+    ``launch`` overrides them, except that an fp32 pool never rounds to 16 bits."""
+    fp32 = dtype == torch.float32
+    cfg = {**PAGED_LAUNCH["fp32" if fp32 else "lowp_long" if S >= PAGED_LONG_KEYS else "lowp"], **(launch or {})}
+    if fp32:
+        cfg["LOWP"] = False
+    return cfg
 
 
 def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float, launch: dict | None = None):
@@ -235,14 +230,11 @@ def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: flo
     B, Hkv, G, D = q.shape
     o = torch.empty_like(q)
     assert q.is_contiguous() and kf.stride(2) == 1 and kf.stride() == vf.stride() and tables.stride(1) == 1
-    cfg = paged_launch(q.dtype, S)
-    cfg.update(launch or {})
-    if q.dtype == torch.float32:
-        cfg["LOWP"] = False  # fp32 pools: ieee dots, nothing rounded to 16 bits
     with on_device(q):
         _paged_attn_kernel[(B, Hkv)](q, kf, vf, tables, lens, o, scale, kf.stride(0), kf.stride(1), tables.stride(0),
                                      HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BS=block_size,
-                                     PREC="ieee" if q.dtype == torch.float32 else "tf32", **cfg)
+                                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                                     **paged_launch(q.dtype, S, launch))
     return o
 
 
@@ -258,16 +250,13 @@ def paged_rope_attention(qkv, cos, sin, kf, vf, slots, tables, lens, H: int, Hkv
     o = torch.empty((B, H * D), dtype=qkv.dtype, device=qkv.device)
     assert kf.stride(2) == 1 and kf.stride() == vf.stride() and cos.stride(0) == sin.stride(0)
     assert qkv.stride(1) == 1 and tables.stride(1) == 1
-    cfg = paged_launch(kf.dtype, S)
-    cfg.update(launch or {})
-    if kf.dtype == torch.float32:
-        cfg["LOWP"] = False
     G = H // Hkv
     with on_device(qkv):
         _paged_rope_attn_kernel[(B, Hkv)](qkv, cos, sin, kf, vf, slots, tables, lens, o, scale, qkv.stride(0),
                                           cos.stride(0), kf.stride(0), kf.stride(1), tables.stride(0), H=H, HKV=Hkv,
                                           G=G, GP=max(16, triton.next_power_of_2(G)), D=D, HALF=D // 2,
-                                          BS=block_size, PREC="ieee" if kf.dtype == torch.float32 else "tf32", **cfg)
+                                          BS=block_size, PREC="ieee" if kf.dtype == torch.float32 else "tf32",
+                                          **paged_launch(kf.dtype, S, launch))
     return o
 
 

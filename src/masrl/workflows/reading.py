@@ -103,9 +103,17 @@ AGENT_EVIDENCE_EXAMPLES = [(reading_prompt(docs, q), f"<evidence>{s}</evidence><
 SELECT_SYSTEM = ("You find the document that answers a question. Each document starts with its title: the person, "
                  "city or organisation it is about. Write the number of the document whose title is the one the "
                  "question asks about in <doc></doc>, or <doc>none</doc> if no title is.")
+
+
+def _alternating(i: int, docs: list[str]) -> tuple[list[str], int]:
+    """Case ``i``'s passages with the answering one (``docs[1]``) second for even ``i``, first for odd, and
+    its number: worked examples where no position is always right."""
+    return (docs, 2) if i % 2 == 0 else (docs[::-1], 1)
+
+
 # the answering passage second, first, then alone among others: no position is always right
-SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q), f"<doc>{2 if i % 2 == 0 else 1}</doc>")
-                   for i, (docs, q, _, _) in enumerate(_CASES)]
+SELECT_EXAMPLES = [(reading_prompt(shown, q), f"<doc>{n}</doc>")
+                   for i, (docs, q, _, _) in enumerate(_CASES) for shown, n in [_alternating(i, docs)]]
 SELECT_EXAMPLES += [(reading_prompt([docs[0]], q), "<doc>none</doc>") for docs, q, _, _ in _CASES[::2]]
 # the answerer of selected passages: one passage, then the answering one beside another
 ANSWERER_PASSAGE_EXAMPLES = [
@@ -115,9 +123,8 @@ ANSWERER_PASSAGE_EXAMPLES = [
 AGENT_SELECT_SYSTEM = ("You answer a question from documents. Each document starts with its title: the person, city or "
                        "organisation it is about. Write the number of the document whose title is the one the question "
                        "asks about in <doc></doc>, then only the short answer in <answer></answer>.")
-AGENT_SELECT_EXAMPLES = [(reading_prompt(docs if i % 2 == 0 else docs[::-1], q),
-                          f"<doc>{2 if i % 2 == 0 else 1}</doc><answer>{a}</answer>")
-                         for i, (docs, q, _, a) in enumerate(_CASES)]
+AGENT_SELECT_EXAMPLES = [(reading_prompt(shown, q), f"<doc>{n}</doc><answer>{a}</answer>")
+                         for i, (docs, q, _, a) in enumerate(_CASES) for shown, n in [_alternating(i, docs)]]
 
 
 def _doc_number(s: str) -> bool:
@@ -191,7 +198,8 @@ class ReadingTeam:
         system, examples = (SELECT_SYSTEM, SELECT_EXAMPLES) if self.select else (READER_SYSTEM, READER_EXAMPLES)
         readers = list(await asyncio.gather(*[
             ctx.call("reader", few_shot(system, examples, reading_prompt(c, task.question))) for c in chunks]))
-        notes, state = (self._selected if self.select else self._quoted)(readers, chunks, task)
+        held = [mentions(" ".join(c), task.answer) for c in chunks]  # whose passages hold the answer
+        notes, state = (self._selected if self.select else self._quoted)(readers, chunks, held, task)
         ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM,
                                                   ANSWERER_PASSAGE_EXAMPLES if self.select else ANSWERER_EXAMPLES,
                                                   f"Question: {task.question}\nNotes: {numbered(notes)}"))
@@ -201,20 +209,18 @@ class ReadingTeam:
             c.credit = f1
         ctx.finish(answer, notes=float(len(notes)), **state)
 
-    def _quoted(self, readers, chunks, task):
+    def _quoted(self, readers, chunks, held, task):
         """Evidence sentences (``readers: quote``), quotes only with ``verbatim``; and the readers' metrics."""
         evidence = [(r.parsed.get("evidence") or "").strip() for r in readers]
         said = [(e, c) for e, c in zip(evidence, chunks) if e and NOTHING not in e.lower()]
         notes = [e for e, c in said if not self.verbatim or quoted(e, c)]
-        held = [mentions(" ".join(c), task.answer) for c in chunks]
         return notes, {"grounded": [float(mentions(e, task.answer)) for e, h in zip(evidence, held) if h],
                        "quiet": [float(NOTHING in e.lower()) for e, h in zip(evidence, held) if not h],
                        "quoted": [float(quoted(e, c)) for e, c in said]}
 
-    def _selected(self, readers, chunks, task):
+    def _selected(self, readers, chunks, held, task):
         """The passages the readers named (``readers: select``), whole; and the readers' metrics."""
         picks = [picked(r, c) for r, c in zip(readers, chunks)]
-        held = [mentions(" ".join(c), task.answer) for c in chunks]
         return [p for p in picks if p is not None], {
             "grounded": [float(p is not None and mentions(p, task.answer)) for p, h in zip(picks, held) if h],
             "quiet": [float((r.parsed.get("doc") or "").strip().lower() == "none")

@@ -31,7 +31,8 @@
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
 # calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL, EXTRA (overrides
-# for every run) and PY (the Python that has masrl; default python3) can be set too.
+# for every run) and PY (the Python that has masrl; default python3) can be set too. The runs' checkpoints
+# are deleted at the end (KEEP_CHECKPOINTS=1 keeps them): a host's disk outlives one call.
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-540}; OUT=${OUT:-out}; CALLS=${CALLS:-512}
 # memory per run (one H200, SmolLM2-135M): the paged engine's KV pool is 0.03 of the device (4.2 GiB) and the
@@ -42,13 +43,16 @@ common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.sa
         algorithm.micro_batch_tokens=4096 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused
 mkdir -p "$R" "$OUT"
+free_gib=$(df -Pk "$R" | awk 'NR==2 {print int($4 / 1048576)}')  # a run keeps ~2 GiB of checkpoints (SmolLM2)
+echo "free disk at $R: ${free_gib} GiB"
 declare -A CFG=() ARG=()
 arm() {  # name config overrides...
   local name=$1 cfg=$2; shift 2
   CFG[$name]=$cfg; ARG[$name]="$*"  # (overrides hold no spaces) the maj@k evaluation below needs them too
   for s in $SEEDS; do
-    timeout "$LIMIT" "$PY" -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
-      "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1 &
+    ( timeout "$LIMIT" "$PY" -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
+        "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1
+      [ $? -ne 124 ] || echo "error: killed after LIMIT=${LIMIT}s, unfinished (raise LIMIT)" >> "$R/$name-seed$s.log" ) &
   done
 }
 math() {  # calls per task -> the rollout overrides for CALLS model calls a step
@@ -102,4 +106,7 @@ fi
 for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|maj@|error|Error" "$f" | tail -4; done
 "$PY" -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
 tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval_traces.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
+if [ -z "${KEEP_CHECKPOINTS:-}" ]; then  # weights do not travel back, and a host's disk is shared by later calls
+  rm -rf "$R"/*/checkpoints; echo "removed the runs' checkpoints (KEEP_CHECKPOINTS=1 keeps them)"
+fi
 ls -la "$OUT"

@@ -43,6 +43,10 @@ def test_the_best_validation_checkpoint_is_kept_and_scored_on_held_out_tasks(tmp
     best = json.loads((run / "eval_best.json").read_text())
     assert best["best_step"] == state["step"] and "best" in results and results["best"]["outcome"] == best["outcome"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best", "step_000004"]  # pruning spares it
+    # best is evaluated, never resumed: weights without the optimizer state a step checkpoint holds
+    assert list((run / "checkpoints" / "step_000004").rglob("optimizer*.pt"))
+    assert not list((run / "checkpoints" / "best").rglob("optimizer*.pt"))
+    assert list((run / "checkpoints" / "best").rglob("model.safetensors"))
     # masrl eval at the best checkpoint gives the run's own figure; masrl compare reports it beside the last
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
     cfg_file = tmp_path / "c.yaml"

@@ -101,7 +101,7 @@ class EndpointHost(PolicyHost):
     def end_eval(self) -> None:
         return None
 
-    def save(self, directory) -> None:
+    def save(self, directory, *, weights_only=False) -> None:
         return None
 
     def load(self, directory, *, with_optimizer=True) -> None:

@@ -190,9 +190,10 @@ class PolicyHost(abc.ABC):
     # -- state ---------------------------------------------------------------------------------
     @host_method("all", _none)
     @abc.abstractmethod
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, *, weights_only: bool = False) -> None:
         """Write every trainable policy's state under ``directory`` (data parallel: rank 0 the
-        weights, every rank its own optimizer share)."""
+        weights, every rank its own optimizer share; ``weights_only``: no optimizer state, for a
+        checkpoint that is evaluated or served but never resumed, such as ``checkpoints/best``)."""
 
     @host_method("all", _none)
     @abc.abstractmethod

@@ -488,9 +488,9 @@ class PolicyWorker(PolicyHost):
         self._weights_moved = (moved_s, moved_b)
 
     # -- state ---------------------------------------------------------------------------------
-    def save(self, directory: str) -> None:
+    def save(self, directory: str, *, weights_only: bool = False) -> None:
         """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
-        saving.save_worker(self, Path(directory))
+        saving.save_worker(self, Path(directory), weights_only=weights_only)
 
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         saving.load_worker(self, Path(directory), with_optimizer=with_optimizer)

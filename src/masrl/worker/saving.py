@@ -28,19 +28,23 @@ def _counters_file(worker, d: Path) -> Path:
     return d / f"worker_{'_'.join(worker.policy_names)}.json"
 
 
-def save_worker(worker, d: Path) -> None:
-    """Every trainable policy's state (a frozen policy never changes: nothing to save)."""
+def save_worker(worker, d: Path, *, weights_only: bool = False) -> None:
+    """Every trainable policy's state (a frozen policy never changes: nothing to save);
+    ``weights_only``: without the policies' optimizer state (with AdamW's fp32 masters and moments,
+    most of a full checkpoint; ``load`` then keeps the optimizer it has). Critics are written whole."""
     if worker.host.sharded is not None:
-        _save_sharded(worker, d)
+        _save_sharded(worker, d, weights_only)
         return
     if worker.dp is not None and worker.dp.rank > 0:  # rank 0 writes the state all ranks share
+        if weights_only:
+            return
         for name, opt in worker.optimizers.items():
             if opt.shard_of is not None:  # its own share of the optimizer state
                 (d / name).mkdir(parents=True, exist_ok=True)
                 torch.save(opt.state_dict(), d / name / opt.file_name)
         return
     for name in worker.trainable_names:
-        state.save_policy(worker.host, name, worker.optimizers.get(name), d / name)
+        state.save_policy(worker.host, name, None if weights_only else worker.optimizers.get(name), d / name)
     for name, ema in worker.emas.items():
         torch.save(ema.state_dict(), d / name / "ema.pt")
     for critic in _distinct_critics(worker):  # a shared one is written by each holder
@@ -49,12 +53,13 @@ def save_worker(worker, d: Path) -> None:
     _save_counters(worker, d)
 
 
-def _save_sharded(worker, d: Path) -> None:
-    """fsdp: every rank writes its shards (``NAME/fsdp/``, torch.distributed.checkpoint); rank 0
-    also writes the full weights from the engine's gathered copy (``NAME/model.safetensors``, what
-    ``serve`` and ``eval --checkpoint`` load) and the worker's counters."""
+def _save_sharded(worker, d: Path, weights_only: bool = False) -> None:
+    """fsdp: every rank writes its shards (``NAME/fsdp/``, torch.distributed.checkpoint; not with
+    ``weights_only``); rank 0 also writes the full weights from the engine's gathered copy
+    (``NAME/model.safetensors``, what ``serve`` and ``eval --checkpoint`` load) and the worker's counters."""
     for name in worker.trainable_names:
-        worker.host.sharded.save(worker.optimizers[name].opt, d / name / "fsdp")
+        if not weights_only:
+            worker.host.sharded.save(worker.optimizers[name].opt, d / name / "fsdp")
         if worker.dp.rank == 0:
             state.save_policy(worker.host, name, None, d / name, weights=worker.copy.model)
     if worker.dp.rank == 0:

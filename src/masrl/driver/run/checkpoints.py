@@ -12,6 +12,7 @@ save never leaves a half-written checkpoint behind):
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -68,7 +69,13 @@ def write_atomically(target: Path, fill) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    fill(tmp)
+    try:
+        fill(tmp)
+    except Exception as e:
+        if not _disk_full(e, tmp):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise MasrlError(_disk_full_message(target)) from e
     if target.exists():
         if old.exists():
             shutil.rmtree(old)
@@ -77,6 +84,39 @@ def write_atomically(target: Path, fill) -> Path:
     if old.exists():
         shutil.rmtree(old)
     return target
+
+
+LOW_SPACE = 256 * 2**20  # bytes free below which a failed save is put down to the disk
+
+
+def _disk_full(e: BaseException | None, folder: Path) -> bool:
+    """ENOSPC, also where a writer wraps it in its own error (safetensors: "No space left on device"
+    in its message; torch.save: "basic_ios::clear: iostream error", no cause at all, hence the
+    free-space check)."""
+    while e is not None:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    try:
+        return shutil.disk_usage(folder).free < LOW_SPACE
+    except OSError:
+        return False
+
+
+def _size_gib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**30
+
+
+def _disk_full_message(target: Path) -> str:
+    root = target.parent
+    free = shutil.disk_usage(root).free / 2**30
+    others = sorted(p for p in root.iterdir() if p.is_dir() and (p / "state.json").is_file()) if root.is_dir() else []
+    held = (f"; the {len(others)} checkpoint(s) already in {root} take {sum(_size_gib(p) for p in others):.2f} GiB "
+            f"({', '.join(p.name for p in others)})") if others else ""
+    return (f"checkpoint {target}: the disk is full ({free:.2f} GiB free{held}). The half-written checkpoint was "
+            f"removed and the run stopped; the last complete checkpoint is intact, so it resumes from there. Free "
+            f"space (finished runs' checkpoints), keep fewer (train.keep_last=1), save less often "
+            f"(train.save_every), or write the run elsewhere (output_dir=...)")
 
 
 def prune(root: Path, keep: int) -> list[Path]:

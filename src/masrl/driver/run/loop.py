@@ -109,10 +109,10 @@ class Trainer:
             w.load(str(path), with_optimizer=with_optimizer)
         self.step = int(state["step"])
 
-    def _fill_checkpoint(self, tmp: Path) -> None:
+    def _fill_checkpoint(self, tmp: Path, weights_only: bool = False) -> None:
         assert self.rt is not None
         for w in self.rt.workers:
-            w.save(str(tmp))
+            w.save(str(tmp), weights_only=weights_only)
             faults.point(f"checkpoint:{self.step}")  # half-written
         (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
                                                     "policies": list(self.cfg.policies)}))
@@ -368,7 +368,9 @@ class Trainer:
         """``train.keep_best``: score the validation split; the weights are kept when they beat the best."""
         assert self.best is not None
         summary = await self.evaluate(f"validation at step {self.step}", self.validation_tasks)
-        kept = self.best.consider(self.step, summary.get("outcome", 0.0), self._fill_checkpoint)
+        # evaluated, never resumed from: no optimizer state (most of a checkpoint's bytes with AdamW)
+        kept = self.best.consider(self.step, summary.get("outcome", 0.0),
+                                  lambda tmp: self._fill_checkpoint(tmp, weights_only=True))
         loggers.log_eval(self.step, "validation", {**summary, "kept": kept})
         self.log(f"[masrl] validation at step {self.step}: {summary.get('outcome', 0.0):.3f}"
                  + (" (best so far: kept as checkpoints/best)" if kept else

@@ -15,14 +15,18 @@ from helpers import adapter_logprobs, full_logprobs  # noqa: E402
 from test_gpu import prompts, report, req, two_adapter_model  # noqa: E402
 
 
-def test_paged_kernels_agree_and_greedy_equals_the_static_engine():
+@pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
+def test_paged_kernels_agree_and_greedy_equals_the_static_engine(fused_rope, monkeypatch):
+    from masrl.engines import paged_kernels
     from masrl.engines.paged import PagedEngine
     from masrl.engines.static import StaticEngine
     from masrl.models import load_model
 
+    monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
     eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512)
     assert {"paged_attention", "rope_and_cache_paged"} <= set(eng.stats["fused_kernels"])
+    assert ("paged_rope_attention" in eng.stats["fused_kernels"]) == fused_rope
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     greedy = [req(p, temperature=0.0, max_new_tokens=4 + 9 * i) for i, p in enumerate(ps)]
     a = eng.generate(greedy)
@@ -36,10 +40,13 @@ def test_paged_kernels_agree_and_greedy_equals_the_static_engine():
     print(f"[gpu] paged engine stats: {eng.stats}; tight budget: {tight.stats}")
 
 
-def test_paged_bf16_logprobs_and_a_lora_batch():
+@pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
+def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
+    from masrl.engines import paged_kernels
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
+    monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.bfloat16, device="cuda")
     eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0")
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)

@@ -498,7 +498,8 @@ class PagedEngine(GraphDecoder):
     def _attention(self, li, qkv, cos, sin, B, S):
         f, fwd, pk = self.fused, self.fwd, paged_kernels
         kf, vf = self.kv[li]
-        if f.get("paged_rope_attention"):  # pk.PAGED_FUSED_ROPE: the two kernels below as one
+        if f.get("paged_rope_attention") and S < pk.PAGED_LONG_KEYS:  # pk.PAGED_FUSED_ROPE: the two below as one
+            # (slower than the two kernels at long lengths; benchmarks/kernel_sweep.py)
             return pk.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B],
                                            fwd.n_heads, fwd.n_kv, fwd.head_dim, S, self.block_size, fwd.scale)
         rope = pk.rope_and_cache_paged if f.get("rope_and_cache_paged") else pk.rope_and_cache_paged_ref

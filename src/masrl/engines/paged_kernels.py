@@ -6,7 +6,7 @@ engine's and the shared ones).
 * ``paged_attention``: one query position against each row's own tokens, looked up through its block
   table, each row stopping at its own length read from device memory (so a CUDA graph replays any length);
   launch settings by input kind and length class (``PAGED_LAUNCH``, ``paged_length_class``);
-* ``paged_rope_attention``: the two as one launch, off until measured (``PAGED_FUSED_ROPE``).
+* ``paged_rope_attention``: the two as one launch, for the short length class (``PAGED_FUSED_ROPE``).
 
 ``check`` runs them against their torch versions on random data, as ``kernels.check`` does the others; the
 paged engine uses a kernel only if it agrees.
@@ -199,12 +199,14 @@ def rope_and_cache_paged(qkv, cos, sin, kf, vf, slots, H: int, Hkv: int, D: int)
 # 2 KV heads of 64, query groups of 7): at batch 256 x ~192 keys, 16-bit MMAs over 64 keys a block took 9.8-10.0
 # us against 11.8-11.9 for tf32 (the earlier setting); 128 keys a block was fastest at batch 64 x 2,048 keys (35.6
 # against 58.6 us) but no faster at batch 256 x ~192 (11.8 us). So the paged engine keys its decode graphs by a
-# length class too: rows longer than PAGED_LONG_KEYS take "lowp_long" (the threshold between the two measured
-# lengths is a guess; docs/benchmarks.md)
+# length class too: a batch whose longest row passes PAGED_LONG_KEYS takes "lowp_long". The sweep at five lengths
+# (2026-12-02): 64-key blocks win at ~192 keys a row (9.9 against 11.8 us), 128-key blocks from ~512 on (12.35
+# against 14.60 us at batch 128; 1.56x at 1,024, 1.64x at 2,048, 1.87x at 8,192); the class goes by the longest
+# row, so the threshold sits at the shortest length measured where the long blocks won (docs/benchmarks.md)
 PAGED_LAUNCH = {"lowp": {"LOWP": True, "BLOCK": 64, "num_warps": 4, "num_stages": 2},
                 "lowp_long": {"LOWP": True, "BLOCK": 128, "num_warps": 4, "num_stages": 3},
                 "fp32": {"LOWP": False, "BLOCK": 64, "num_warps": 4, "num_stages": 3}}
-PAGED_LONG_KEYS = 1024
+PAGED_LONG_KEYS = 512
 
 
 def paged_length_class(top: int) -> int:
@@ -239,7 +241,9 @@ def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: flo
 
 
 # one kernel for rope_and_cache_paged + paged_attention in the paged engine's decode step (one launch a layer
-# fewer); off until benchmarks/kernel_sweep.py has measured it against the two kernels on a GPU
+# fewer). kernel_sweep.py on an H200 (2026-12-02): 11.36 against 13.48 us at batch 256 x ~192 keys (0.84x), 43.30
+# against 39.31 at batch 64 x 2,048 (1.10x), so the engine uses it for the short length class only. Off until the
+# GPU tests have run the engine with it (tests/gpu/test_paged_gpu.py runs both)
 PAGED_FUSED_ROPE = False
 
 

@@ -27,6 +27,8 @@
 #   reading_team4s                    2 readers of 4 passages who name the passage that answers; the answerer reads it
 #   reading_agent, reading_agent_ev   one call reads all 8 passages; the second prompted as the team's reader
 #   reading_agent_sel                 one call reads all 8, names the passage that answers, then answers
+#   reading_team8s, reading_agent_sel24   the same with 24 passages a question: 3 selecting readers of 8 and
+#                                     the answerer (4 calls) against one selecting call over all 24
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -85,7 +87,11 @@ for a in ${ARMS:-team_roles solver}; do
       workflow.options.verbatim=true ;;
     reading_team4s) arm reading_team4s configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
       workflow.options.readers=select ;;
+    reading_team8s) arm reading_team8s configs/reading_team.yaml $(math 4) workflow.options.docs_per_reader=8 \
+      workflow.options.readers=select data.world.context_docs=24 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
+    reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
+      data.world.context_docs=24 ;;
     reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;

@@ -27,6 +27,7 @@
 #   reading_team4s                    2 readers of 4 passages who name the passage that answers; the answerer reads it
 #   reading_agent, reading_agent_ev   one call reads all 8 passages; the second prompted as the team's reader
 #   reading_agent_sel                 one call reads all 8, names the passage that answers, then answers
+#   reading_team4s_cf                 reading_team4s with counterfactual credit for the readers
 #   reading_team8s, reading_agent_sel24   the same with 24 passages a question: 3 selecting readers of 8 and
 #                                     the answerer (4 calls) against one selecting call over all 24
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
@@ -87,6 +88,7 @@ for a in ${ARMS:-team_roles solver}; do
       workflow.options.verbatim=true ;;
     reading_team4s) arm reading_team4s configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
       workflow.options.readers=select ;;
+    reading_team4s_cf) arm reading_team4s_cf configs/reading_team_counterfactual.yaml $(math 3) ;;
     reading_team8s) arm reading_team8s configs/reading_team.yaml $(math 4) workflow.options.docs_per_reader=8 \
       workflow.options.readers=select data.world.context_docs=24 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;

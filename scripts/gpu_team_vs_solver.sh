@@ -30,6 +30,10 @@
 #   reading_team4s_cf                 reading_team4s with counterfactual credit for the readers
 #   reading_team8s, reading_agent_sel24   the same with 24 passages a question: 3 selecting readers of 8 and
 #                                     the answerer (4 calls) against one selecting call over all 24
+#   reading_team8p                    reading_team_pick, 24 passages: 3 readers of 8 that must each name one passage (found credit: a
+#                                     reader whose chunk holds the answer earns its pick), then an answerer that
+#                                     names one of the 3 picks and answers (4 calls)
+#   reading_agent_sel24f              reading_agent_sel24 with the same found credit for the passage it names
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -91,6 +95,9 @@ for a in ${ARMS:-team_roles solver}; do
     reading_team4s_cf) arm reading_team4s_cf configs/reading_team_counterfactual.yaml $(math 3) ;;
     reading_team8s) arm reading_team8s configs/reading_team.yaml $(math 4) workflow.options.docs_per_reader=8 \
       workflow.options.readers=select data.world.context_docs=24 ;;
+    reading_team8p) arm reading_team8p configs/reading_team_pick.yaml $(math 4) ;;
+    reading_agent_sel24f) arm reading_agent_sel24f configs/reading_agent.yaml $(math 1) workflow.options.select=true \
+      workflow.options.found_credit=true data.world.context_docs=24 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;

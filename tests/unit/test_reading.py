@@ -128,7 +128,42 @@ def test_selecting_readers_pass_the_whole_passage_they_name_and_a_bad_number_pas
     # the examples name first and second passages and "none", so no one reply is always right
     assert {a for _, a in SELECT_EXAMPLES} == {"<doc>1</doc>", "<doc>2</doc>", "<doc>none</doc>"}
     with pytest.raises(ValueError, match="readers must be 'quote'"):
-        ReadingTeam(readers="pick")
+        ReadingTeam(readers="choose")
+
+
+def test_picking_readers_each_name_one_and_the_answerer_chooses_among_the_picks_with_found_credit():
+    task = next(t for t in _tasks(context_docs=24) if t.question.startswith("Which organisation")  # (one
+                and sum(t.answer[0].lower() in p.lower() for p in t.meta["context"]) == 1)  # passage names the answer)
+    gold, name = task.answer[0], _subject(task)
+    ctx = task.meta["context"]
+    at = next(i for i, p in enumerate(ctx) if p.startswith(name + ":"))
+    held, within = at // 8, at % 8
+    readers = ["<doc>1</doc>"] * 3  # a bad batch beside good ones: one reader names a passage out of range
+    readers[held] = f"<doc>{within + 1}</doc>"
+    readers[(held + 1) % 3] = "<doc>9</doc>"
+    picks = [ctx[8 * i + (within if i == held else 0)] for i in range(3) if i != (held + 1) % 3]
+    right = picks.index(ctx[at]) + 1
+    team = ReadingTeam(docs_per_reader=8, readers="pick", found_credit=True)
+    tr, engine = run_scripted(team, task, {"reader": readers, "answerer": [f"<doc>{right}</doc><answer>{gold}</answer>"]})
+    assert [c.agent for c in tr.calls] == ["reader"] * 3 + ["answerer"]
+    reader_prompt = engine.seen[0][1].messages
+    assert all("<doc>none</doc>" not in m["content"] for m in reader_prompt)  # a picking reader is never shown it
+    ask = engine.seen[-1][1].messages
+    assert ask[-1]["content"] == f"Documents:\n[1] {picks[0]}\n[2] {picks[1]}\nQuestion: {task.question}"
+    assert "<doc>" in ask[2]["content"] and "<answer>" in ask[2]["content"]  # prompted as the selecting agent
+    # found credit: the reader whose chunk held the answer earns its pick; the other two earn nothing
+    credits = [c.credit for c in tr.calls]
+    assert credits[held] == 1.0 and [credits[i] for i in range(3) if i != held] == [None, None] and credits[3] == 1.0
+    assert tr.metrics["answerer/chosen"] == 1.0 and tr.metrics["reader/accuracy"] == 1.0
+    # the holding reader names a wrong passage: it earns 0 whatever the answer; the answerer earns its F1
+    readers[held] = f"<doc>{(within + 1) % 8 + 1}</doc>"
+    tr, _ = run_scripted(team, task, {"reader": readers, "answerer": [f"<doc>1</doc><answer>{gold}</answer>"]})
+    assert tr.calls[held].credit == 0.0 and tr.calls[3].credit == 1.0 and tr.metrics["answerer/chosen"] == 0.0
+    tr, _ = run_scripted(ReadingTeam(docs_per_reader=8, readers="pick"), task,  # without it: everyone the F1
+                         {"reader": readers, "answerer": ["<doc>1</doc><answer>zzz</answer>"]})
+    assert [c.credit for c in tr.calls] == [0.0] * 4
+    with pytest.raises(ValueError, match="found_credit"):
+        ReadingTeam(found_credit=True)
 
 
 def test_selecting_agent_names_a_passage_then_answers():
@@ -141,6 +176,15 @@ def test_selecting_agent_names_a_passage_then_answers():
     assert tr.metrics["agent/grounded"] == 0.0 and tr.metrics["outcome"] == 0.0
     with pytest.raises(ValueError, match="not both"):
         ReadingAgent(evidence=True, select=True)
+    # found credit: the mean of the F1 and whether the named passage holds the answer
+    tr, _ = run_scripted(ReadingAgent(select=True, found_credit=True), task,
+                         {"agent": [f"<doc>{at + 1}</doc><answer>x</answer>"]})
+    assert tr.calls[0].credit == 0.5
+    tr, _ = run_scripted(ReadingAgent(select=True, found_credit=True), task,
+                         {"agent": [f"<doc>{(at + 1) % 8 + 1}</doc><answer>{gold}</answer>"]})
+    assert tr.calls[0].credit == 0.5
+    with pytest.raises(ValueError, match="select: true"):
+        ReadingAgent(found_credit=True)
 
 
 def test_team_with_a_wrong_answer_pays_nothing_and_odd_chunks_are_read_too():

@@ -13,6 +13,14 @@ answerer    <answer>text</answer> from the readers' evidence
 ``<doc>none</doc>``) and the answerer reads the named passages whole, so no reader can put words in
 a note that its passages do not hold.
 
+``readers: pick``: each reader must name one passage of its chunk (no "none": trained selecting readers
+never said it anyway), and the answerer is prompted as the selecting single agent is, over the readers'
+picks only: it names one of them, then answers. A selection among all passages split into a selection
+within each chunk and one among the chunks' winners. With ``found_credit: true`` a reader whose chunk holds
+the answer earns 1 when its pick holds it and 0 when not, and a reader whose chunk lacks it earns no
+credit (its pick cannot matter); the selecting agent's option of the same name pays its call the mean of
+that and its F1, so both arms get the same check of their selection.
+
 ``reading_agent`` (the single-agent control): one call that sees every passage and answers; with
 ``evidence: true`` it is prompted as the team's reader is (copy the sentence, then answer), with
 ``select: true`` as the selecting team is (name the passage, then answer).
@@ -30,7 +38,8 @@ answered from those. Metrics: ``f1``/``em``
 ``reader/quiet`` (readers that wrote "nothing useful" when their passages did not hold it),
 ``reader/quoted`` (evidence other than "nothing useful" that stands word for word in the reader's
 passages), ``answerer/notes`` (notes the answerer was shown),
-``answerer/accuracy`` (exact match); the agent's ``agent/accuracy`` and, with ``evidence``,
+``answerer/accuracy`` (exact match), ``answerer/chosen`` (with ``readers: pick``: the answerer named a pick that
+holds the answer); the agent's ``agent/accuracy`` and, with ``evidence``,
 ``agent/grounded`` (its evidence names the answer).
 """
 
@@ -115,6 +124,10 @@ def _alternating(i: int, docs: list[str]) -> tuple[list[str], int]:
 SELECT_EXAMPLES = [(reading_prompt(shown, q), f"<doc>{n}</doc>")
                    for i, (docs, q, _, _) in enumerate(_CASES) for shown, n in [_alternating(i, docs)]]
 SELECT_EXAMPLES += [(reading_prompt([docs[0]], q), "<doc>none</doc>") for docs, q, _, _ in _CASES[::2]]
+PICK_SYSTEM = ("You find the document that answers a question. Each document starts with its title: the person, "
+               "city or organisation it is about. Write the number of the document whose title is the one the "
+               "question asks about in <doc></doc>; if none is, the closest.")
+PICK_EXAMPLES = SELECT_EXAMPLES[:len(_CASES)]  # the selecting reader's, without the "none" ones
 # the answerer of selected passages: one passage, then the answering one beside another
 ANSWERER_PASSAGE_EXAMPLES = [
     (f"Question: {_CASES[0][1]}\nNotes: 1. {_CASES[0][0][1]}", f"<answer>{_CASES[0][3]}</answer>"),
@@ -174,39 +187,66 @@ def quoted(evidence: str, passages: list[str]) -> bool:
 class ReadingTeam:
     name = "reading_team"
 
-    def __init__(self, docs_per_reader: int = 2, verbatim: bool = False, readers: str = "quote"):
+    def __init__(self, docs_per_reader: int = 2, verbatim: bool = False, readers: str = "quote",
+                 found_credit: bool = False):
         if docs_per_reader < 1:
             raise ValueError("docs_per_reader must be at least 1")
-        if readers not in ("quote", "select"):
-            raise ValueError(f"readers must be 'quote' (copy the sentence) or 'select' (name the passage), not {readers!r}")
+        if readers not in ("quote", "select", "pick"):
+            raise ValueError(f"readers must be 'quote' (copy the sentence), 'select' (name the passage or none) or "
+                             f"'pick' (name one passage; the answerer picks among the picks), not {readers!r}")
+        if found_credit and readers == "quote":
+            raise ValueError("found_credit pays a reader for the passage it names: use it with readers: select or pick")
         self.docs_per_reader = docs_per_reader
         self.verbatim = verbatim
-        self.select = readers == "select"
+        self.readers = readers
+        self.select = readers != "quote"
+        self.found_credit = found_credit
 
     def roles(self) -> dict[str, AgentRole]:
         reader = (AgentRole("reader", parse_doc, "names the passage that answers, among a few", 8, ("</doc>",))
                   if self.select else
                   AgentRole("reader", parse_evidence, "copies the sentence that answers, from a few passages", 48,
                             ("</evidence>",)))
-        return {"reader": reader,
-                "answerer": AgentRole("answerer", parse_answer, "answers from the readers' evidence", 24,
-                                      ("</answer>",))}
+        answerer = (AgentRole("answerer", parse_doc_answer, "names one of the readers' picks, then answers", 32,
+                              ("</answer>",)) if self.readers == "pick" else
+                    AgentRole("answerer", parse_answer, "answers from the readers' evidence", 24, ("</answer>",)))
+        return {"reader": reader, "answerer": answerer}
+
+    def _prompts(self):
+        """(reader system, reader examples) for this kind of reader."""
+        if self.readers == "pick":
+            return PICK_SYSTEM, PICK_EXAMPLES
+        return (SELECT_SYSTEM, SELECT_EXAMPLES) if self.select else (READER_SYSTEM, READER_EXAMPLES)
+
+    def _answer(self, ctx, notes: list[str], task: Task):
+        if self.readers == "pick":  # the selecting agent's prompt, over the picks
+            return ctx.call("answerer", few_shot(AGENT_SELECT_SYSTEM, AGENT_SELECT_EXAMPLES,
+                                                 reading_prompt(notes, task.question)))
+        return ctx.call("answerer", few_shot(ANSWERER_SYSTEM,
+                                             ANSWERER_PASSAGE_EXAMPLES if self.select else ANSWERER_EXAMPLES,
+                                             f"Question: {task.question}\nNotes: {numbered(notes)}"))
 
     async def run(self, task: Task, ctx) -> None:
         passages, k = passages_of(task), self.docs_per_reader
         chunks = [passages[i:i + k] for i in range(0, len(passages), k)]
-        system, examples = (SELECT_SYSTEM, SELECT_EXAMPLES) if self.select else (READER_SYSTEM, READER_EXAMPLES)
+        system, examples = self._prompts()
         readers = list(await asyncio.gather(*[
             ctx.call("reader", few_shot(system, examples, reading_prompt(c, task.question))) for c in chunks]))
         held = [mentions(" ".join(c), task.answer) for c in chunks]  # whose passages hold the answer
         notes, state = (self._selected if self.select else self._quoted)(readers, chunks, held, task)
-        ans = await ctx.call("answerer", few_shot(ANSWERER_SYSTEM,
-                                                  ANSWERER_PASSAGE_EXAMPLES if self.select else ANSWERER_EXAMPLES,
-                                                  f"Question: {task.question}\nNotes: {numbered(notes)}"))
+        ans = await self._answer(ctx, notes, task)
         answer = ans.parsed.get("answer")
         f1 = f1_of(answer, task)
-        for c in (*readers, ans):
-            c.credit = f1
+        ans.credit = f1
+        for r, c, h in zip(readers, chunks, held):
+            if not self.found_credit:
+                r.credit = f1
+            elif h:  # a reader whose chunk lacks the answer gets no credit: its pick cannot matter
+                p = picked(r, c)
+                r.credit = float(p is not None and mentions(p, task.answer))
+        if self.readers == "pick":
+            p = picked(ans, notes)
+            state["chosen"] = [float(p is not None and mentions(p, task.answer))]
         ctx.finish(answer, notes=float(len(notes)), **state)
 
     def _quoted(self, readers, chunks, held, task):
@@ -229,7 +269,8 @@ class ReadingTeam:
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)
         out["answerer/accuracy"] = out["em"]
-        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet"), ("quoted", "reader/quoted")):
+        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet"), ("quoted", "reader/quoted"),
+                          ("chosen", "answerer/chosen")):
             xs = trace.state.get(key) or []
             if xs:
                 out[name] = sum(xs) / len(xs)
@@ -243,11 +284,14 @@ class ReadingAgent:
 
     name = "reading_agent"
 
-    def __init__(self, evidence: bool = False, select: bool = False):
+    def __init__(self, evidence: bool = False, select: bool = False, found_credit: bool = False):
         if evidence and select:
             raise ValueError("reading_agent: choose evidence (copy the sentence) or select (name the passage), not both")
+        if found_credit and not select:
+            raise ValueError("reading_agent: found_credit pays the passage the call names; set select: true too")
         self.evidence = evidence
         self.select = select
+        self.found_credit = found_credit
 
     def roles(self) -> dict[str, AgentRole]:
         if self.select:
@@ -272,6 +316,8 @@ class ReadingAgent:
         elif self.select:
             p = picked(call, passages)
             grounded = float(p is not None and mentions(p, task.answer))
+            if self.found_credit:
+                call.credit = (call.credit + grounded) / 2
         ctx.finish(answer, grounded=grounded)
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:

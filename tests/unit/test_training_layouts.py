@@ -8,7 +8,7 @@ import torch
 from masrl.config import AlgorithmConfig, PolicyConfig
 from masrl.policies import PolicySpec
 from masrl.worker import training
-from masrl.worker.batching import Sample, make_batch, micro_batches
+from masrl.worker.batching import Sample, make_batch, micro_batches, prefix_cost
 from masrl.worker.hosting import ModelHost
 
 
@@ -147,3 +147,73 @@ def test_an_advantage_estimator_from_config(host, tmp_path):
                             "algorithm": {"advantage": "grpoo"}, "model": "tiny-random"})
     with pytest.raises(ConfigError, match="algorithm.advantage: unknown advantage estimator 'grpoo'"):
         check_run(cfg)  # the one validation step, before any model loads
+
+
+def test_a_prefix_budget_counts_the_shared_prompt_once_and_keeps_a_calls_samples_together():
+    """Eight samples of each of three 100-token prompts (one system prompt of 40 tokens, then a call's
+    own 60): with a budget of 300 each call's eight run its prompt once (99 + 8 x rest); the padded layout
+    at the same budget fits 2 rows a chunk, so 12 chunks run the prompt 24 times."""
+    system = list(range(100, 140))
+    prompts = [system + [1000 + c] * 60 for c in range(3)]
+    samples = [Sample(f"c{c}-{i}", "p", list(prompts[c]), [2] * (3 + i % 4), [0.0], 1.0, {})
+               for i in range(8) for c in range(3)]  # interleaved: calls' samples arrive mixed
+    chunks = micro_batches(samples, 4, layout="prefix", token_budget=300)
+    assert sorted(s.call_id for c in chunks for s in c) == sorted(s.call_id for s in samples)
+    assert [sorted({s.call_id[:2] for s in c}) for c in chunks] == [["c0"], ["c1"], ["c2"]]  # one call each
+    assert all(prefix_cost(c) <= 300 for c in chunks) and prefix_cost(chunks[0]) == 99 + 8 * 7
+    prefix_tokens = sum(prefix_cost(c) for c in chunks)
+    padded = micro_batches(samples, 4, layout="padded", token_budget=300)
+    padded_tokens = sum(len(c) * max(s.length for s in c) for c in padded)
+    assert len(padded) == 12 and prefix_tokens * 3 < padded_tokens  # 465 tokens against 2,472
+    # a tighter budget splits a call's samples (and never drops one); a row over the budget runs alone
+    tight = micro_batches(samples, 4, layout="prefix", token_budget=120)
+    assert all(prefix_cost(c) <= 120 or len(c) == 1 for c in tight) and sum(len(c) for c in tight) == 24
+    assert len(tight[0]) == 4 and prefix_cost(tight[0]) == 99 + 4 * 5  # completions of 3, 3, 4, 4 tokens
+    alone = micro_batches(samples[:2], 4, layout="prefix", token_budget=50)
+    assert [len(c) for c in alone] == [1, 1]
+    # rows that share only the system prompt still join while the cost allows it
+    mixed = micro_batches([samples[0], samples[1], samples[2]], 4, layout="prefix", token_budget=10_000)
+    assert len(mixed) == 1 and prefix_cost(mixed[0]) == 40 + 3 * (max(s.length for s in mixed[0]) - 40)
+
+
+def test_share_prefix_wins_over_the_cuda_packing_default_and_both_at_once_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(training, "packing_available", lambda host: True)  # as on a CUDA host with flash kernels
+    gpu = SimpleNamespace(device=torch.device("cuda"), sharded=None)
+    assert training.choose_layout(gpu, AlgorithmConfig()) == "packed"
+    assert training.choose_layout(gpu, AlgorithmConfig(share_prefix=True)) == "prefix"
+    assert training.choose_layout(gpu, AlgorithmConfig(pack=False)) == "padded"
+    cpu = SimpleNamespace(device=torch.device("cpu"), sharded=None)
+    assert training.choose_layout(cpu, AlgorithmConfig()) == "prefix"
+    with pytest.raises(ValueError, match="pack and share_prefix"):
+        AlgorithmConfig(pack=True, share_prefix=True)
+
+
+def test_an_update_in_prefix_budget_chunks_equals_the_one_in_a_single_micro_batch(host):
+    samples = samples_for(host, 6)
+    for s in samples:  # on-policy: the ratio starts at 1
+        s.logprobs = full_logprobs(host, s).tolist()
+    start = [p.detach().clone() for p in host.policy_parameters("p")]
+
+    def update(**algo_kw):
+        with torch.no_grad():
+            for p, s in zip(host.policy_parameters("p"), start):
+                p.copy_(s)
+        for s in samples:
+            s.old_logprobs = None
+        opt = torch.optim.SGD(host.policy_parameters("p"), lr=0.5)
+        opt.grads = lambda: host.policy_parameters("p")
+        algo = AlgorithmConfig(group_key=["task_id"], **algo_kw)
+        training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+        return [p.detach().clone() for p in host.policy_parameters("p")]
+
+    whole = update(micro_batch_size=8)
+    chunks = micro_batches(samples, 8, layout="prefix", token_budget=60)
+    assert len(chunks) > 1 and any(len(c) > 1 for c in chunks)  # really split, and really shared
+    split = update(micro_batch_tokens=60)
+    moved = max((a - b).abs().max().item() for a, b in zip(whole, start))
+    assert moved > 1e-4 and all(torch.allclose(a, b, atol=1e-6) for a, b in zip(whole, split))
+    with torch.no_grad():
+        for p, s in zip(host.policy_parameters("p"), start):
+            p.copy_(s)

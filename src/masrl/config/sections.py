@@ -212,6 +212,8 @@ class AlgorithmConfig(Strict):
     def _check_mis(self) -> "AlgorithmConfig":
         if self.mis is not None and not (0 <= self.mis[0] <= 1 <= self.mis[1]):
             raise ValueError(f"mis: [low, high] must hold 1 (low <= 1 <= high), got {list(self.mis)}")
+        if self.pack and self.share_prefix:
+            raise ValueError("pack and share_prefix are two layouts of a micro-batch: set one of them to true, not both")
         return self
 
     advantage: str = Field("grpo", description="grpo | rloo | reinforce_pp | gae | 'module:function' (your own: "
@@ -246,8 +248,10 @@ class AlgorithmConfig(Strict):
                                 "set: micro-batches are filled by length up to it instead of by `micro_batch_size`")
     pack: bool | None = Field(None, description="pack sequences without padding (varlen flash attention, CUDA only); "
                                                   "default: on where available")
-    share_prefix: bool | None = Field(None, description="run the prompt prefix that rows share once per micro-batch; "
-                                                          "default: on CPU, off on CUDA")
+    share_prefix: bool | None = Field(None, description="run the prompt prefix that rows share once per micro-batch "
+                                                          "(with micro_batch_tokens, the prefix counts once); default: "
+                                                          "on CPU, off on CUDA; true there too wins over packing "
+                                                          "(long prompts that a call's samples share)")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: recompute the old logprobs with the trainer and weight "

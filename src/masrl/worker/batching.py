@@ -137,11 +137,15 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
     """Split ``samples`` into forward/backward chunks.
 
     ``prefix``: chunks of at most ``size`` rows that share a prompt prefix (the few-shot part of
-    one agent's prompt), so each runs that prefix once; leftovers are length-sorted. ``padded`` /
-    ``packed``: rows sorted by length and filled greedily, up to ``size`` rows or, when
-    ``token_budget`` is set, up to that many tokens (padded: rows x longest row; packed: the sum).
+    one agent's prompt), so each runs that prefix once; leftovers are length-sorted. With
+    ``token_budget``: chunks of rows that share a prefix, up to that many tokens counting the shared
+    prefix once (``prefix_budget_chunks``). ``padded`` / ``packed``: rows sorted by length and filled
+    greedily, up to ``size`` rows or, when ``token_budget`` is set, up to that many tokens (padded:
+    rows x longest row; packed: the sum).
     """
-    if layout == "prefix" and token_budget is None:
+    if layout == "prefix" and token_budget is not None:
+        return prefix_budget_chunks(samples, token_budget)
+    if layout == "prefix":
         groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=16, max_group=size)
         out, singles = [], []
         for rows, plen in groups:
@@ -163,6 +167,39 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
                 out.append(cur)
                 cur = []
         cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def prefix_cost(samples: list[Sample], min_prefix: int = 16) -> int:
+    """Tokens a ``prefix``-layout micro-batch of ``samples`` runs: the shared prefix once, then every row
+    padded to the longest rest (what ``make_batch`` lays out)."""
+    P = _shared_prefix(samples, min_prefix)
+    return P + len(samples) * (max(s.length for s in samples) - P)
+
+
+def prefix_budget_chunks(samples: list[Sample], token_budget: int, min_prefix: int = 16) -> list[list[Sample]]:
+    """Chunks of at most ``token_budget`` tokens in the ``prefix`` layout (at least one row each).
+
+    Rows in prompt order, so the samples of one call (the same prompt: a GRPO group) sit together, then
+    calls that share only the system prompt; a row joins the chunk while the chunk's cost
+    (``prefix_cost``, kept as rows join) stays within the budget. Eight samples of one 5,000-token prompt
+    run that prompt once instead of eight times."""
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    lcp = longest = 0
+    for s in sorted(samples, key=lambda s: (s.prompt_ids, s.length)):
+        if cur:
+            shared = min(lcp, common_prefix_len(cur[0].prompt_ids, s.prompt_ids), len(s.prompt_ids) - 1)
+            P = shared if shared >= min_prefix else 0
+            top = max(longest, s.length)
+            if P + (len(cur) + 1) * (top - P) <= token_budget:
+                cur.append(s)
+                lcp, longest = shared, top
+                continue
+            out.append(cur)
+        cur, lcp, longest = [s], len(s.prompt_ids) - 1, s.length
     if cur:
         out.append(cur)
     return out

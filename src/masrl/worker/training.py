@@ -44,9 +44,9 @@ def packing_available(host: ModelHost) -> bool:
 
 def choose_layout(host: ModelHost, algo) -> str:
     """``packed`` | ``padded`` | ``prefix``: see ``batching``. Defaults: packed on CUDA (bf16),
-    the shared-prefix layout on a CPU."""
+    the shared-prefix layout on a CPU; ``share_prefix: true`` asks for the shared prefix on CUDA too."""
     cuda = host.device.type == "cuda"
-    pack = algo.pack if algo.pack is not None else cuda
+    pack = algo.pack if algo.pack is not None else cuda and not algo.share_prefix  # asked-for sharing beats the default
     if pack and packing_available(host):
         return "packed"
     share = algo.share_prefix if algo.share_prefix is not None else not cuda

@@ -242,9 +242,9 @@ def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: flo
 
 # one kernel for rope_and_cache_paged + paged_attention in the paged engine's decode step (one launch a layer
 # fewer). kernel_sweep.py on an H200 (2026-12-02): 11.36 against 13.48 us at batch 256 x ~192 keys (0.84x), 43.30
-# against 39.31 at batch 64 x 2,048 (1.10x), so the engine uses it for the short length class only. Off until the
-# GPU tests have run the engine with it (tests/gpu/test_paged_gpu.py runs both)
-PAGED_FUSED_ROPE = False
+# against 39.31 at batch 64 x 2,048 (1.10x), so the engine uses it for the short length class only. On since the
+# GPU tests passed with it (2026-12-02, fourth session: tests/gpu/test_paged_gpu.py runs the engine both ways)
+PAGED_FUSED_ROPE = True
 
 
 def paged_rope_attention(qkv, cos, sin, kf, vf, slots, tables, lens, H: int, Hkv: int, D: int, S: int,

@@ -99,7 +99,8 @@ def main() -> None:
     diff = max((x - y).abs().max().item() for x, y in zip(a, b))
     moved = max((x - s.float()).abs().max().item() for x, s in zip(a, start))
     print(f"largest weight difference between the two updates: {diff:.2e} (the update itself moved weights up to "
-          f"{moved:.2e})")
+          f"{moved:.2e}; AdamW's first step is about lr x the gradient's sign, so a gradient near zero summed in "
+          f"another order can land on the other side)")
 
 
 if __name__ == "__main__":

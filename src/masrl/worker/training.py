@@ -26,7 +26,6 @@ from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, p
 from masrl.algorithms.normalize import normalize_rewards
 from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.modeling import fused
-from masrl.modeling.lean import causal_mask
 from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows
 from masrl.worker.hosting import ModelHost
 
@@ -70,8 +69,9 @@ def suffix_hidden(host: ModelHost, module, batch: Batch, checkpoint: bool = Fals
         return fast.hidden(batch.ids, batch.positions, None, packed=batch.packed, checkpoint=checkpoint)
     past = None
     if P > 0:
-        _, kv = fast.hidden(batch.prefix, torch.arange(P, device=dev).unsqueeze(0),
-                            causal_mask(torch.ones((1, P), dtype=torch.bool, device=dev), 0, P),
+        # one row, no padding: plain causal attention (no mask, so flash kernels on CUDA; a long shared
+        # prompt with an explicit mask would fall to a kernel that keeps its P x P scores)
+        _, kv = fast.hidden(batch.prefix, torch.arange(P, device=dev).unsqueeze(0), None,
                             return_kv=True, last_only=True)
         past = [(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in kv]
     return fast.hidden(batch.ids, batch.positions, batch.mask, past=past, checkpoint=checkpoint)

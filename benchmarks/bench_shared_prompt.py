@@ -1,9 +1,9 @@
 """The update when a call's samples share a long prompt: packed rows against the shared-prefix layout.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_shared_prompt.py [--shape 135m] [--prompt 5000]
+    source scripts/gpu_setup.sh && python3 benchmarks/bench_shared_prompt.py [--shape 135m] [--prompt 2900]
 
 GRPO samples every call several times (8 here), so every sample of a call carries the same prompt: a
-reading agent's 24 passages are ~5,000 tokens, its answer ~20. The packed layout (the CUDA default) runs
+reading agent's 24 passages are ~2,900 tokens, its answer ~16. The packed layout (the CUDA default) runs
 each row whole, the prompt 8 times; ``algorithm.share_prefix=true`` with ``micro_batch_tokens`` runs it
 once per call (``batching.prefix_budget_chunks``). Same samples, same weights, one optimizer step each
 way; prints seconds, peak GPU memory, and the largest difference between the two updates' weights.
@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--shape", default="135m")
     ap.add_argument("--calls", type=int, default=36)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--prompt", type=int, default=5000)
+    ap.add_argument("--prompt", type=int, default=2900)
     ap.add_argument("--completion", type=int, default=20)
     ap.add_argument("--budget", type=int, default=8192)
     args = ap.parse_args()

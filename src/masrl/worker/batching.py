@@ -184,7 +184,7 @@ def prefix_budget_chunks(samples: list[Sample], token_budget: int, min_prefix: i
 
     Rows in prompt order, so the samples of one call (the same prompt: a GRPO group) sit together, then
     calls that share only the system prompt; a row joins the chunk while the chunk's cost
-    (``prefix_cost``, kept as rows join) stays within the budget. Eight samples of one 5,000-token prompt
+    (``prefix_cost``, kept as rows join) stays within the budget. Eight samples of one 2,900-token prompt
     run that prompt once instead of eight times."""
     out: list[list[Sample]] = []
     cur: list[Sample] = []

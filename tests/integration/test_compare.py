@@ -37,6 +37,9 @@ def test_runs_group_into_arms_with_compute_and_the_spread_over_seeds(runs):
     metrics = [json.loads(x) for x in open(os.path.join(run["dir"], "metrics.jsonl")) if '"rollout"' in x]
     calls = sum(a["calls"] for a in metrics[0]["rollout"]["agents"].values())
     assert run["steps"][0]["calls"] == calls and run["steps"][1]["calls"] > calls  # cumulative
+    prompts = sum(a["calls"] * a["prompt_tokens"] for a in metrics[0]["rollout"]["agents"].values())
+    assert prompts > 0 and run["steps"][0]["context"] == pytest.approx(prompts + run["steps"][0]["tokens"])
+    assert team["summary"]["train_context"]["mean"] > team["summary"]["train_tokens"]["mean"]
     assert [e["label"] for e in run["evals"]] == ["before", "held_out", "after"]
     assert run["evals"][0]["calls"] == 0 and run["evals"][-1]["calls"] == run["steps"][-1]["calls"]
     s = team["summary"]

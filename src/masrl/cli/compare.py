@@ -2,8 +2,9 @@
 
 Runs are grouped into *arms* by their config's ``name`` (seeds of one config are one arm; give an
 arm another name with ``name=...``). For each arm the page draws held-out accuracy and training
-outcome against the training compute spent so far, measured three ways (model calls, completion
-tokens, wall-clock seconds of rollout and update), with the mean over seeds and the min-max band;
+outcome against the training compute spent so far, measured four ways (model calls, completion
+tokens, prompt + completion tokens, wall-clock seconds of rollout and update), with the mean over
+seeds and the min-max band;
 and a table: held-out before -> after (mean, min-max, per seed), the compute each arm spent, and
 its model calls per held-out task. Equal compute is read off the x axes, not assumed.
 """
@@ -24,26 +25,28 @@ def run_curves(run_dir: Path) -> dict:
     if not records:
         raise MasrlError(f"{run_dir}: no metrics.jsonl; give run directories of `masrl train` (runs/<name>)")
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    calls = tokens = seconds = 0.0
-    steps, at_step = [], {0: (0.0, 0.0, 0.0)}
+    calls = tokens = context = seconds = 0.0
+    steps, at_step = [], {0: (0.0, 0.0, 0.0, 0.0)}
     for r in records:
         if "rollout" not in r:
             continue
         agents = r["rollout"].get("agents", {}).values()
         calls += sum(a["calls"] for a in agents)
         tokens += sum(a["calls"] * a["tokens"] for a in agents)
+        # prompt + completion: what long prompts cost (runs from before prompt_tokens was logged count completions)
+        context += sum(a["calls"] * (a.get("prompt_tokens", 0.0) + a["tokens"]) for a in agents)
         seconds += r.get("rollout_s", 0.0) + r.get("update_s", 0.0)
-        at_step[r["step"]] = (calls, tokens, seconds)
-        steps.append({"step": r["step"], "calls": calls, "tokens": tokens, "seconds": seconds,
+        at_step[r["step"]] = (calls, tokens, context, seconds)
+        steps.append({"step": r["step"], "calls": calls, "tokens": tokens, "context": context, "seconds": seconds,
                       "outcome": r["rollout"].get("outcome")})
     evals, best = [], None
     for r in records:
         if r.get("eval") == "best" and r["step"] in at_step:  # held-out at the best-by-validation weights
             best = {"step": r["step"], "accuracy": r.get("outcome"), "validation": r.get("validation")}
         if "eval" in r and r["eval"] not in ("validation", "best") and r["step"] in at_step:
-            c, t, s = at_step[r["step"]]
+            c, t, x, s = at_step[r["step"]]
             per_task = sum(a.get("calls", 0) for a in r.get("agents", {}).values()) / max(1, r.get("traces", 1))
-            evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "seconds": s,
+            evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "context": x, "seconds": s,
                           "accuracy": r.get("outcome"), "calls_per_task": per_task})
     return {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
             "evals": evals, "best": best}
@@ -69,7 +72,7 @@ def arm_summary(runs: list[dict]) -> dict:
     if all(r.get("best") and r["best"]["accuracy"] is not None for r in runs):  # train.keep_best in every seed
         out["heldout_best"] = _spread([r["best"]["accuracy"] for r in runs])
         out["heldout_best_step"] = [r["best"]["step"] for r in runs]
-    for key in ("calls", "tokens", "seconds"):
+    for key in ("calls", "tokens", "context", "seconds"):
         finals = [r["steps"][-1][key] for r in runs if r["steps"]]
         if finals:
             out[f"train_{key}"] = _spread(finals)
@@ -96,7 +99,8 @@ def build_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
 
 _BODY = """<h1>masrl compare: held-out accuracy against training compute</h1>
 <div class="muted">Each arm is one config name over its seeds: the line is the mean over seeds, the band the min-max.
-Compute counts model calls, completion tokens and rollout + update seconds spent in training so far.</div>
+Compute counts model calls, completion tokens, prompt + completion tokens and rollout + update seconds spent in
+training so far.</div>
 <h2>Summary</h2><table id="summary"></table>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
 <h2>Training outcome</h2><div class="charts" id="training"></div>"""
@@ -122,16 +126,17 @@ function chart(parent,title,series){const W=400,H=210,P=36,box=el('div',{class:'
   } else {const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t);}
   box.appendChild(svg);legend(box,series);parent.appendChild(box);}
 const T=document.getElementById('summary');
-T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','at the best-by-validation checkpoint (steps)','training calls','training tokens','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
+T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','at the best-by-validation checkpoint (steps)','training calls','training tokens (completion)','training tokens (prompt + completion)','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
 for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=el('tr');
   tr.append(el('td',{},a.name),el('td',{},s.seeds.join(', ')),
     el('td',{},f&&l?`${f3(f.mean)} -> ${f3(l.mean)} (${f3(l.min)}-${f3(l.max)})`:'no held-out evaluation'),
     el('td',{},l?l.values.map(f3).join(', '):'-'),
     el('td',{},s.heldout_best?`${f3(s.heldout_best.mean)} (${f3(s.heldout_best.min)}-${f3(s.heldout_best.max)}; steps ${s.heldout_best_step.join(', ')})`:'-'),
     el('td',{},s.train_calls?big(s.train_calls.mean):'-'),
-    el('td',{},s.train_tokens?big(s.train_tokens.mean):'-'),el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
+    el('td',{},s.train_tokens?big(s.train_tokens.mean):'-'),el('td',{},s.train_context?big(s.train_context.mean):'-'),
+    el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
     el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'));T.appendChild(tr);}
-for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['seconds','seconds']]){
+for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['context','prompt + completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}
 """

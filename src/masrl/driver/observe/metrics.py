@@ -99,6 +99,7 @@ def _agent_figures(ok: list[Trace], own: dict[str, dict[str, list[float]]]) -> d
             "format_rate": mean(1.0 if c.format_ok else 0.0 for c in calls),
             "format_score": mean(c.format_score for c in calls),
             "tokens": mean(c.n_completion_tokens for c in calls),
+            "prompt_tokens": mean(c.n_prompt_tokens for c in calls),
             "calls": len(calls),
             **diversity(calls),
         }

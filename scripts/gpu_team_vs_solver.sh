@@ -35,6 +35,7 @@
 #                                     names one of the 3 picks and answers (4 calls)
 #   reading_agent_sel24f              reading_agent_sel24 with the same found credit for the passage it names
 #   reading_agent_sel24d              reading_agent_sel24 with dynamic sampling (2 refill rounds a step)
+#   reading_agent24                   one call reads all 24 and answers (the shipped agent's prompt, no selection)
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -101,6 +102,7 @@ for a in ${ARMS:-team_roles solver}; do
       workflow.options.found_credit=true data.world.context_docs=24 ;;
     reading_agent_sel24d) arm reading_agent_sel24d configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 rollout.dynamic_sampling=2 ;;
+    reading_agent24) arm reading_agent24 configs/reading_agent.yaml $(math 1) data.world.context_docs=24 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;

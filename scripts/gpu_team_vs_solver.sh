@@ -39,7 +39,8 @@
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
-# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run), EVAL, EXTRA (overrides
+# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run: the runs stop their steps
+# LIMIT/8 before it and evaluate what they reached; at LIMIT they are killed), EVAL, EXTRA (overrides
 # for every run) and PY (the Python that has masrl; default python3) can be set too. The runs' checkpoints
 # are deleted at the end (KEEP_CHECKPOINTS=1 keeps them): a host's disk outlives one call.
 set -uo pipefail
@@ -47,7 +48,11 @@ PY=${PY:-python3}; STEPS=${STEPS:-30}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-5
 # memory per run (one H200, SmolLM2-135M): the paged engine's KV pool is 0.03 of the device (4.2 GiB) and the
 # update's micro-batches hold 4096 tokens: peaks 9.5-9.9 GiB a run, where 16384-token micro-batches peaked at
 # 15.8-16.1 GiB and twelve such runs ran out of memory (docs/gpu.md)
+# each run ends its own steps in time for its final checkpoint and held-out evaluation (train.time_limit_s),
+# LIMIT/8 (at least 120 s) before the hard kill at LIMIT
+TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 data.eval.n=120 train.log_traces=4
+        "train.time_limit_s=$TL"
         rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.03
         algorithm.micro_batch_tokens=4096 ${EXTRA:-})
 R=${RUNS:-runs/cmp-$(date +%s)}  # a fresh folder: run directories left by an earlier call are refused

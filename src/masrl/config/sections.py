@@ -291,6 +291,10 @@ class TrainConfig(Strict):
                                                         "after this many steps in which the training outcome never "
                                                         "rose above the first step's and most of every agent's groups "
                                                         "had equal rewards; 0: never")
+    time_limit_s: float | None = Field(None, gt=0, description="wall-clock budget in seconds from the run's start: the "
+                                                               "steps end once the next one would end past it, then "
+                                                               "the run checkpoints and evaluates as a finished run "
+                                                               "does (leave room for that); None: no limit")
     policy_kl: int = Field(0, ge=0, description="each step, KL between every two trainable policies on one tokenizer "
                                                 "on up to this many of each one's calls (its logprobs against the "
                                                 "other's on the same tokens); 0: off")

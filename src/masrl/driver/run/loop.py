@@ -32,6 +32,7 @@ from masrl.driver.observe.metrics import (
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest
+from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.counterfactual import counterfactual_credit
 from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
 from masrl.driver.run.stream import TaskStream, step_tasks
@@ -56,6 +57,7 @@ class Trainer:
         self.rt: Runtime | None = None
         self.step = 0
         self.stopped: str | None = None  # why the run ended early (train.stop_when_stuck)
+        self.time_limited: str | None = None  # train.time_limit_s ended the steps early (a finished run)
         self._window: list[dict] = []  # the last train.stop_when_stuck step records
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
         self.last_eval_traces: list = []  # the last evaluation's (eval.log_traces of them go to eval_traces.jsonl)
@@ -291,11 +293,13 @@ class Trainer:
         cfg = self.cfg
         loggers = build_loggers(cfg, self.run_dir)
         results: dict = {}
+        budget = TimeBudget(cfg.train.time_limit_s)
         try:
             if cfg.train.eval_before and self.step == 0:
                 results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
             rollouts = self.async_rollouts() if cfg.rollout.mode == "async" else None
             while self.step < cfg.train.steps:
+                budget.step_started()
                 rec = await (self.async_step(rollouts) if rollouts is not None else self.train_step())
                 rec["alarms"] = collapse_alarms(rec, self._first_record(rec))
                 loggers.log_step(self.step, rec)
@@ -303,25 +307,42 @@ class Trainer:
                 self._check_failures(rec["rollout"], self.last_traces)
                 self.log(step_line(self.step, cfg.train.steps, rec))
                 await self._after_step(loggers)
-                if self._stuck(rec, loggers):
+                if self._stuck(rec, loggers) or await self._out_of_time(budget, loggers):
                     break
             if rollouts is not None:  # the episodes still running belong to no update
                 await rollouts.stop()
-            if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
-                                    or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
-                self.save_checkpoint()
-            if cfg.train.eval_after:
-                results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
-                if self.best is not None and self.best.step is not None:
-                    results["best"] = await self._eval_best(loggers, results["after"])
+            await self._finish(loggers, results)
         finally:
             loggers.close()
             await self.rt.controller.aclose()
         if "before" in results and "after" in results:
             self.print_comparison(results["before"], results["after"])
-        if self.stopped:
-            results["stopped"] = self.stopped
+        results.update({k: v for k, v in (("stopped", self.stopped), ("time_limited", self.time_limited)) if v})
         return results
+
+    async def _finish(self, loggers, results: dict) -> None:
+        """The end of a run: a checkpoint of the last step, the held-out evaluation, the best weights scored."""
+        cfg = self.cfg
+        if cfg.train.steps and (ckpt.latest_checkpoint(self.ckpt_root) is None
+                                or ckpt.latest_checkpoint(self.ckpt_root).name != f"step_{self.step:06d}"):
+            self.save_checkpoint()
+        if cfg.train.eval_after:
+            results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
+            if self.best is not None and self.best.step is not None:
+                results["best"] = await self._eval_best(loggers, results["after"])
+
+    async def _out_of_time(self, budget: TimeBudget, loggers) -> bool:
+        """``train.time_limit_s``: stop before the next step would end past it; the weights reached are
+        validated (``keep_best``) as a last step's are."""
+        why = budget.over(self.step, self.cfg.train.steps)
+        if why is None:
+            return False
+        self.time_limited = why
+        loggers.log_step(self.step, {"step": self.step, "time_limited": why})
+        self.log(f"[masrl] {why}")
+        if self.best is not None and not self.best.due(self.step, self.cfg.train.steps):
+            await self._validate(loggers)
+        return True
 
     def _stuck(self, rec: dict, loggers) -> bool:
         """``train.stop_when_stuck``: end the run once its last N steps had nothing to learn from."""

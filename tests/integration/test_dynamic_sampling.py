@@ -6,7 +6,7 @@ from helpers import is_flat_task
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.data.tasks import Task
-from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
+from masrl.driver.run.stream import flat_tasks, fresh_tasks
 from masrl.trace import Call, Trace
 
 

@@ -34,8 +34,7 @@ from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest
 from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.counterfactual import counterfactual_credit
-from masrl.driver.run.dynamic import flat_tasks, fresh_tasks
-from masrl.driver.run.stream import TaskStream, step_tasks
+from masrl.driver.run.stream import TaskStream, flat_tasks, fresh_tasks, step_tasks
 from masrl.errors import InfraError, MasrlError
 from masrl.rewards import combine
 from masrl.seeding import stable_seed

@@ -24,9 +24,9 @@ def test_the_budget_stops_before_a_step_that_would_end_past_it():
     now = [0.0]
     b = TimeBudget(100.0, clock=lambda: now[0])
     now[0] = 10.0  # the evaluation before training took 10 s
+    b.steps_begin()
     ends = []
     for step in range(1, 11):
-        b.step_started()
         now[0] += 25.0  # 25 s a step
         ends.append(b.over(step, 10))
     # after step 3 (85 s spent, 25 a step) one more would end at 110 s > 100

@@ -209,7 +209,7 @@ class RewardConfig(Strict):
 
 class AlgorithmConfig(Strict):
     @model_validator(mode="after")
-    def _check_mis(self) -> "AlgorithmConfig":
+    def _check(self) -> "AlgorithmConfig":
         if self.mis is not None and not (0 <= self.mis[0] <= 1 <= self.mis[1]):
             raise ValueError(f"mis: [low, high] must hold 1 (low <= 1 <= high), got {list(self.mis)}")
         if self.pack and self.share_prefix:

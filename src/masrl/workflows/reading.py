@@ -238,12 +238,12 @@ class ReadingTeam:
         answer = ans.parsed.get("answer")
         f1 = f1_of(answer, task)
         ans.credit = f1
-        for r, c, h in zip(readers, chunks, held):
+        found = iter(state["grounded"])  # found credit: each holding reader's pick, as the metric scored it
+        for r, h in zip(readers, held):
             if not self.found_credit:
                 r.credit = f1
             elif h:  # a reader whose chunk lacks the answer gets no credit: its pick cannot matter
-                p = picked(r, c)
-                r.credit = float(p is not None and mentions(p, task.answer))
+                r.credit = next(found)
         if self.readers == "pick":
             p = picked(ans, notes)
             state["chosen"] = [float(p is not None and mentions(p, task.answer))]

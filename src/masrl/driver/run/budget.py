@@ -16,13 +16,12 @@ class TimeBudget:
     def __init__(self, limit_s: float | None, clock: Callable[[], float] = time.monotonic):
         self.limit_s = limit_s
         self.clock = clock
-        self.start = clock()  # the run's start: the evaluation before training counts
-        self.first_step_start: float | None = None
+        self.start = self.steps_start = clock()  # the run's start: the evaluation before training counts
         self.steps = 0
 
-    def step_started(self) -> None:
-        if self.first_step_start is None:
-            self.first_step_start = self.clock()
+    def steps_begin(self) -> None:
+        """The first step starts now: the mean step is measured from here."""
+        self.steps_start = self.clock()
 
     def over(self, step: int, last: int) -> str | None:
         """After a step: why the run stops here, or None (no budget, the last step, or time for one more)."""
@@ -30,7 +29,7 @@ class TimeBudget:
         if self.limit_s is None or step >= last:
             return None
         now = self.clock()
-        mean = (now - (self.first_step_start if self.first_step_start is not None else self.start)) / self.steps
+        mean = (now - self.steps_start) / self.steps
         if now - self.start + mean <= self.limit_s:
             return None
         return (f"train.time_limit_s={self.limit_s:g}: stopped after step {step} of {last} ({now - self.start:.0f} s "

@@ -297,8 +297,8 @@ class Trainer:
             if cfg.train.eval_before and self.step == 0:
                 results["before"] = await self._eval_and_log(loggers, "before", "eval before training")
             rollouts = self.async_rollouts() if cfg.rollout.mode == "async" else None
+            budget.steps_begin()
             while self.step < cfg.train.steps:
-                budget.step_started()
                 rec = await (self.async_step(rollouts) if rollouts is not None else self.train_step())
                 rec["alarms"] = collapse_alarms(rec, self._first_record(rec))
                 loggers.log_step(self.step, rec)

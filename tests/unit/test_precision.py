@@ -82,6 +82,19 @@ def test_master_weights_keep_updates_that_bf16_would_round_away():
     assert torch.equal(opt2.grads()[0], master)
 
 
+def test_a_second_optimizer_over_the_same_bf16_parameter_owns_its_gradient():
+    # a benchmark that builds one optimizer per side, or a rebuilt one: the earlier optimizer's hook must
+    # not take the gradient first (it set .grad to None and the newer hook failed on it)
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    first = MasterWeightsAdamW([p], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    second = MasterWeightsAdamW([p], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    (p.float() * torch.arange(1.0, 5.0)).sum().backward()
+    assert first.grads()[0].grad is None
+    assert torch.equal(second.grads()[0].grad, torch.arange(1.0, 5.0))
+    second.step()
+    assert torch.all(p.detach() < 1)
+
+
 def test_fp32_parameters_are_their_own_masters():
     p = torch.nn.Parameter(torch.ones(3))
     opt = MasterWeightsAdamW([p], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)

@@ -56,7 +56,13 @@ class MasterWeightsAdamW:
                 continue
             m = p.detach().float().clone().requires_grad_(True)
             self.masters.append(m)
-            self._hooks.append(p.register_post_accumulate_grad_hook(self._accumulate_into(m)))
+            # the newest optimizer over a parameter owns its gradient: an earlier one's hook would take
+            # the gradient first and leave this one None (a benchmark's second optimizer, a rebuilt one)
+            earlier = getattr(p, "_masrl_master_hook", None)
+            if earlier is not None:
+                earlier.remove()
+            p._masrl_master_hook = p.register_post_accumulate_grad_hook(self._accumulate_into(m))
+            self._hooks.append(p._masrl_master_hook)
         fused = bool(self.params) and all(m.is_cuda for m in self.masters)
         self._stash = PinnedStash()
         self._defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,

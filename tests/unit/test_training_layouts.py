@@ -190,6 +190,34 @@ def test_share_prefix_wins_over_the_cuda_packing_default_and_both_at_once_is_ref
         AlgorithmConfig(pack=True, share_prefix=True)
 
 
+def test_the_cuda_default_turns_to_the_shared_prefix_for_long_shared_prompts_only(monkeypatch):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(training, "packing_available", lambda host: True)
+    gpu = SimpleNamespace(device=torch.device("cuda"), sharded=None)
+
+    def calls(prompt, completion, n_calls=3, samples=8):
+        out = []
+        for c in range(n_calls):
+            p = [7 + c] + list(range(100, 100 + prompt - 1))
+            out += [Sample(f"c{c}s{k}", "p", p, list(range(completion + k % 3)), [0.0] * (completion + k % 3), 1.0,
+                           {"task_id": c}) for k in range(samples)]
+        return out
+
+    algo = AlgorithmConfig(micro_batch_tokens=8192)
+    long_prompts = calls(2900, 20)  # a reading agent's 24 passages: 8 samples run the prompt once
+    assert training.prefix_pays(long_prompts, algo)
+    assert training.choose_layout(gpu, algo, long_prompts) == "prefix"
+    short_prompts = calls(200, 300)  # math: the answers are longer than the prompt
+    assert not training.prefix_pays(short_prompts, algo)
+    assert training.choose_layout(gpu, algo, short_prompts) == "packed"
+    # a setting given decides, whatever the samples
+    assert training.choose_layout(gpu, AlgorithmConfig(share_prefix=False), long_prompts) == "packed"
+    assert training.choose_layout(gpu, AlgorithmConfig(pack=True), long_prompts) == "packed"
+    sharded = SimpleNamespace(device=torch.device("cuda"), sharded=object())
+    assert training.choose_layout(sharded, algo, long_prompts) == "packed"
+
+
 def test_an_update_in_prefix_budget_chunks_equals_the_one_in_a_single_micro_batch(host):
     samples = samples_for(host, 6)
     for s in samples:  # on-policy: the ratio starts at 1

@@ -250,8 +250,9 @@ class AlgorithmConfig(Strict):
                                                   "default: on where available")
     share_prefix: bool | None = Field(None, description="run the prompt prefix that rows share once per micro-batch "
                                                           "(with micro_batch_tokens, the prefix counts once); default: "
-                                                          "on CPU, off on CUDA; true there too wins over packing "
-                                                          "(long prompts that a call's samples share)")
+                                                          "on CPU; on CUDA when it runs at most a quarter of the "
+                                                          "tokens packing runs (long prompts that a call's samples "
+                                                          "share, short answers), else packing; true or false decides")
     activation_checkpointing: bool = Field(False, description="recompute each layer's activations in backward")
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: recompute the old logprobs with the trainer and weight "

@@ -26,7 +26,7 @@ from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, p
 from masrl.algorithms.normalize import normalize_rewards
 from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.modeling import fused
-from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows
+from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows, prefix_cost
 from masrl.worker.hosting import ModelHost
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
@@ -41,14 +41,31 @@ def packing_available(host: ModelHost) -> bool:
             and hasattr(torch.ops.aten, "_flash_attention_forward") and host.fast_forward(host.core) is not None)
 
 
-def choose_layout(host: ModelHost, algo) -> str:
-    """``packed`` | ``padded`` | ``prefix``: see ``batching``. Defaults: packed on CUDA (bf16),
-    the shared-prefix layout on a CPU; ``share_prefix: true`` asks for the shared prefix on CUDA too."""
+# the measured point (benchmarks/bench_shared_prompt.py, one H200, SmolLM2-135M shape): 8 samples of
+# 2,900-token prompts and ~22-token completions, the prefix layout runs 0.13 of the packed tokens and
+# updates 1.9x faster; below this ratio the default on CUDA turns to the prefix layout
+PREFIX_PAYS = 0.25
+
+
+def prefix_pays(samples: list[Sample], algo) -> bool:
+    """Whether the ``prefix`` layout's micro-batches of ``samples`` (the prefix once, rows padded to
+    their longest rest) run at most ``PREFIX_PAYS`` of the tokens that packing them runs."""
+    chunks = micro_batches(samples, algo.micro_batch_size, layout="prefix", token_budget=algo.micro_batch_tokens)
+    return sum(prefix_cost(c) for c in chunks) <= PREFIX_PAYS * sum(s.length for s in samples)
+
+
+def choose_layout(host: ModelHost, algo, samples: list[Sample] | None = None) -> str:
+    """``packed`` | ``padded`` | ``prefix``: see ``batching``. Defaults: the shared-prefix layout on a
+    CPU; on CUDA (bf16) packed, unless ``samples`` share long prompts (``prefix_pays``: GRPO samples of
+    a long prompt with short answers). ``pack`` / ``share_prefix`` set to true or false decide it."""
     cuda = host.device.type == "cuda"
-    pack = algo.pack if algo.pack is not None else cuda and not algo.share_prefix  # asked-for sharing beats the default
+    share = algo.share_prefix
+    if share is None and algo.pack is None and cuda and samples and host.sharded is None:
+        share = prefix_pays(samples, algo)
+    pack = algo.pack if algo.pack is not None else cuda and not share  # asked-for sharing beats the default
     if pack and packing_available(host):
         return "packed"
-    share = algo.share_prefix if algo.share_prefix is not None else not cuda
+    share = share if share is not None else not cuda
     # sharded: one call of each layer per forward (the shared prefix would run each layer twice)
     return "prefix" if share and host.sharded is None else "padded"
 
@@ -267,8 +284,8 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
     reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model;
     ``dp``: this process is one rank of a data-parallel policy."""
-    layout = choose_layout(host, algo)
     everyone = _advantages_of_everyone(samples, algo, reward_stats, dp)
+    layout = choose_layout(host, algo, everyone)  # every rank's calls: the ranks agree on it
     _prepare(host, policy, samples, algo, pad_id, layout, critic, dp, everyone[:1])
     own = {s.call_id: s for s in samples}
     step = _MiniBatchStep(host, policy, optimizer, algo, grad_clip, pad_id, layout, dp, own)

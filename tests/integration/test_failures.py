@@ -116,7 +116,7 @@ def test_call_timeout_is_an_infrastructure_failure(tmp_path):
     tr.prepare(resume=False)
     rec = asyncio.run(tr.train_step())
     assert rec["rollout"]["failed"] == rec["rollout"]["traces"]
-    assert "timed out after" in tr.last_traces[0].error
+    assert "timed out after" in tr.last_traces[0].error and "rollout.call_timeout_s" in tr.last_traces[0].error
     assert rec["policies"] == {}
     asyncio.run(tr.rt.controller.aclose())
 

@@ -120,7 +120,8 @@ class WorkflowContext:
             t.calls.remove(call)                        # no call was made
             raise
         except asyncio.TimeoutError:
-            raise InfraError(f"call to agent '{agent}' timed out after {self.call_timeout_s:g}s") from None
+            raise InfraError(f"call to agent '{agent}' timed out after {self.call_timeout_s:g}s (rollout.call_timeout_s; "
+                             f"for long prompts on a slow device raise it, or lower rollout.max_batch_size)") from None
         except InfraError:
             raise
         except Exception as exc:

@@ -153,6 +153,18 @@ def test_packed_layout_matches_padded_on_gpu():
     from masrl.config import AlgorithmConfig
 
     assert training.choose_layout(host, AlgorithmConfig()) == "packed"
+    # 8 samples of one long prompt with short answers: the default turns to the shared prefix on a real
+    # CUDA host too (packing_available is true there), and the prefix layout agrees with packing
+    long_prompt = prompts(host.tokenizer, 1)[0] * 40
+    group = [Sample(f"g{k}", "p", long_prompt, [100 + k, 200, 300], [0.0] * 3, 1.0, {}) for k in range(8)]
+    assert training.packing_available(host)
+    assert training.choose_layout(host, AlgorithmConfig(micro_batch_tokens=8192), group) == "prefix"
+    lps = {}
+    for layout in ("packed", "prefix"):
+        batch = make_batch(group, 2, layout=layout, device=host.device)
+        with torch.no_grad():
+            lps[layout] = training.completion_forward(host, host.core, batch)[0].float()
+    assert (lps["packed"] - lps["prefix"]).abs().max().item() < 0.1
 
 
 def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):

@@ -41,7 +41,8 @@ def test_the_budget_stops_before_a_step_that_would_end_past_it():
 def test_a_run_out_of_time_checkpoints_evaluates_and_exits_zero(tmp_path):
     run = tmp_path / "run"
     data = tiny_config("math_solver", run, steps=5)
-    data["train"].update(keep_best={"n": 4, "every": 4}, eval_after=True, save_every=0, time_limit_s=0.001)
+    data["train"].update(keep_best={"n": 4, "every": 4}, eval_after=True, save_every=0, time_limit_s=0.001,
+                         progress_every_s=0.001)  # output to a pipe: progress as lines, not a live bar
     data["data"]["eval"]["n"] = 3
     cfg_file = tmp_path / "c.yaml"
     cfg_file.write_text(yaml.safe_dump(data))
@@ -50,6 +51,7 @@ def test_a_run_out_of_time_checkpoints_evaluates_and_exits_zero(tmp_path):
                          timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "train.time_limit_s=0.001: stopped after step 1 of 5" in out.stdout + out.stderr
+    assert " done after 0m0" in out.stdout + out.stderr  # e.g. "  eval: 1/3 done after 0m00s"
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in lines if "rollout" in r) == 1
     assert any("time_limited" in r for r in lines)

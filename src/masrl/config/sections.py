@@ -288,6 +288,9 @@ class TrainConfig(Strict):
     eval_after: bool = True
     eval_every: int = Field(0, ge=0, description="evaluate on the held-out set every N steps (0: never during training)")
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
+    progress_every_s: float = Field(60.0, gt=0, description="when the console is not a terminal (a log file), a line "
+                                                            "'rollout: done/total after XmYYs' at most this often "
+                                                            "during a rollout or an evaluation")
     stop_when_stuck: int = Field(40, ge=0, description="end the run (checkpoint, final evaluation, exit status 3) "
                                                         "after this many steps in which the training outcome never "
                                                         "rose above the first step's and most of every agent's groups "

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from masrl.config import RunConfig, dump_config
 from masrl.data.sources import build_tasks, split_validation
@@ -29,6 +28,7 @@ from masrl.driver.observe.metrics import (
     summaries_by,
     summarize_traces,
 )
+from masrl.driver.observe.progress import progress
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest
@@ -128,11 +128,9 @@ class Trainer:
                        seed: int | None = None):
         assert self.rt is not None
         total = len(tasks) * samples
-        with Progress(TextColumn(f"  {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=self.console, transient=True) as prog:
-            bar = prog.add_task(label, total=total)
+        with progress(self.console, label, total, self.cfg.train.progress_every_s) as advance:
             def done(_t):
-                prog.advance(bar)
+                advance()
                 if train:
                     faults.point(f"rollout:{self.step + 1}")
 

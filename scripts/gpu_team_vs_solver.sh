@@ -36,8 +36,11 @@
 #   reading_agent_sel24f              reading_agent_sel24 with the same found credit for the passage it names
 #   reading_agent_sel24d              reading_agent_sel24 with dynamic sampling (2 refill rounds a step)
 #   reading_agent24                   one call reads all 24 and answers (the shipped agent's prompt, no selection)
+#   reading_team8pa                   reading_team8p whose answerer is prompted as the plain agent (reads the 3 picks,
+#                                     answers, names none: workflow.options.answer_only=true)
 #   reading_team12p48, reading_agent48   48 passages a question (one call's prompt ~4,400 tokens): 4 picking readers
-#                                     of 12 and the answerer over their 4 picks (5 calls) against one call over all 48
+#                                     of 12 and the answerer over their 4 picks (5 calls) against one call over all 48;
+#                                     reading_team12p48a with the plain answerer
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -111,6 +114,9 @@ for a in ${ARMS:-team_roles solver}; do
       data.world.context_docs=24 rollout.dynamic_sampling=2 ;;
     reading_team12p48) arm reading_team12p48 configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 ;;
+    reading_team12p48a) arm reading_team12p48a configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+      workflow.options.docs_per_reader=12 workflow.options.answer_only=true ;;
+    reading_team8pa) arm reading_team8pa configs/reading_team_pick.yaml $(math 4) workflow.options.answer_only=true ;;
     reading_agent48) arm reading_agent48 configs/reading_agent.yaml $(math 1) data.world.context_docs=48 ;;
     reading_agent24) arm reading_agent24 configs/reading_agent.yaml $(math 1) data.world.context_docs=24 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;

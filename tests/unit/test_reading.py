@@ -166,6 +166,31 @@ def test_picking_readers_each_name_one_and_the_answerer_chooses_among_the_picks_
         ReadingTeam(found_credit=True)
 
 
+def test_an_answer_only_answerer_reads_the_picks_as_the_plain_agent_and_covered_counts_the_ceiling():
+    task = next(t for t in _tasks(context_docs=24) if t.question.startswith("Which organisation")
+                and sum(t.answer[0].lower() in p.lower() for p in t.meta["context"]) == 1)
+    gold, name = task.answer[0], _subject(task)
+    ctx = task.meta["context"]
+    at = next(i for i, p in enumerate(ctx) if p.startswith(name + ":"))
+    held, within = at // 8, at % 8
+    readers = ["<doc>1</doc>"] * 3
+    readers[held] = f"<doc>{within + 1}</doc>"
+    readers[(held + 1) % 3] = "no number at all"  # a bad reply beside good ones: that reader passes nothing
+    team = ReadingTeam(docs_per_reader=8, readers="pick", found_credit=True, answer_only=True)
+    assert team.roles()["answerer"].parser("<answer>x</answer>").ok  # no <doc> asked for
+    tr, engine = run_scripted(team, task, {"reader": readers, "answerer": [f"<answer>{gold}</answer>"]})
+    ask = engine.seen[-1][1].messages
+    assert "<doc>" not in ask[0]["content"] + ask[2]["content"]  # the plain agent's system prompt and examples
+    assert ask[-1]["content"].startswith("Documents:\n[1] ") and ask[-1]["content"].count("\n[") == 2  # two picks
+    assert tr.calls[held].credit == 1.0 and tr.calls[3].credit == 1.0
+    assert tr.metrics["answerer/covered"] == 1.0 and "answerer/chosen" not in tr.metrics
+    readers[held] = f"<doc>{(within + 1) % 8 + 1}</doc>"  # the holding reader misses: no pick holds the answer
+    tr, _ = run_scripted(team, task, {"reader": readers, "answerer": ["<answer>zzz</answer>"]})
+    assert tr.metrics["answerer/covered"] == 0.0 and tr.calls[held].credit == 0.0
+    with pytest.raises(ValueError, match="answer_only"):
+        ReadingTeam(readers="select", answer_only=True)
+
+
 def test_selecting_agent_names_a_passage_then_answers():
     task = next(t for t in _tasks() if t.question.startswith("In what year"))
     gold, name = task.answer[0], _subject(task)

@@ -184,6 +184,7 @@ def test_an_answer_only_answerer_reads_the_picks_as_the_plain_agent_and_covered_
     assert ask[-1]["content"].startswith("Documents:\n[1] ") and ask[-1]["content"].count("\n[") == 2  # two picks
     assert tr.calls[held].credit == 1.0 and tr.calls[3].credit == 1.0
     assert tr.metrics["answerer/covered"] == 1.0 and "answerer/chosen" not in tr.metrics
+    assert "reader/quiet" not in tr.metrics  # a picking reader cannot say "none"
     readers[held] = f"<doc>{(within + 1) % 8 + 1}</doc>"  # the holding reader misses: no pick holds the answer
     tr, _ = run_scripted(team, task, {"reader": readers, "answerer": ["<answer>zzz</answer>"]})
     assert tr.metrics["answerer/covered"] == 0.0 and tr.calls[held].credit == 0.0

@@ -272,10 +272,11 @@ class ReadingTeam:
     def _selected(self, readers, chunks, held, task):
         """The passages the readers named (``readers: select``), whole; and the readers' metrics."""
         picks = [picked(r, c) for r, c in zip(readers, chunks)]
-        return [p for p in picks if p is not None], {
-            "grounded": [float(p is not None and mentions(p, task.answer)) for p, h in zip(picks, held) if h],
-            "quiet": [float((r.parsed.get("doc") or "").strip().lower() == "none")
-                      for r, h in zip(readers, held) if not h]}
+        state = {"grounded": [float(p is not None and mentions(p, task.answer)) for p, h in zip(picks, held) if h]}
+        if self.readers == "select":  # a picking reader has no "none" to say: no quiet rate for it
+            state["quiet"] = [float((r.parsed.get("doc") or "").strip().lower() == "none")
+                              for r, h in zip(readers, held) if not h]
+        return [p for p in picks if p is not None], state
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)

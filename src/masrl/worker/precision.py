@@ -49,7 +49,6 @@ class MasterWeightsAdamW:
     def __init__(self, params: list[torch.nn.Parameter], *, lr: float, betas, eps: float, weight_decay: float):
         self.params = list(params)
         self.masters: list[torch.Tensor] = []
-        self._hooks = []
         for p in self.params:
             if p.dtype == torch.float32:
                 self.masters.append(p)
@@ -62,7 +61,6 @@ class MasterWeightsAdamW:
             if earlier is not None:
                 earlier.remove()
             p._masrl_master_hook = p.register_post_accumulate_grad_hook(self._accumulate_into(m))
-            self._hooks.append(p._masrl_master_hook)
         fused = bool(self.params) and all(m.is_cuda for m in self.masters)
         self._stash = PinnedStash()
         self._defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,

@@ -255,9 +255,9 @@ class ReadingTeam:
                 r.credit = next(found)
         if self.readers == "pick":  # the answer was in one of the answerer's passages: the team's ceiling
             state["covered"] = [float(any(mentions(p, task.answer) for p in notes))]
-        if self.readers == "pick" and not self.answer_only:
-            p = picked(ans, notes)
-            state["chosen"] = [float(p is not None and mentions(p, task.answer))]
+            if not self.answer_only:
+                p = picked(ans, notes)
+                state["chosen"] = [float(p is not None and mentions(p, task.answer))]
         ctx.finish(answer, notes=float(len(notes)), **state)
 
     def _quoted(self, readers, chunks, held, task):

@@ -57,12 +57,8 @@ def progress(console: Console, label: str, total: int, every_s: float = 60.0) ->
             await asyncio.sleep(min(every_s, 5.0))
             lines.tick()
 
-    try:
-        beat = asyncio.get_running_loop().create_task(heartbeat())
-    except RuntimeError:  # no event loop: lines come from advance() only
-        beat = None
+    beat = asyncio.get_running_loop().create_task(heartbeat())  # rollouts run in the event loop
     try:
         yield lines.advance
     finally:
-        if beat is not None:
-            beat.cancel()
+        beat.cancel()

@@ -114,11 +114,20 @@ def update_held_open(worker, timeout_s: float = 60):
         assert release.wait(timeout_s)
         return m
 
+    def step():
+        try:
+            got["m"] = worker.train_step(keep_pending=True)
+        except BaseException as e:  # the update failed before it was held: say so now, not at the timeout
+            got["error"] = e
+            inside.set()
+
     worker._update = held
-    th = threading.Thread(target=lambda: got.update(m=worker.train_step(keep_pending=True)))
+    th = threading.Thread(target=step)
     th.start()
     try:
-        assert inside.wait(timeout_s)
+        assert inside.wait(timeout_s), f"the update did not run within {timeout_s} s"
+        if "error" in got:
+            raise AssertionError(f"the held update failed: {got['error']!r}") from got["error"]
         yield got
     finally:
         release.set()

@@ -49,7 +49,7 @@ def fake_reward(text: str) -> float:
 
 # -- children ------------------------------------------------------------------------------------
 
-def child_ours_step(repeats: int) -> dict:
+def child_ours_step(repeats: int, precision: str = "fp32") -> dict:
     import torch
 
     from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
@@ -59,7 +59,8 @@ def child_ours_step(repeats: int) -> dict:
 
     torch.manual_seed(0)
     w = PolicyWorker("smollm2-135m-instruct", [PolicySpec("p", "smollm2-135m-instruct", optim=OptimConfig(lr=1e-6))],
-                     AlgorithmConfig(micro_batch_size=4, group_key=["task_id"]), device="cpu", seed=0)
+                     AlgorithmConfig(micro_batch_size=4, group_key=["task_id"]), device="cpu", seed=0,
+                     precision=precision)
     sp = SamplingParams(temperature=1.0, max_new_tokens=NEW_TOKENS, ignore_eos=True)
     times = []
     for rep in range(repeats + 1):  # first is warm-up
@@ -216,10 +217,12 @@ def main() -> None:
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", help="also write all numbers to this file")
+    ap.add_argument("--bf16", action="store_true", help="also run masrl's GRPO step with precision=bf16 (bf16 weights and "
+                    "compute, fp32 masters): worth it on CPUs with native bf16 (AVX512-BF16, AMX)")
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child
-        fn = {"ours": lambda: child_ours_step(int(rest[0])), "trl": lambda: child_trl_step(int(rest[0])),
+        fn = {"ours": lambda: child_ours_step(int(rest[0]), *rest[1:]), "trl": lambda: child_trl_step(int(rest[0])),
               "generate": lambda: child_generate(int(rest[0]), int(rest[1])), "rss": lambda: child_rss(rest[0])}[kind]
         print("RESULT " + json.dumps(fn()), flush=True)
         return
@@ -236,6 +239,13 @@ def main() -> None:
     rows = [("masrl GRPO step (rollout + update)", f"{o_step:.1f} s",
              f"rollout {median([s['rollout_s'] for s in ours['steps']]):.1f} s, "
              f"update {median([s['update_s'] for s in ours['steps']]):.1f} s")]
+    if a.bf16:
+        half = run_child("ours", str(a.repeats), "bf16")
+        report["ours_bf16"] = half
+        h_step = median([s["step_s"] for s in half["steps"]])
+        rows.append(("masrl GRPO step, precision=bf16", f"{h_step:.1f} s",
+                     f"rollout {median([s['rollout_s'] for s in half['steps']]):.1f} s, "
+                     f"update {median([s['update_s'] for s in half['steps']]):.1f} s; fp32 / bf16 {o_step / h_step:.2f}x"))
     if not a.skip_trl:
         trl = run_child("trl", str(a.repeats))
         report["trl"] = trl

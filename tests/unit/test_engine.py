@@ -185,3 +185,28 @@ def test_seeded_calls_sample_the_same_tokens_whatever_their_batch(tiny, kind):
     assert [o.completion_ids for o in other] == [o.completion_ids for o in together]  # both engines agree
     reseeded = make(kind, model, tok, [2]).generate([GenRequest(r.prompt_ids, r.sampling, seed=r.seed + 1) for r in reqs])
     assert [o.completion_ids for o in reseeded] != [o.completion_ids for o in together]
+
+
+def test_bf16_decode_on_a_cpu_runs_attention_as_matmuls_and_keeps_the_logprobs(tiny, monkeypatch):
+    """A bf16 model on a CPU decodes through ``few_query_attention`` (SDPA's CPU math kernel is ~10x
+    slower there); its logprobs agree with a plain bf16 forward as closely as the SDPA path's do."""
+    import masrl.modeling.lean as lean
+
+    model, tok = tiny
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    prompts = prompts_with_shared_prefix(tok) + [tok("short", add_special_tokens=False)["input_ids"]]
+    reqs = [req(p, temperature=t, max_new_tokens=6) for p, t in zip(prompts, [1.0, 0.7, 0.0, 1.3, 1.0])]
+    calls = []
+    real = lean.few_query_attention
+    monkeypatch.setattr(lean, "few_query_attention", lambda *a: calls.append(a[0].shape) or real(*a))
+    outs = HFEngine(m16, tok, stop_token_ids(tok, m16)).generate(reqs)
+    assert calls and all(shape[2] <= lean.FEW_QUERIES for shape in calls)  # decode steps only
+    errs = []
+    for r, o in zip(reqs, outs):
+        ref = full_logprobs(m16, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+        errs.append((ref - torch.tensor(o.logprobs)).abs().max().item())
+    monkeypatch.setattr(lean, "FEW_QUERIES", 0)  # the SDPA path on the same tokens, for the scale of bf16 error
+    sdpa = HFEngine(m16, tok, stop_token_ids(tok, m16)).generate(reqs)
+    sdpa_errs = [(full_logprobs(m16, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+                  - torch.tensor(o.logprobs)).abs().max().item() for r, o in zip(reqs, sdpa)]
+    assert max(errs) < 0.1 and max(errs) <= 2 * max(sdpa_errs) + 1e-3, (errs, sdpa_errs)

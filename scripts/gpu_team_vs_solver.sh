@@ -41,6 +41,9 @@
 #   reading_team12p48, reading_agent48   48 passages a question (one call's prompt ~4,400 tokens): 4 picking readers
 #                                     of 12 and the answerer over their 4 picks (5 calls) against one call over all 48;
 #                                     reading_team12p48a with the plain answerer
+#   reading_team12p48ae, reading_team12p48ad   reading_team12p48a keeping the readers' picks diverse (they collapse onto one
+#                                     pick per chunk by step 10): readers at temperature 1.0 with an entropy bonus of 0.01,
+#                                     or dynamic sampling (2 refill rounds for groups whose rewards are all equal)
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -116,6 +119,11 @@ for a in ${ARMS:-team_roles solver}; do
       workflow.options.docs_per_reader=12 ;;
     reading_team12p48a) arm reading_team12p48a configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 workflow.options.answer_only=true ;;
+    reading_team12p48ae) arm reading_team12p48ae configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+      workflow.options.docs_per_reader=12 workflow.options.answer_only=true agents.reader.temperature=1.0 \
+      algorithm.entropy_coef=0.01 ;;
+    reading_team12p48ad) arm reading_team12p48ad configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+      workflow.options.docs_per_reader=12 workflow.options.answer_only=true rollout.dynamic_sampling=2 ;;
     reading_team8pa) arm reading_team8pa configs/reading_team_pick.yaml $(math 4) workflow.options.answer_only=true ;;
     reading_agent48) arm reading_agent48 configs/reading_agent.yaml $(math 1) data.world.context_docs=48 ;;
     reading_agent24) arm reading_agent24 configs/reading_agent.yaml $(math 1) data.world.context_docs=24 ;;

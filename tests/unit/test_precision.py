@@ -110,3 +110,17 @@ def test_messages_import_no_torch():
             "assert not bad, bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_bf16_units_are_read_from_the_cpu_flags(tmp_path):
+    from masrl.worker.precision import cpu_bf16_units
+
+    def info(flags):
+        p = tmp_path / f"cpuinfo-{len(flags)}"
+        p.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        return str(p)
+
+    assert cpu_bf16_units(info("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni"))
+    assert cpu_bf16_units(info("fpu avx2 amx_tile amx_bf16"))
+    assert not cpu_bf16_units(info("fpu sse2 avx2 avx512f avx512bw"))  # AVX-512 without its bf16 part
+    assert not cpu_bf16_units(str(tmp_path / "missing"))

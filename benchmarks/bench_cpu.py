@@ -11,7 +11,9 @@ exactly 64 new tokens each (EOS ignored), temperature 1, one update of all 16 se
 token-level loss, micro-batches of 4 (TRL: per-device batch 4, gradient accumulation 4).
 Rewards are a fixed pseudo-random function of the completion, so no group has zero variance
 and neither side can skip work. TRL runs in fp32 without gradient checkpointing (its CPU
-defaults would autocast to bf16, which this CPU emulates slowly, and recompute activations).
+defaults would autocast to bf16, which CPUs without bf16 units emulate slowly, and recompute
+activations), as masrl does by default on a CPU; `--bf16` adds masrl's step with precision=bf16
+(bf16 weights, fp32 masters), which pays on CPUs with AVX512-BF16 or AMX.
 """
 
 from __future__ import annotations

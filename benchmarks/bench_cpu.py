@@ -211,6 +211,12 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
+def parts(steps) -> str:
+    """The medians of a GRPO-step child's rollout and update seconds."""
+    return (f"rollout {median([s['rollout_s'] for s in steps]):.1f} s, "
+            f"update {median([s['update_s'] for s in steps]):.1f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", nargs="+")
@@ -238,16 +244,13 @@ def main() -> None:
     ours = run_child("ours", str(a.repeats))
     report["ours"] = ours
     o_step = median([s["step_s"] for s in ours["steps"]])
-    rows = [("masrl GRPO step (rollout + update)", f"{o_step:.1f} s",
-             f"rollout {median([s['rollout_s'] for s in ours['steps']]):.1f} s, "
-             f"update {median([s['update_s'] for s in ours['steps']]):.1f} s")]
+    rows = [("masrl GRPO step (rollout + update)", f"{o_step:.1f} s", parts(ours["steps"]))]
     if a.bf16:
         half = run_child("ours", str(a.repeats), "bf16")
         report["ours_bf16"] = half
         h_step = median([s["step_s"] for s in half["steps"]])
         rows.append(("masrl GRPO step, precision=bf16", f"{h_step:.1f} s",
-                     f"rollout {median([s['rollout_s'] for s in half['steps']]):.1f} s, "
-                     f"update {median([s['update_s'] for s in half['steps']]):.1f} s; fp32 / bf16 {o_step / h_step:.2f}x"))
+                     f"{parts(half['steps'])}; fp32 / bf16 {o_step / h_step:.2f}x"))
     if not a.skip_trl:
         trl = run_child("trl", str(a.repeats))
         report["trl"] = trl

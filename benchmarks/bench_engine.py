@@ -18,7 +18,9 @@ the shape (bf16, EOS ignored: random weights never stop). Parts:
 
 Static: a KV cache of batch x longest row, decode graphs per (batch, length) bucket, host reads every
 8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.04), a prefix
-cache, one decode graph per batch bucket, decode chunks of 8 steps read back once.
+cache, one decode graph per batch bucket, decode chunks of 8 steps read back once. Both sample with
+the fused sampler (``engines/sample_kernel.py``); ``--engines static@torch,paged@torch`` runs an
+engine with torch's ``sample_tokens`` instead, and every column is compared with the first.
 """
 
 from __future__ import annotations
@@ -64,6 +66,16 @@ def peak_gib() -> float:
 
 
 def make(kind, model, tok, **kw):
+    kind, _, sampler = kind.partition("@")
+    eng = _make(kind, model, tok, **kw)
+    if sampler == "torch":
+        eng.fused["sample"] = False
+    elif sampler:
+        raise SystemExit(f"unknown sampler {sampler!r} in --engines (use ENGINE or ENGINE@torch)")
+    return eng
+
+
+def _make(kind, model, tok, **kw):
     if kind == "paged":
         from masrl.engines.paged import PagedEngine
 
@@ -89,7 +101,8 @@ class Bench:
 
         from masrl.models import load_model
 
-        self.kind = kind
+        self.kind = kind.partition("@")[0]
+        self.name = kind
         self.model, self.tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
         self.rng = random.Random(0)
 
@@ -107,7 +120,7 @@ class Bench:
         return [self.rng.randrange(100, 49000) for _ in range(n)]
 
     def engine(self, **kw):
-        return make(self.kind, self.model, self.tok, **kw)
+        return make(self.name, self.model, self.tok, **kw)
 
     @staticmethod
     def done(eng) -> None:
@@ -255,21 +268,22 @@ def main() -> None:
     print(f"\ncommand: python benchmarks/bench_engine.py {' '.join(sys.argv[1:])}\n"
           f"machine: {gpu}, {os.cpu_count()} cores, torch {torch.__version__}, {platform.python_version()}; "
           f"shape {a.shape} ({SHAPES[a.shape]}), bf16\n")
-    s, p = res.get("static", {}), res.get("paged", {})
-    rows = [("rollout tok/s, batch 1", "rollout_tps_1", True), ("rollout tok/s, batch 64", "rollout_tps_64", True),
-            ("rollout tok/s, batch 256", "rollout_tps_256", True), ("decode step ms, batch 256", "step_ms_256", False),
-            ("GRPO 64x8: prompt tokens prefilled", "grpo_prefill_tokens", False),
-            ("GRPO 64x8: tok/s", "grpo_tps", True), ("GRPO 64x8: peak GiB", "grpo_peak_gib", False),
-            ("long tail: episodes/s", "tail_eps", True), ("long tail: seconds", "tail_s", False),
-            ("long tail: peak GiB", "tail_peak_gib", False),
-            ("16k prompt + 256: seconds", "long_s", False), ("16k prompt: peak GiB", "long_peak_gib", False)]
-    print("| measure | static | paged | paged / static |\n| --- | --- | --- | --- |")
-    for label, key, _ in rows:
-        a_, b_ = s.get(key), p.get(key)
-        if a_ is None and b_ is None:
+    rows = [("rollout tok/s, batch 1", "rollout_tps_1"), ("rollout tok/s, batch 64", "rollout_tps_64"),
+            ("rollout tok/s, batch 256", "rollout_tps_256"), ("decode step ms, batch 256", "step_ms_256"),
+            ("GRPO 64x8: prompt tokens prefilled", "grpo_prefill_tokens"),
+            ("GRPO 64x8: tok/s", "grpo_tps"), ("GRPO 64x8: peak GiB", "grpo_peak_gib"),
+            ("long tail: episodes/s", "tail_eps"), ("long tail: seconds", "tail_s"),
+            ("long tail: peak GiB", "tail_peak_gib"),
+            ("16k prompt + 256: seconds", "long_s"), ("16k prompt: peak GiB", "long_peak_gib")]
+    names = list(res)
+    print(f"| measure | {' | '.join(names)} | {' | '.join(f'{n} / {names[0]}' for n in names[1:])} |\n"
+          f"| --- |{' --- |' * (2 * len(names) - 1)}")
+    for label, key in rows:
+        vals = [res[n].get(key) for n in names]
+        if all(v is None for v in vals):
             continue
-        ratio = f"{b_ / a_:.2f}x" if a_ and b_ is not None else "-"
-        print(f"| {label} | {_fmt(a_)} | {_fmt(b_)} | {ratio} |")
+        ratios = [f"{v / vals[0]:.2f}x" if vals[0] and v is not None else "-" for v in vals[1:]]
+        print(f"| {label} | {' | '.join(_fmt(v) for v in vals)} | {' | '.join(ratios)} |")
     if a.json:
         Path(a.json).write_text(json.dumps({"gpu": gpu, "results": res}, indent=2))
 

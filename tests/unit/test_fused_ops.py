@@ -51,3 +51,19 @@ def test_paged_kernels_and_the_fused_rope_attention_agree_with_torch_in_the_inte
     out = subprocess.run([sys.executable, "-c", PAGED], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["torch.float32", "None", "None", "None", "torch.float16", "None", "None", "None"]
+
+
+SAMPLER = """
+import torch
+from masrl.engines import sample_kernel
+cpu = torch.device("cpu")
+for dtype in (torch.float32, torch.bfloat16):
+    print(dtype, sample_kernel.check(cpu, dtype)["sample"])
+"""
+
+
+def test_fused_sampler_is_the_inverse_cdf_draw_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", SAMPLER], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["torch.float32", "None", "torch.bfloat16", "None"]

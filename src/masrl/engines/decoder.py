@@ -16,8 +16,9 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from masrl.engines import kernels
+from masrl.engines import kernels, sample_kernel
 from masrl.engines.decode_weights import DecodeWeights, base_linear, capture_stream, lora_delta, residual_linear
+from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
 
@@ -61,8 +62,19 @@ class GraphDecoder:
     def _check_kernels(self) -> dict:
         """The fused kernels this engine may use, each run against its torch version: ``{name: None or why not}``."""
         cfg = self.core.config
-        return kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
-                             cfg.hidden_size, cfg.intermediate_size)
+        return {**kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
+                                cfg.hidden_size, cfg.intermediate_size),
+                **sample_kernel.check(self.dev, self.dtype)}
+
+    def _draw(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, flags: BatchFlags,
+              uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next token and its logprob: the fused sampler (two reads of the logits) where it
+        agreed with torch at start-up and no row asks for top-p, else ``sample_tokens``."""
+        if not self.fused.get("sample") or flags.any_top_p:
+            return sample_tokens(logits, temps, top_ps, self.generator, flags, uniforms)
+        if uniforms is None:  # the draw sample_tokens makes without per-call numbers
+            uniforms = torch.rand(logits.shape[0], 1, generator=self.generator, device=self.dev)
+        return sample_kernel.sample(logits, temps, uniforms)
 
     # -- shared parts of the Engine interface -------------------------------------------------------
     def adapters(self) -> list[str]:

@@ -40,7 +40,7 @@ from masrl.engines import paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
-from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens, stop_string_at
+from masrl.engines.sampling import BatchFlags, counter_uniforms, stop_string_at
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
@@ -260,7 +260,7 @@ class PagedEngine(GraphDecoder):
         """Each just-prefilled call's next token, from the prefill's logits."""
         sp, temps, top_ps, flags = self._sampling(seqs)
         u = torch.from_numpy(self._uniforms(seqs, 1)[:, 0]).to(self.dev)
-        tokens, lps = sample_tokens(logits[: len(seqs)], temps, top_ps, self.generator, flags, u)
+        tokens, lps = self._draw(logits[: len(seqs)], temps, top_ps, flags, u)
         return self._take(seqs, sp, [[t] for t in tokens.tolist()], [[x] for x in lps.tolist()], decoded=False)
 
     def _sampling(self, seqs: list[Sequence]) -> tuple[list, torch.Tensor, torch.Tensor, BatchFlags]:
@@ -424,7 +424,7 @@ class PagedEngine(GraphDecoder):
         toks, lps = [], []
         for j in range(k):
             logits = self._decode(Bb, S)
-            t, lp = sample_tokens(logits[:B], temps, top_ps, self.generator, flags, U_dev[:, j])
+            t, lp = self._draw(logits[:B], temps, top_ps, flags, U_dev[:, j])
             self.tok_buf[:B].copy_(t)
             toks.append(t)
             lps.append(lp)

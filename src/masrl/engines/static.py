@@ -38,7 +38,7 @@ from masrl.engines import kernels
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
 from masrl.engines.hf import _uniforms
-from masrl.engines.sampling import BatchFlags, sample_tokens, stop_string_at
+from masrl.engines.sampling import BatchFlags, stop_string_at
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import causal_mask
 from masrl.modeling.prefix import slot_layout
@@ -206,8 +206,7 @@ class StaticEngine(GraphDecoder):
         logits = self._prefill(prompts, groups, pre, pmax, smax, adapters, n)
         self.pos_buf[:n] = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
         self.slot_t.fill_(st.cur)
-        tokens, lps = sample_tokens(logits, st.temps, st.top_ps, self.generator, st.flags,
-                                    None if st.U is None else st.U[:, 0])
+        tokens, lps = self._draw(logits, st.temps, st.top_ps, st.flags, None if st.U is None else st.U[:, 0])
         st.pending.append((torch.stack([tokens]), torch.stack([lps]), list(st.rows)))
         self.tok_buf[:n].copy_(tokens)
         return st
@@ -219,8 +218,8 @@ class StaticEngine(GraphDecoder):
         active_rows = len(st.rows)
         while len(chunk_t) < self.sync_every and st.steps < st.max_new - 1:
             logits = self._decode(st.Bb, slot_bucket(st.cur + 1))
-            tokens, lps = sample_tokens(logits[:active_rows], st.temps, st.top_ps, self.generator, st.flags,
-                                        None if st.U is None else st.U[:, st.steps + 1])
+            tokens, lps = self._draw(logits[:active_rows], st.temps, st.top_ps, st.flags,
+                                     None if st.U is None else st.U[:, st.steps + 1])
             self.tok_buf[:active_rows].copy_(tokens)
             chunk_t.append(tokens)
             chunk_l.append(lps)

@@ -19,6 +19,8 @@ Modes (``--modes``, comma separated):
                     the engine's batch and the engine waits for the update (the compute lock);
   async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
   MODE@ENGINE       any mode with rollout.engine ENGINE (sync@paged, async@paged): default auto (static on CUDA).
+  MODE@ENGINE@torch the same with torch's ``sample_tokens`` in place of the fused sampler (sync@static@torch:
+                    the engine as it was before engines/sample_kernel.py).
 
 ``--rollout-device cuda:1`` (policies.X.rollout_device) trains on ``--device`` and samples on the
 other GPU, in every mode: the synchronous step still does one after the other, the asynchronous
@@ -59,6 +61,7 @@ def policy_of(workload: str, agent: str) -> str:
 
 def config(a, mode: str) -> dict:
     mode, _, engine = mode.partition("@")
+    engine = engine.partition("@")[0]
     wf, agents = WORKFLOWS[a.workload]
     per_step = a.tasks * a.samples
     names = sorted({policy_of(a.workload, n) for n in agents})
@@ -97,6 +100,10 @@ def child(a, mode: str) -> dict:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    if mode.count("@") == 2 and mode.endswith("@torch"):  # the engines' start-up check turns the fused sampler off
+        from masrl.engines import sample_kernel
+
+        sample_kernel.check = lambda device, dtype: {"sample": "off: torch's sampler asked for (bench_async)"}
     tr = Trainer(load_config(data=config(a, mode)), run_dir=Path(a.run_dir) / mode)
     tr.prepare(resume=False)
 
@@ -185,9 +192,9 @@ def main() -> None:
     layout = f"{a.placement}" + (f", trains on {a.device}, samples on {a.rollout_device}" if a.rollout_device else "")
     print(f"workload {a.workload} ({layout}), model {a.model} ({a.precision}), {a.steps} updates of {a.tasks} "
           f"tasks x {a.samples} samples, {a.tokens} new tokens per call at most\n")
-    print("| mode | trained calls/s | trained tok/s | seconds | vs sync | mean staleness | stale dropped "
+    print(f"| mode | trained calls/s | trained tok/s | seconds | vs {modes[0]} | mean staleness | stale dropped "
           "| calls sampled during updates | update s | peak GiB |\n" + "| --- " * 10 + "|")
-    base = out.get("sync", {}).get("calls_s")
+    base = out.get(modes[0], {}).get("calls_s")  # the first mode listed is the baseline
     for mode, r in out.items():
         if "error" in r:
             print(f"| {mode} | failed: {r['error'][:80]} |" + " |" * 8)

@@ -145,7 +145,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tens
         _partials[(B, nsp)](logits, logits.stride(0), temps, part[0], part[1], part[2], arg, V, NSP=nsp,
                             CHUNK=chunk, BLOCK=BLOCK)
         _pick[(B, nsp)](logits, logits.stride(0), temps, u, part[0], part[1], part[2], arg, tokens, lps, V, NSP=nsp,
-                        NSP2=triton.next_power_of_2(nsp), CHUNK=chunk, BLOCK=BLOCK)
+                        NSP2=max(2, triton.next_power_of_2(nsp)), CHUNK=chunk, BLOCK=BLOCK)
     return tokens, lps
 
 

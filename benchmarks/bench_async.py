@@ -117,8 +117,11 @@ def child(a, mode: str) -> dict:
         sync()
         t0 = time.perf_counter()
         recs = []
-        for _ in range(a.steps):
-            recs.append(await step())
+        for i in range(a.steps):
+            if a.profile and i == a.steps - 1:
+                recs.append(await profiled(step, Path(a.profile) / f"{mode}.txt"))
+            else:
+                recs.append(await step())
             recs[-1]["t"] = time.perf_counter() - t0
         sync()
         dt = time.perf_counter() - t0
@@ -132,6 +135,7 @@ def child(a, mode: str) -> dict:
                 "dropped": sum(p.get("stale_dropped", 0.0) for p in pol),
                 "during_update": sum(r.get("async", {}).get("calls_during_update", 0) for r in recs),
                 "update_s": sum(r.get("update_s", 0.0) for r in recs) / max(1, len(recs)),  # the step's, wall
+                "rollout_s": sum(r.get("rollout_s", 0.0) for r in recs) / max(1, len(recs)),
                 "peak_gb": max([p.get("gpu_peak_gb", 0.0) for p in pol], default=0.0)}
 
     try:
@@ -140,10 +144,43 @@ def child(a, mode: str) -> dict:
         tr.rt.close()
 
 
+async def profiled(step, path: Path) -> dict:
+    """One step under torch's profiler: its wall time, the share of it the GPU ran a kernel (the union of
+    the kernels' intervals, any stream), and the ops that took the most host and device time, to ``path``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        rec = await step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type.name == "CUDA" and e.time_range.end > e.time_range.start)
+    busy, end = 0.0, -1.0
+    for lo, hi in spans:  # microseconds
+        if hi > end:
+            busy += hi - max(lo, end)
+            end = hi
+    ka = prof.key_averages()
+    head = (f"step wall {wall:.3f} s; GPU busy {busy / 1e6:.3f} s ({busy / 1e6 / wall:.0%}); "
+            f"rollout_s {rec.get('rollout_s', 0):.3f}, update_s {rec.get('update_s', 0):.3f}\n")
+    path.write_text(head + ka.table(sort_by="self_cpu_time_total", row_limit=30) + "\n"
+                    + (ka.table(sort_by="self_device_time_total", row_limit=20) if torch.cuda.is_available() else ""))
+    print("PROFILE " + head.strip(), flush=True)
+    return rec
+
+
 def run_child(mode: str, argv: list[str], run_dir: str) -> dict:
     cmd = [sys.executable, __file__, *argv, "--child", mode, "--run-dir", run_dir]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    for x in proc.stdout.splitlines():
+        if x.startswith("PROFILE "):
+            print(f"  {mode}: {x[8:]}", flush=True)
     if proc.returncode != 0 or not lines:
         tail = proc.stderr.strip().splitlines()[-8:]
         print(f"  {mode} failed ({proc.returncode}):\n    " + "\n    ".join(tail), flush=True)
@@ -172,6 +209,7 @@ def main() -> None:
     ap.add_argument("--child")
     ap.add_argument("--run-dir")
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="a folder: each mode's last step runs under torch's profiler, its summary there")
     a = ap.parse_args()
     if a.child:
         print("RESULT " + json.dumps(child(a, a.child)), flush=True)

@@ -119,7 +119,7 @@ def child(a, mode: str) -> dict:
         recs = []
         for i in range(a.steps):
             if a.profile and i == a.steps - 1:
-                recs.append(await profiled(step, Path(a.profile) / f"{mode}.txt"))
+                recs.append(await profiled(step, Path(a.profile) / f"{mode.replace('@', '-')}.txt"))
             else:
                 recs.append(await step())
             recs[-1]["t"] = time.perf_counter() - t0

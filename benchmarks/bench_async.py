@@ -115,6 +115,7 @@ def child(a, mode: str) -> dict:
 
         await step()  # warm-up: graphs captured, kernels tuned
         sync()
+        before = engine_counts(tr)
         t0 = time.perf_counter()
         recs = []
         for i in range(a.steps):
@@ -125,6 +126,7 @@ def child(a, mode: str) -> dict:
             recs[-1]["t"] = time.perf_counter() - t0
         sync()
         dt = time.perf_counter() - t0
+        after = engine_counts(tr)
         if rollouts:
             await rollouts.stop()
         await tr.rt.controller.aclose()
@@ -136,12 +138,26 @@ def child(a, mode: str) -> dict:
                 "during_update": sum(r.get("async", {}).get("calls_during_update", 0) for r in recs),
                 "update_s": sum(r.get("update_s", 0.0) for r in recs) / max(1, len(recs)),  # the step's, wall
                 "rollout_s": sum(r.get("rollout_s", 0.0) for r in recs) / max(1, len(recs)),
-                "peak_gb": max([p.get("gpu_peak_gb", 0.0) for p in pol], default=0.0)}
+                "peak_gb": max([p.get("gpu_peak_gb", 0.0) for p in pol], default=0.0),
+                "engine_per_step": {k: round((after[k] - before.get(k, 0)) / a.steps, 1) for k in after}}
 
     try:
         return asyncio.run(go())
     finally:
         tr.rt.close()
+
+
+def engine_counts(tr) -> dict:
+    """The in-process engines' counters summed (decode steps, prefill steps, tokens...): what a step did."""
+    out: dict = {}
+    for w in tr.rt.workers:
+        eng = getattr(w, "engine", None)
+        sched = getattr(eng, "sched", None)
+        for src in (getattr(eng, "stats", {}), getattr(sched, "stats", None) or {}):
+            for k, v in src.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out[k] = out.get(k, 0) + v
+    return out
 
 
 async def profiled(step, path: Path) -> dict:

@@ -255,6 +255,23 @@ def test_the_next_turn_reuses_its_episode_blocks(tiny):
     assert second.completion_ids == HFEngine(model, tok, [2]).generate([req(turn2, max_new_tokens=4)])[0].completion_ids
 
 
+def test_next_turns_with_a_long_past_and_few_new_tokens_prefill_together(tiny, monkeypatch):
+    """Rows are batched by their new tokens, not by their whole length (a next turn's past is cached):
+    seven next turns of ~40 tokens with ~10 new each take at most three forward passes under a 64-token budget (one
+    a row if the past counted in full), and sample the eager engine's tokens."""
+    model, tok = tiny
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, prefill_tokens=64)
+    firsts = [req(p, max_new_tokens=6) for p in prompts(tok)[:8]]
+    more = tok(" And then? Tell me.", add_special_tokens=False)["input_ids"]
+    turn2 = [req(r.prompt_ids + o.completion_ids + more, max_new_tokens=5) for r, o in zip(firsts, eng.generate(firsts))]
+    passes = []
+    real = eng._prefill_rows
+    monkeypatch.setattr(eng, "_prefill_rows", lambda spans, *a: passes.append(len(spans)) or real(spans, *a))
+    outs = eng.generate(turn2)
+    assert sum(passes) == len(turn2) and len(passes) <= 3, passes
+    assert [o.completion_ids for o in outs] == [o.completion_ids for o in HFEngine(model, tok, [2]).generate(turn2)]
+
+
 def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):
     model, tok = tiny
     p = prompts(tok)[2]

@@ -87,6 +87,28 @@ class _Job:
     done: bool = False
 
 
+def _fits(rows: list[Sequence], budget: int) -> bool:
+    """Whether ``rows`` prefill in one forward: padded new tokens (rows x most new) within ``budget``, keys
+    attended (rows x longest) within 4 x ``budget`` (a next turn's few new tokens over a long past batch
+    widely), and attention scores (rows x most new x longest) within ``budget``**2, one long prompt's."""
+    new = max(s.length - s.cached for s in rows)
+    width = max(s.length for s in rows)
+    n = len(rows)
+    return n * new <= budget and n * width <= 4 * budget and n * new * width <= budget * budget
+
+
+class _PastGather:
+    """A prefill's keys and values before its new tokens, layer by layer: the lean forward reads
+    ``past[layer]`` as it reaches the layer, so only one layer's copy out of the pool is alive at a time."""
+
+    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], idx: torch.Tensor):
+        self.kv, self.idx = kv, idx
+
+    def __getitem__(self, li: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kf, vf = self.kv[li]
+        return kf[self.idx].permute(0, 2, 1, 3), vf[self.idx].permute(0, 2, 1, 3)
+
+
 class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
@@ -304,9 +326,10 @@ class PagedEngine(GraphDecoder):
 
     # -- prefill: the lean forward over each call's uncached tokens, keys and values into its blocks --
     def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits after each sequence's last token. Rows are batched up to ``prefill_tokens`` (rows x
-        longest row); a sequence with more new tokens than that runs alone, ``prefill_tokens`` at a
-        time over its blocks so far (chunked prefill: memory stays flat however long the prompt)."""
+        """Logits after each sequence's last token. Rows are batched while ``_fits`` (new tokens, keys
+        attended and attention scores, each bounded by ``prefill_tokens``); a sequence with more new
+        tokens than that runs alone, ``prefill_tokens`` at a time over its blocks so far (chunked
+        prefill: memory stays flat however long the prompt)."""
         V = self.core.lm_head.weight.shape[0]
         logits = torch.empty((len(seqs), V), dtype=self.dtype, device=self.dev)
         budget = self.prefill_tokens
@@ -320,8 +343,7 @@ class PagedEngine(GraphDecoder):
                         end = min(s.length, start + budget)
                         self._prefill_rows([(s, start, end)], logits, [i] if end == s.length else None)
                     continue
-                width = max([seqs[j].length for j in chunk] + [s.length])
-                if not chunk or (len(chunk) + 1) * width <= budget:
+                if not chunk or _fits([seqs[j] for j in chunk] + [s], budget):
                     chunk.append(i)
                     continue
             if chunk:
@@ -386,9 +408,7 @@ class PagedEngine(GraphDecoder):
             s.kv_len = end
         ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
         past_idx = past_idx.to(dev)
-        past = None
-        if C > 0:
-            past = [(kf[past_idx].permute(0, 2, 1, 3), vf[past_idx].permute(0, 2, 1, 3)) for kf, vf in self.kv]
+        past = _PastGather(self.kv, past_idx) if C > 0 else None
         adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
         mask = causal_mask(valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)

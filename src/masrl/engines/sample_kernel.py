@@ -28,14 +28,14 @@ from masrl.engines.kernels import triton, verdicts
 from masrl.modeling.fused import on_device
 
 BLOCK = 1024
+MAX_SPLITS = 256  # the partials a row's programs read back (one block of a vector)
 _PROGRAMS = 264  # about two programs per multiprocessor of an H100/H200 (132)
 
 if triton is not None:
     import triton.language as tl
 
     @triton.jit
-    def _partials(x_ptr, stride, t_ptr, m_ptr, l_ptr, bx_ptr, bi_ptr, V, NSP: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCK: tl.constexpr):
+    def _partials(x_ptr, stride, t_ptr, m_ptr, l_ptr, bx_ptr, bi_ptr, V, NSP, CHUNK, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         split = tl.program_id(1)
         t = tl.load(t_ptr + row)
@@ -65,8 +65,8 @@ if triton is not None:
         tl.store(bi_ptr + k, best_i)
 
     @triton.jit
-    def _pick(x_ptr, stride, t_ptr, u_ptr, m_ptr, l_ptr, bx_ptr, bi_ptr, tok_ptr, lp_ptr, V, NSP: tl.constexpr,
-              NSP2: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    def _pick(x_ptr, stride, t_ptr, u_ptr, m_ptr, l_ptr, bx_ptr, bi_ptr, tok_ptr, lp_ptr, V, NSP, CHUNK,
+              NSP2: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         split = tl.program_id(1)
         t = tl.load(t_ptr + row)
@@ -82,7 +82,7 @@ if triton is not None:
         if t <= 0:  # greedy: the first split holding the row's max, its first argmax
             bxs = tl.load(bx_ptr + row * NSP + i, mask=have, other=-float("inf"))
             top = tl.max(bxs, 0)
-            first = tl.min(tl.where(have & (bxs == top), i, NSP2), 0)
+            first = tl.min(tl.where(have & (bxs == top), i, NSP2), 0)  # NSP2 > any split index
             if split == first:
                 tok = tl.load(bi_ptr + row * NSP + split)
                 x = tl.load(x_ptr + row * stride + tok).to(tl.float32)
@@ -118,9 +118,8 @@ if triton is not None:
 
 def layout(rows: int, vocab: int) -> tuple[int, int]:
     """``(splits, chunk)``: enough programs to fill the GPU at any batch, each split a whole number of
-    blocks; the split count is a power of two before rounding, so few variants get compiled."""
-    want = max(1, -(-_PROGRAMS // rows))
-    want = 1 << (want - 1).bit_length()
+    blocks, at most ``MAX_SPLITS`` (split count and chunk are run-time arguments: one compiled kernel)."""
+    want = min(MAX_SPLITS, max(1, -(-_PROGRAMS // rows)))
     blocks = -(-vocab // BLOCK)
     chunk = -(-blocks // min(want, blocks)) * BLOCK
     return -(-vocab // chunk), chunk
@@ -141,11 +140,13 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tens
     arg = torch.empty((B, nsp), dtype=torch.int32, device=dev)
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
+    if _interpreting():  # Triton's CPU interpreter cannot loop to a run-time bound: the chunk is a constant there
+        nsp, chunk = tl.constexpr(nsp), tl.constexpr(chunk)
     with on_device(logits):
-        _partials[(B, nsp)](logits, logits.stride(0), temps, part[0], part[1], part[2], arg, V, NSP=nsp,
-                            CHUNK=chunk, BLOCK=BLOCK)
-        _pick[(B, nsp)](logits, logits.stride(0), temps, u, part[0], part[1], part[2], arg, tokens, lps, V, NSP=nsp,
-                        NSP2=max(2, triton.next_power_of_2(nsp)), CHUNK=chunk, BLOCK=BLOCK)
+        _partials[(B, nsp)](logits, logits.stride(0), temps, part[0], part[1], part[2], arg, V, nsp, chunk,
+                            BLOCK=BLOCK)
+        _pick[(B, nsp)](logits, logits.stride(0), temps, u, part[0], part[1], part[2], arg, tokens, lps, V, nsp, chunk,
+                        NSP2=MAX_SPLITS, BLOCK=BLOCK)
     return tokens, lps
 
 

@@ -15,18 +15,26 @@ def distinct_n(texts: list[str], n: int) -> float:
     repeats, near 0 when every completion says the same thing. A text shorter than ``n`` tokens
     counts as one gram of its own (a one-word answer such as ``<answer>42</answer>`` would
     otherwise have no bigram, and a finalizer's distinct-2 read 0.0 however varied its answers)."""
-    grams = []
-    for t in texts:
-        toks = t.split()
+    return _distinct([t.split() for t in texts], n)
+
+
+def _distinct(split: list[list[str]], n: int) -> float:
+    seen: set = set()
+    count = 0
+    for toks in split:
         if 0 < len(toks) < n:
-            grams.append(tuple(toks))
-        grams += [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 0.0
+            seen.add(tuple(toks))
+            count += 1
+        elif len(toks) >= n:
+            grams = toks if n == 1 else zip(*(toks[i:] for i in range(n)))
+            seen.update(grams)
+            count += len(toks) - n + 1
+    return len(seen) / count if count else 0.0
 
 
 def diversity(calls) -> dict[str, float]:
-    texts = [c.completion or "" for c in calls]
-    return {"distinct_1": distinct_n(texts, 1), "distinct_2": distinct_n(texts, 2)}
+    split = [(c.completion or "").split() for c in calls]  # once for both (a step's summary holds every call)
+    return {"distinct_1": _distinct(split, 1), "distinct_2": _distinct(split, 2)}
 
 
 def summarize_traces(traces: list[Trace]) -> dict:

@@ -70,9 +70,9 @@ class GraphDecoder:
               uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's next token and its logprob: the fused sampler (two reads of the logits) where it
         agreed with torch at start-up and no row asks for top-p, else ``sample_tokens``. A batch of greedy
-        rows only (evaluation) takes torch's argmax below 2**24 logits, where it was as fast or faster
+        rows only (evaluation) takes torch's argmax below 2**22 logits, where it was faster
         (benchmarks/bench_sampling.py)."""
-        if not self.fused.get("sample") or flags.any_top_p or (flags.all_greedy and logits.numel() < 2**24):
+        if not self.fused.get("sample") or flags.any_top_p or (flags.all_greedy and logits.numel() < 2**22):
             return sample_tokens(logits, temps, top_ps, self.generator, flags, uniforms)
         if uniforms is None:  # the draw sample_tokens makes without per-call numbers
             uniforms = torch.rand(logits.shape[0], 1, generator=self.generator, device=self.dev)

@@ -265,8 +265,8 @@ def test_next_turns_with_a_long_past_and_few_new_tokens_prefill_together(tiny, m
     more = tok(" And then? Tell me.", add_special_tokens=False)["input_ids"]
     turn2 = [req(r.prompt_ids + o.completion_ids + more, max_new_tokens=5) for r, o in zip(firsts, eng.generate(firsts))]
     passes = []
-    real = eng._prefill_rows
-    monkeypatch.setattr(eng, "_prefill_rows", lambda spans, *a: passes.append(len(spans)) or real(spans, *a))
+    real = eng.prefill.rows
+    monkeypatch.setattr(eng.prefill, "rows", lambda spans, *a: passes.append(len(spans)) or real(spans, *a))
     outs = eng.generate(turn2)
     assert sum(passes) == len(turn2) and len(passes) <= 3, passes
     assert [o.completion_ids for o in outs] == [o.completion_ids for o in HFEngine(model, tok, [2]).generate(turn2)]

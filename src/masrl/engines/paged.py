@@ -40,11 +40,12 @@ from masrl.engines import paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
+from masrl.engines.paged_prefill import PoolPrefill
 from masrl.engines.sampling import BatchFlags, counter_uniforms, stop_string_at
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
-from masrl.modeling.lean import causal_mask, core_model
+from masrl.modeling.lean import core_model
 from masrl.modeling.sizes import tensor_bytes
 
 
@@ -87,28 +88,6 @@ class _Job:
     done: bool = False
 
 
-def _fits(rows: list[Sequence], budget: int) -> bool:
-    """Whether ``rows`` prefill in one forward: padded new tokens (rows x most new) within ``budget``, keys
-    attended (rows x longest) within 4 x ``budget`` (a next turn's few new tokens over a long past batch
-    widely), and attention scores (rows x most new x longest) within ``budget``**2, one long prompt's."""
-    new = max(s.length - s.cached for s in rows)
-    width = max(s.length for s in rows)
-    n = len(rows)
-    return n * new <= budget and n * width <= 4 * budget and n * new * width <= budget * budget
-
-
-class _PastGather:
-    """A prefill's keys and values before its new tokens, layer by layer: the lean forward reads
-    ``past[layer]`` as it reaches the layer, so only one layer's copy out of the pool is alive at a time."""
-
-    def __init__(self, kv: list[tuple[torch.Tensor, torch.Tensor]], idx: torch.Tensor):
-        self.kv, self.idx = kv, idx
-
-    def __getitem__(self, li: int) -> tuple[torch.Tensor, torch.Tensor]:
-        kf, vf = self.kv[li]
-        return kf[self.idx].permute(0, 2, 1, 3), vf[self.idx].permute(0, 2, 1, 3)
-
-
 class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
@@ -125,7 +104,8 @@ class PagedEngine(GraphDecoder):
                              f"token); raise rollout.gpu_memory_utilization")
         self.kv_blocks = kv_blocks
         self.max_batch_size = max_batch_size
-        self.prefill_tokens = prefill_tokens
+        self.prefill = PoolPrefill(self.fwd, block_size=block_size, budget=prefill_tokens, pad_id=self.pad_id,
+                                   dtype=self.dtype, dev=self.dev, is_peft=self.is_peft)
         self.sync_every = sync_every
         self.host_rng = np.random.default_rng(seed)
         self.pool: BlockPool | None = None
@@ -267,7 +247,7 @@ class PagedEngine(GraphDecoder):
         pool = self.sched.pool
         self.stats["peak_blocks"] = max(self.stats["peak_blocks"], pool.used())
         if step.kind == "prefill":
-            logits = self._prefill(step.seqs)
+            logits = self.prefill.run(step.seqs, self.kv)
             for s in step.seqs:
                 self.sched.registered(s)
             finished = self._sample(step.seqs, logits)
@@ -297,7 +277,7 @@ class PagedEngine(GraphDecoder):
             self.w = DecodeWeights(self.model, self._adapters)
         if self.pool is None:
             self.pool = BlockPool(self.kv_blocks, self.block_size)
-            self.sched = Scheduler(self.pool, max_seqs=self.max_batch_size, prefill_tokens=self.prefill_tokens)
+            self.sched = Scheduler(self.pool, max_seqs=self.max_batch_size, prefill_tokens=self.prefill.budget)
             slots, shape = self.kv_blocks * self.block_size, (self.fwd.n_kv, self.fwd.head_dim)
             try:
                 self.kv = [(torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev),
@@ -323,105 +303,6 @@ class PagedEngine(GraphDecoder):
         self.masks = {cols: torch.zeros((R, len(cols)), dtype=self.dtype, device=dev) for cols in self.w.layouts}
         self.col_index = {cols: torch.tensor(cols, dtype=torch.long, device=dev) for cols in self.w.layouts}
         self.bt_host = np.zeros((R, W), dtype=np.int32)
-
-    # -- prefill: the lean forward over each call's uncached tokens, keys and values into its blocks --
-    def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits after each sequence's last token. Rows are batched while ``_fits`` (new tokens, keys
-        attended and attention scores, each bounded by ``prefill_tokens``); a sequence with more new
-        tokens than that runs alone, ``prefill_tokens`` at a time over its blocks so far (chunked
-        prefill: memory stays flat however long the prompt)."""
-        V = self.core.lm_head.weight.shape[0]
-        logits = torch.empty((len(seqs), V), dtype=self.dtype, device=self.dev)
-        budget = self.prefill_tokens
-        order = sorted((i for i, s in enumerate(seqs) if s.fork_of is None), key=lambda i: seqs[i].length - seqs[i].cached)
-        chunk: list[int] = []
-        for i in order + [None]:
-            if i is not None:
-                s = seqs[i]
-                if s.length - s.cached > budget:
-                    for start in range(s.cached, s.length, budget):
-                        end = min(s.length, start + budget)
-                        self._prefill_rows([(s, start, end)], logits, [i] if end == s.length else None)
-                    continue
-                if not chunk or _fits([seqs[j] for j in chunk] + [s], budget):
-                    chunk.append(i)
-                    continue
-            if chunk:
-                self._prefill_rows([(seqs[j], seqs[j].cached, seqs[j].length) for j in chunk], logits, chunk)
-            chunk = [] if i is None else [i]
-        self._copy_forks(seqs, logits)
-        return logits
-
-    def _copy_forks(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        """Each fork takes its leader's last-position logits and a copy of the slots of its leader's
-        partial last block (the full blocks it already shares)."""
-        forks = [(i, s) for i, s in enumerate(seqs) if s.fork_of is not None]
-        if not forks:
-            return
-        row = {id(s): i for i, s in enumerate(seqs)}
-        bs = self.block_size
-        dst = torch.tensor([i for i, _ in forks], device=self.dev)
-        logits[dst] = logits[torch.tensor([row[id(s.fork_of)] for _, s in forks], device=self.dev)]
-        src_slots, dst_slots = [], []
-        for _, s in forks:
-            full, part = divmod(s.length, bs)
-            if part:
-                a, b = s.fork_of.table[full] * bs, s.table[full] * bs
-                src_slots += range(a, a + part)
-                dst_slots += range(b, b + part)
-            s.fork_of = None
-        if src_slots:
-            src = torch.tensor(src_slots, dtype=torch.long, device=self.dev)
-            to = torch.tensor(dst_slots, dtype=torch.long, device=self.dev)
-            for kf, vf in self.kv:
-                kf.index_copy_(0, to, kf.index_select(0, src))
-                vf.index_copy_(0, to, vf.index_select(0, src))
-
-    def _prefill_rows(self, spans: list[tuple[Sequence, int, int]], logits: torch.Tensor,
-                      where: list[int] | None) -> None:
-        """Compute tokens ``[start, end)`` of each sequence over its keys and values before ``start``
-        (in its blocks), write theirs into its blocks, and (``where``) put the last position's logits
-        in those rows of ``logits``."""
-        dev, bs = self.dev, self.block_size
-        B = len(spans)
-        C = max(a for _, a, _ in spans)
-        N = max(e - a for _, a, e in spans)
-        ids = torch.full((B, N), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((B, N), dtype=torch.long)
-        valid = torch.zeros((B, C + N), dtype=torch.bool)
-        past_idx = torch.zeros((B, C), dtype=torch.long)
-        new_slots, new_rows, new_cols = [], [], []
-        for b, (s, c, end) in enumerate(spans):
-            toks = s.tokens
-            n = end - c
-            ids[b, :n] = torch.tensor(toks[c:end], dtype=torch.long)
-            pos[b, :n] = torch.arange(c, end)
-            valid[b, :c] = True
-            valid[b, C : C + n] = True
-            t = torch.arange(end)
-            table = torch.tensor(s.table, dtype=torch.long)
-            slot = table[t // bs] * bs + t % bs
-            past_idx[b, :c] = slot[:c]
-            new_slots.append(slot[c:])
-            new_rows += [b] * n
-            new_cols += range(n)
-            s.kv_len = end
-        ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
-        past_idx = past_idx.to(dev)
-        past = _PastGather(self.kv, past_idx) if C > 0 else None
-        adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
-        mask = causal_mask(valid, C, N)
-        h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
-        slots = torch.cat(new_slots).to(dev)
-        rows = torch.tensor(new_rows, dtype=torch.long, device=dev)
-        cols = torch.tensor(new_cols, dtype=torch.long, device=dev)
-        for (kf, vf), (k, v) in zip(self.kv, new_kv):  # k, v [B, Hkv, N, D]
-            kf.index_copy_(0, slots, k[rows, :, cols].to(kf.dtype))
-            vf.index_copy_(0, slots, v[rows, :, cols].to(vf.dtype))
-        if where is not None:
-            last = torch.tensor([e - a - 1 for _, a, e in spans], dtype=torch.long, device=dev)
-            hl = h[torch.arange(B, device=dev), last]
-            logits[torch.tensor(where, device=dev)] = self.fwd.head_last(hl).to(self.dtype)
 
     # -- decode: one token for every running call ------------------------------------------------------
     def _decode_chunk(self, seqs: list[Sequence]) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from masrl.engines.kernels import triton, verdicts
+from masrl.engines.kernels import _INTERPRET, available, triton, verdicts
 from masrl.modeling.fused import on_device
 
 BLOCK = 1024
@@ -140,7 +140,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tens
     arg = torch.empty((B, nsp), dtype=torch.int32, device=dev)
     tokens = torch.empty(B, dtype=torch.int64, device=dev)
     lps = torch.empty(B, dtype=torch.float32, device=dev)
-    if _interpreting():  # Triton's CPU interpreter cannot loop to a run-time bound: the chunk is a constant there
+    if _INTERPRET:  # Triton's CPU interpreter cannot loop to a run-time bound: the chunk is a constant there
         nsp, chunk = tl.constexpr(nsp), tl.constexpr(chunk)
     with on_device(logits):
         _partials[(B, nsp)](logits, logits.stride(0), temps, part[0], part[1], part[2], arg, V, nsp, chunk,
@@ -175,7 +175,7 @@ def agrees(logits: torch.Tensor, temperature: torch.Tensor, uniforms: torch.Tens
 def check(device: torch.device, dtype: torch.dtype) -> dict:
     """The fused sampler against the float64 inverse-CDF draw on random logits, greedy and sampled rows,
     one split a row and several: ``{"sample": None if it agrees, else why not}``."""
-    if triton is None or not (device.type == "cuda" or _interpreting()):
+    if not (available(device) or (triton is not None and _INTERPRET)):
         return {"sample": "needs triton on a CUDA device"}
     g = torch.Generator(device=device).manual_seed(0)
 
@@ -191,8 +191,3 @@ def check(device: torch.device, dtype: torch.dtype) -> dict:
 
     return verdicts({"sample": run})
 
-
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET") == "1"

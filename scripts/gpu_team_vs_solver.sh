@@ -36,6 +36,7 @@
 #   reading_agent_sel24f              reading_agent_sel24 with the same found credit for the passage it names
 #   reading_agent_sel24d              reading_agent_sel24 with dynamic sampling (2 refill rounds a step)
 #   reading_agent24                   one call reads all 24 and answers (the shipped agent's prompt, no selection)
+#   reading_agent24e                  reading_agent24 kept exploring: temperature 1.0 and an entropy bonus of 0.01
 #   reading_team8pa                   reading_team8p whose answerer is prompted as the plain agent (reads the 3 picks,
 #                                     answers, names none: workflow.options.answer_only=true)
 #   reading_team12p48, reading_agent48   48 passages a question (one call's prompt ~4,400 tokens): 4 picking readers
@@ -127,6 +128,8 @@ for a in ${ARMS:-team_roles solver}; do
     reading_team8pa) arm reading_team8pa configs/reading_team_pick.yaml $(math 4) workflow.options.answer_only=true ;;
     reading_agent48) arm reading_agent48 configs/reading_agent.yaml $(math 1) data.world.context_docs=48 ;;
     reading_agent24) arm reading_agent24 configs/reading_agent.yaml $(math 1) data.world.context_docs=24 ;;
+    reading_agent24e) arm reading_agent24e configs/reading_agent.yaml $(math 1) data.world.context_docs=24 \
+      agents.agent.temperature=1.0 algorithm.entropy_coef=0.01 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;

@@ -18,7 +18,7 @@ Modes (``--modes``, comma separated):
   async-turns       rollout.mode async, overlap_update off: episodes run on while the update waits for
                     the engine's batch and the engine waits for the update (the compute lock);
   async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
-  MODE@ENGINE       any mode with rollout.engine ENGINE (sync@paged, async@paged): default auto (static on CUDA).
+  MODE@ENGINE       any mode with rollout.engine ENGINE (sync@paged, async@paged): default auto (paged on CUDA).
   MODE@ENGINE@torch the same with torch's ``sample_tokens`` in place of the fused sampler (sync@static@torch:
                     the engine as it was before engines/sample_kernel.py).
 

@@ -312,7 +312,7 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
     for off in (False, True):
         gc.collect()
         base_mem = torch.cuda.memory_allocated()
-        data = tiny_config("math_team_two_policies", tmp_path / str(off), steps=2)
+        data = tiny_config("math_team_two_policies", tmp_path / str(off), steps=2, rollout__engine="static")
         data.update(device="cuda", precision="bf16", seed=0)
         for a in data["agents"].values():
             a["temperature"] = 0.0
@@ -403,10 +403,12 @@ def test_ray_places_two_policies_on_two_gpus_and_a_sharded_nccl_policy_matches_o
         out["one local"][0]["policies"]["shared"]["optimizer_state_gb"]
 
 
-def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp_path):
-    """rollout.overlap_update on CUDA: the update runs on its own stream while the static engine keeps
-    sampling from its copy (old version); after the publish the copy equals the live weights bit for
-    bit and the next calls' engine logprobs agree with the trainer's as closely as without a copy."""
+@pytest.mark.parametrize("engine", ["StaticEngine", "PagedEngine"])
+def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp_path, engine):
+    """rollout.overlap_update on CUDA: the update runs on its own stream while the engine (static, or
+    paged: the default) keeps sampling from its copy (old version); after the publish the copy equals
+    the live weights bit for bit and the next calls' engine logprobs agree with the trainer's as closely
+    as without a copy."""
 
     from tinycfg import prepared_trainer, tiny_config
 
@@ -414,10 +416,10 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     from masrl.messages import GenCall
 
     data = tiny_config("math_team_shared", tmp_path, model="random-smollm2-135m", device="cuda", precision="bf16")
-    data["rollout"].update(mode="async", overlap_update="auto")
+    data["rollout"].update(mode="async", overlap_update="auto", engine="static" if engine == "StaticEngine" else "auto")
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["shared"]
-    assert w.overlaps_update and w.copy.stream is not None and type(w.engine).__name__ == "StaticEngine"
+    assert w.overlaps_update and w.copy.stream is not None and type(w.engine).__name__ == engine
 
     def sample(i, n=16):
         calls = [GenCall(f"c{i}-{k}", "shared", [{"role": "user", "content": f"What is {k} + {i}?"}],

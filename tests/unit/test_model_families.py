@@ -88,3 +88,31 @@ def test_sliding_window_models_never_get_the_static_engine(tiny):
     with pytest.raises(ConfigError, match="static cannot run this model"):
         make_engine("static", model, tok, [2], device="cpu", seed=0)
     assert type(make_engine("auto", model, tok, [2], device="cpu", seed=0)).__name__ == "HFEngine"
+
+
+def test_auto_engine_is_paged_on_cuda_and_its_options_follow():
+    """``rollout.engine: auto`` resolves once (``auto_kind``): the paged engine on CUDA, with its budget
+    among the options the worker passes; the eager engine on a CPU, with none."""
+    from masrl.config.sections import RolloutConfig
+    from masrl.driver.builder import engine_options
+    from masrl.engines.base import auto_kind
+
+    assert auto_kind("cuda") == "paged" and auto_kind("cuda:1") == "paged" and auto_kind("cpu") == "hf"
+    r = RolloutConfig(gpu_memory_utilization=0.07, kv_block_size=32)
+    on_gpu = engine_options(r, "cuda:0")
+    assert on_gpu["gpu_memory_utilization"] == 0.07 and on_gpu["block_size"] == 32
+    assert engine_options(r, "cpu") == {}
+    static = engine_options(RolloutConfig(engine="static"), "cuda")
+    assert "gpu_memory_utilization" not in static and static["sync_every"] == 8
+
+
+def test_only_a_paged_engine_says_it_joins_batches(tiny):
+    """The driver hands a host several batches at once only when its engine takes them into one running
+    decode; an eager fallback (a model the lean forward cannot run) never says so."""
+    _, tok = tiny
+    model = build("mistral", tok)
+    assert not getattr(make_engine("auto", model, tok, [2], device="cpu", seed=0), "joins_running_decode", False)
+    qwen2 = build("qwen2", tok)
+    paged = make_engine("paged", qwen2, tok, [2], device="cpu", seed=0, gpu_memory_utilization=0.001)
+    assert paged.joins_running_decode
+    assert not getattr(make_engine("static", qwen2, tok, [2], device="cpu", seed=0), "joins_running_decode", False)

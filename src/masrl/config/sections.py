@@ -139,7 +139,7 @@ class RolloutConfig(Strict):
                             "Llama-family models; paged: continuous batching over a paged KV cache held to "
                             "gpu_memory_utilization, shared prompt blocks, pre-emption instead of failure "
                             "(Llama-family models); vllm: vLLM in the worker's process (pip install 'masrl[vllm]'), "
-                            "weights pushed to it after every update; auto: static on CUDA when the model supports "
+                            "weights pushed to it after every update; auto: paged on CUDA when the model supports "
                             "it, else hf")
     gpu_memory_utilization: float = Field(
         0.04, gt=0, le=0.95, description="paged engine: the fraction of the device's memory (a CPU's: the host's) "

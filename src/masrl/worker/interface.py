@@ -101,8 +101,10 @@ class PolicyHost(abc.ABC):
     """What the driver may call on a host of policies. Attributes every host sets at construction:
     ``name``, ``specs`` (policy name -> ``PolicySpec``), ``policy_names``, ``trainable_names``, and
     ``separate_process`` (it runs in another process: the driver updates several such hosts at
-    once) and ``overlaps_update`` (its engine samples from a copy of the weights, so the driver may
-    let it generate while it updates). (Not ``remote``: Ray's actor classes own that name.)"""
+    once), ``overlaps_update`` (its engine samples from a copy of the weights, so the driver may
+    let it generate while it updates) and ``joins_batches`` (its engine takes a new batch's calls
+    into the decode it is running, so the driver may hand it several batches at once). (Not
+    ``remote``: Ray's actor classes own that name.)"""
 
     name: str
     specs: dict[str, PolicySpec]
@@ -110,6 +112,7 @@ class PolicyHost(abc.ABC):
     trainable_names: list[str]
     separate_process: bool = False
     overlaps_update: bool = False
+    joins_batches: bool = False
 
     # -- rollout -------------------------------------------------------------------------------
     @host_method("split", _concat)

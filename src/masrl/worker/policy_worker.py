@@ -89,6 +89,7 @@ class PolicyWorker(PolicyHost):
         # a paged engine under overlap_update takes new weights between two steps, mid-call (at_boundary):
         # its batches then hold no lock, and a publish never waits for the longest running call
         self.swaps_mid_call = self.overlaps_update and not self.fsdp and hasattr(self.engine, "at_boundary")
+        self.joins_batches = getattr(self.engine, "joins_running_decode", False)
         memory.enroll(self, {device, self.engine_device})
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}

@@ -82,3 +82,21 @@ def test_async_rollouts_on_the_paged_engine_never_sample_during_an_update(tmp_pa
     assert not w.overlaps_update and type(lock).__name__ == "SharedLock"
     assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
     assert max(c.policy_version for t in traces for c in t.calls) >= 1
+
+
+def test_closing_a_run_frees_its_paged_pool(tmp_path):
+    """A run's ``close`` releases its engine's KV pool at once (it is a fixed share of the device), and
+    a later ``generate`` on the same engine rebuilds it."""
+    data = tiny_config("math_team_shared", tmp_path / "close", rollout__engine="paged",
+                       rollout__gpu_memory_utilization=0.01)
+    tr, workers, _ = prepared_trainer(data, tmp_path / "c")
+    asyncio.run(tr.train_step())
+    eng = tr.rt.workers[0].engine
+    assert eng.kv and eng.pool is not None
+    tr.rt.close()
+    assert eng.kv == [] and eng.pool is None and not eng.graphs
+    from masrl.config import SamplingParams
+    from masrl.messages import GenRequest
+
+    out = eng.generate([GenRequest([5, 6, 7, 8], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=4))])
+    assert 1 <= len(out[0].completion_ids) <= 4 and eng.pool is not None

@@ -208,7 +208,14 @@ class PolicyWorker(PolicyHost):
         return {}  # nothing crosses a process to reach this object; a RemoteHost counts what reaches an actor
 
     def close(self) -> None:
+        """The run is over: its engine's KV pool, graphs and buffers go now, not whenever this worker
+        is collected (a paged engine's pool is a fixed share of the device: a second run built in
+        this process would otherwise find it taken)."""
         memory.unclaim(self)  # the next run's host in this process reports the device's peak
+        try:
+            self.engine.release()
+        except RuntimeError:  # calls still running (a cancelled episode's batch): they keep what they use
+            pass
 
     @property
     def trainable_names(self) -> list[str]:

@@ -203,6 +203,10 @@ def test_a_tight_budget_preempts_and_changes_no_token(tiny):
     for a, b in zip(roomy, outs):
         assert a.completion_ids == b.completion_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    # what a step's metrics report: the pre-emptions and the fullest pool since the last take, then afresh
+    taken = tight.take_counters()
+    assert taken["preemptions"] == tight.stats["preemptions"] and 0.5 < taken["pool_peak"] <= 1.0
+    assert tight.take_counters() == {"preemptions": 0.0, "pool_peak": 0.0}  # nothing ran since (all calls done)
 
 
 def test_one_call_too_big_for_the_budget_fails_alone(tiny):

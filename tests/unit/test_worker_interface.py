@@ -114,3 +114,22 @@ def test_memory_rows_are_summed_per_process_and_gpu():
     assert got["cuda:0"]["peak_gib"] == 5.0 and got["cuda:0"]["optimizer"] == 2.0
     two = one + [{"device": "cuda:0", "process": 8, "weights": 3.0, "peak_gib": 4.0, "reserved_gib": 4.5}]
     assert sorted(memory_summary(two)) == ["cuda:0@7", "cuda:0@8"]  # Ray actors each see their GPU as cuda:0
+
+
+def test_paged_pools_report_their_fullest_point_and_preemptions_in_the_step():
+    """Two paged hosts on one GPU: pre-emptions add up, the fullest pool counts, and the step's line says
+    which setting to raise when calls were pre-empted."""
+    from masrl.driver.observe.metrics import memory_summary, step_line
+
+    rows = [{"device": "cuda:0", "process": 7, "engine_kv": 2.0, "engine_preemptions": 3.0, "engine_pool_peak": 0.97},
+            {"device": "cuda:0", "process": 7, "engine_kv": 2.0, "engine_preemptions": 1.0, "engine_pool_peak": 0.40},
+            {"device": "cuda:0", "process": 7, "weights": 1.0, "peak_gib": 9.0}]
+    got = memory_summary(rows)["cuda:0"]
+    assert got["engine_preemptions"] == 4.0 and got["engine_pool_peak"] == 0.97 and got["engine_kv"] == 4.0
+    rec = {"rollout": {"outcome": 0.5, "reward": 0.5}, "rollout_s": 1.0, "update_s": 1.0, "gpu_peak_gib": 9.0,
+           "memory": {"cuda:0": got}}
+    assert "kv pool 97%, 4 pre-empted (raise rollout.gpu_memory_utilization)" in step_line(1, 2, rec)
+    got["engine_preemptions"] = 0.0
+    line = step_line(1, 2, rec)
+    assert "kv pool 97%" in line and "pre-empted" not in line
+    assert "kv pool" not in step_line(1, 2, {**rec, "memory": {"cuda:0": memory_summary(rows[2:])["cuda:0"]}})

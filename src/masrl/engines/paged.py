@@ -168,6 +168,16 @@ class PagedEngine(GraphDecoder):
                                + list(self.__dict__.get("masks", {}).values()))
         return {"kv": kv, "weights": self._weight_bytes(), "buffers": buffers}
 
+    def take_counters(self) -> dict[str, float]:
+        """Since the last take: calls pre-empted for want of blocks (``preemptions``) and the pool's
+        fullest point (``pool_peak``, the fraction of its blocks in use). A pool that fills and
+        pre-empts often is too small for the batch: its calls are computed again."""
+        done = self.stats["preemptions"] - self.__dict__.get("_taken_preemptions", 0)
+        self._taken_preemptions = self.stats["preemptions"]
+        peak = self.stats["peak_blocks"] / max(1, self.kv_blocks)
+        self.stats["peak_blocks"] = self.pool.used() if self.pool is not None else 0
+        return {"preemptions": float(done), "pool_peak": peak}
+
     def release(self) -> None:
         with self._cv:
             if self._runner is not None or self._inbox:

@@ -161,6 +161,11 @@ def step_line(step: int, total: int, rec: dict) -> str:
         parts.append(f"failed {r['failed']}")
     if "gpu_peak_gib" in rec:
         parts.append(f"gpu peak {rec['gpu_peak_gib']:.1f} GiB")
+    pools = [e for e in rec.get("memory", {}).values() if "engine_pool_peak" in e]
+    if pools:
+        pre = sum(e["engine_preemptions"] for e in pools)
+        parts.append(f"kv pool {max(e['engine_pool_peak'] for e in pools):.0%}"
+                     + (f", {pre:.0f} pre-empted (raise rollout.gpu_memory_utilization)" if pre else ""))
     for name, a in r.get("agents", {}).items():
         parts.append(f"{name}: r={a['reward']:.2f} acc={a['accuracy']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
     for name, p in rec.get("policies", {}).items():
@@ -218,6 +223,9 @@ def memory_summary(rows: list[dict]) -> dict:
         e = by.setdefault((r["process"], r["device"]), {k: 0.0 for k in MEMORY_PARTS})
         for k in MEMORY_PARTS:
             e[k] += r.get(k, 0.0)
+        if "engine_pool_peak" in r:  # paged engines: pre-emptions add up, the fullest pool counts
+            e["engine_preemptions"] = e.get("engine_preemptions", 0.0) + r["engine_preemptions"]
+            e["engine_pool_peak"] = max(e.get("engine_pool_peak", 0.0), r["engine_pool_peak"])
         for k in ("peak_gib", "reserved_gib"):
             if k in r:
                 e[k] = r[k]

@@ -59,9 +59,9 @@ def test_async_rollouts_on_the_paged_engine_never_sample_during_an_update(tmp_pa
     updating, seen = [False], []
     generate, train = w.generate, w.train_step
 
-    def gen(calls):
+    def gen(calls, *deliver):  # (a paged host's batcher streams: run_batch(calls, deliver))
         seen.append(updating[0])
-        out = generate(calls)
+        out = generate(calls, *deliver)
         seen.append(updating[0])
         return out
 
@@ -100,3 +100,42 @@ def test_closing_a_run_frees_its_paged_pool(tmp_path):
 
     out = eng.generate([GenRequest([5, 6, 7, 8], SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=4))])
     assert 1 <= len(out[0].completion_ids) <= 4 and eng.pool is not None
+
+
+def test_a_paged_hosts_short_call_comes_back_before_the_long_call_of_its_batch(tmp_path):
+    """Through the run's own batcher and worker: two calls in one batch, one of 2 tokens and one of 200;
+    the short one's caller has its result (and the worker its training sample) while the long one still
+    runs, so an episode's next turn need not wait for another episode's long call. A call that asks for
+    logprobs is scored after the batch, as before."""
+    from masrl.config import SamplingParams
+    from masrl.messages import GenCall
+
+    data = tiny_config("math_team_shared", tmp_path / "s", rollout__engine="paged",
+                       rollout__gpu_memory_utilization=0.01)
+    tr, workers, _ = prepared_trainer(data, tmp_path / "s")
+    w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]
+    assert b.streams and w.joins_batches
+
+    def call(i, n, logprobs=None):
+        return GenCall(f"c{i}", "shared", [{"role": "user", "content": f"What is {i} + 1?"}],
+                       SamplingParams(temperature=1.0, max_new_tokens=n, stop=(), ignore_eos=True), seed=i,
+                       key={"task_id": f"t{i}", "agent": "solver", "turn": 0}, logprobs=logprobs)
+
+    async def main():
+        long = asyncio.ensure_future(b.submit(call(0, 200)))
+        short = asyncio.ensure_future(b.submit(call(1, 2)))
+        scored = asyncio.ensure_future(b.submit(call(2, 2, logprobs=0)))
+        got = await short
+        state = (long.done(), scored.done(), "c1" in w.buffer, "c0" in w.buffer)
+        rest = await asyncio.gather(long, scored)
+        await b.aclose()
+        return got, state, rest
+
+    try:
+        got, state, (long_res, scored_res) = asyncio.run(main())
+    finally:
+        tr.rt.close()
+    assert b.stats.batches == 1 and b.stats.items == 3  # one batch
+    assert state == (False, False, True, False)  # the short call back, its sample kept; the long one running
+    assert got.n_completion_tokens == 2 and long_res.n_completion_tokens == 200
+    assert len(scored_res.logprobs) == 2 and len(w.buffer) == 3

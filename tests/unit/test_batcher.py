@@ -201,3 +201,29 @@ def test_a_shared_lock_lets_batches_overlap_and_an_update_waits_for_them_alone()
     asyncio.run(main())
     assert events.index("update") > max(events.index("end a"), events.index("end b"))
     assert events.index("start c") > events.index("update")
+
+
+def test_a_streaming_batch_hands_each_result_back_as_it_is_ready():
+    """``streams``: ``run_batch(items, deliver)`` tells item 0's caller while the batch still runs (the
+    batch waits until that caller has its result); the other items come back when it ends, once each."""
+    resumed = threading.Event()
+
+    def run(items, deliver):
+        deliver(0, items[0] * 10)
+        got_it = resumed.wait(timeout=10)  # the first caller goes on while this batch is still running
+        return [x * 10 if got_it else -1 for x in items]
+
+    async def main():
+        b = Batcher(run, max_batch_size=8, max_wait_ms=20, streams=True, concurrent=2)
+
+        async def first():
+            out = await b.submit(1)
+            resumed.set()
+            return out
+
+        out = await asyncio.gather(first(), b.submit(2), b.submit(3))
+        await b.aclose()
+        return out, b
+
+    out, b = asyncio.run(main())
+    assert out == [10, 20, 30] and b.stats.items == 3 and b.stats.batches == 1

@@ -376,3 +376,20 @@ def test_decode_graphs_of_long_rows_get_their_own_length_class_and_launch():
     launch = pk.paged_launch(torch.bfloat16, 0)
     launch["BLOCK"] = 1  # a copy: changing it leaves the shipped settings alone
     assert pk.PAGED_LAUNCH["lowp"]["BLOCK"] != 1
+
+
+def test_a_short_call_is_told_before_the_long_call_of_its_batch_ends(tiny):
+    """``on_done``: each call is handed back as it finishes, with the output the list ends with, so a
+    short call of a batch need not wait for the batch's longest."""
+    model, tok = tiny
+    ps = prompts(tok)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    calls = [req(ps[0], max_new_tokens=80), req(ps[1], max_new_tokens=2), req(ps[2], max_new_tokens=5)]
+    told: list[tuple[int, int, object]] = []  # (index, decode steps run when told, output)
+
+    outs = eng.generate(calls, on_done=lambda i, o: told.append((i, eng.stats["decode_steps"], o)))
+    assert [i for i, _, _ in told] == [1, 2, 0]  # in the order they finished
+    steps = {i: n for i, n, _ in told}
+    assert steps[1] <= steps[2] < steps[0] and steps[2] <= 8  # the short ones within the first decode chunk
+    for i, _, o in told:
+        assert o.completion_ids == outs[i].completion_ids and o.logprobs == outs[i].logprobs

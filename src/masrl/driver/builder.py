@@ -158,7 +158,8 @@ def sampling_device(spec: PolicySpec) -> str:
     return spec.rollout_device or spec.device
 
 
-PAGED_BATCHES = 4  # batches in flight at once per paged host (each holds a thread of the event loop's pool)
+PAGED_BATCHES = 64  # batches in flight at once per paged host (each waits in a thread of its batcher's own)
+JOIN_WAIT_MS = 1.0  # the longest a paged host's batcher waits to fill a batch: a call joins the running decode
 
 
 def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[Batcher]:
@@ -173,8 +174,10 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
         # the paged engine takes a new batch's calls into its running decode: batches overlap, no lock
         joins = w.joins_batches and not elsewhere
         lock = None if elsewhere else SharedLock() if joins else locks.setdefault(sampling_device(spec), threading.Lock())
-        out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=cfg.rollout.max_wait_ms,
+        wait = min(cfg.rollout.max_wait_ms, JOIN_WAIT_MS) if joins else cfg.rollout.max_wait_ms
+        out.append(Batcher(w.generate, max_batch_size=cfg.rollout.max_batch_size, max_wait_ms=wait,
                            compute_lock=lock, name=f"worker{i}", concurrent=PAGED_BATCHES if joins else 1,
+                           streams=joins,  # its calls come back one by one as each finishes
                            # a call whose episode was cancelled mid-batch was sampled and kept: forget it
                            on_orphan=lambda gen, w=w: w.drop([gen.call_id])))
     return out

@@ -77,6 +77,8 @@ class _Call:
 
     request: GenRequest
     uniforms: np.ndarray | None  # [max_new] when the request carries a seed
+    index: int = 0  # its place in its ``generate``'s requests
+    on_done: Callable[[int, GenOutput], None] | None = None  # told as soon as it finishes
 
 
 @dataclass
@@ -187,13 +189,17 @@ class PagedEngine(GraphDecoder):
         self.pool = self.sched = None
         self.rows_cap = self.width_cap = 0
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput | Exception]:
+    def generate(self, requests: list[GenRequest],
+                 on_done: Callable[[int, GenOutput], None] | None = None) -> list[GenOutput | Exception]:
         """Run ``requests`` to their ends; other threads' calls may run beside them. A call that can
-        never fit the KV budget gets a ``PromptError`` in its place."""
+        never fit the KV budget gets a ``PromptError`` in its place. ``on_done(i, output)`` is called
+        as soon as request ``i`` finishes (from whichever thread runs the engine's steps, between two
+        steps), so a short call need not wait for a long one of its batch; the list still comes back
+        whole at the end."""
         if not requests:
             return []
         self._build()
-        seqs = [self._sequence(r) for r in requests]
+        seqs = [self._sequence(r, i, on_done) for i, r in enumerate(requests)]
         todo = [s for s in seqs if s.error is None]
         with self._cv:
             if self._runner is not None:
@@ -221,10 +227,11 @@ class PagedEngine(GraphDecoder):
         return GenOutput(list(s.generated), list(s.logprobs), self.tok.decode(s.generated, skip_special_tokens=True),
                          s.finish, meta={"preempted": s.preempted, "cached_tokens": s.cached})
 
-    def _sequence(self, r: GenRequest) -> Sequence:
+    def _sequence(self, r: GenRequest, index: int = 0, on_done=None) -> Sequence:
         n = r.max_new_tokens
         u = None if r.seed is None else counter_uniforms([r.seed], n)[0]
-        seq = Sequence(list(r.prompt_ids), n, key=(r.adapter if self.is_peft else None), payload=_Call(r, u))
+        seq = Sequence(list(r.prompt_ids), n, key=(r.adapter if self.is_peft else None),
+                       payload=_Call(r, u, index, on_done))
         if not self.sched.fits(seq):
             seq.error = PromptError(
                 f"the call needs {len(seq.prompt) + n:,} tokens of KV cache; the engine's budget holds "
@@ -401,6 +408,8 @@ class PagedEngine(GraphDecoder):
             if s.finish is not None:
                 self.sched.finished(s)
                 any_done = True
+                if s.payload.on_done is not None:
+                    s.payload.on_done(s.payload.index, self._output(s))
         return any_done
 
     def _check_kernels(self) -> dict:

@@ -246,42 +246,59 @@ class PolicyWorker(PolicyHost):
             self.host.unpark()
             self._ema_stash.back([t for e in self.emas.values() for t in e.shadow])
 
-    def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
+    def generate(self, calls: list[GenCall], on_result=None) -> list[GenResult | Exception]:
         """Each call is checked, rendered and tokenised on its own, so one bad prompt fails its own
-        call (a ``PromptError`` in its place) and the others run as one engine batch."""
+        call (a ``PromptError`` in its place) and the others run as one engine batch. ``on_result(i,
+        result)``, for a host whose engine joins batches (``joins_batches``): told of call ``i`` as soon
+        as it finishes, before the batch's last call does (calls that ask for ``logprobs`` are scored
+        after the batch, and told then)."""
         self._resident()
         limit = self.context_limit()
         prompts = [self._prompt(c, limit) for c in calls]
-        requests = [GenRequest(p, c.sampling, adapter=self.host.adapter_for(c.policy), seed=c.seed)
-                    for c, p in zip(calls, prompts) if not isinstance(p, Exception)]
-        if self.swaps_mid_call:  # each call's version: the weights it started on (later tokens may be newer)
-            versions = dict(self.published)
-            outputs = iter(self.engine.generate(requests) if requests else [])
-        else:
-            with self._engine_lock:  # a publish waits for this batch
-                outputs = iter(self.engine.generate(requests) if requests else [])
-                versions = dict(self.published)
+        live = [i for i, p in enumerate(prompts) if not isinstance(p, Exception)]
+        requests = [GenRequest(prompts[i], calls[i].sampling, adapter=self.host.adapter_for(calls[i].policy),
+                               seed=calls[i].seed) for i in live]
+        done: dict[int, GenResult | Exception] = {}
+        versions: dict[str, int] = {}
+        early = None
+        if on_result is not None and self.joins_batches:
+            def early(j, o):  # from the engine's stepping thread, between two steps
+                i = live[j]
+                if calls[i].logprobs is None:
+                    done[i] = self._result(calls[i], prompts[i], o, versions)
+                    on_result(i, done[i])
+        # each call's version: the weights it started on (with swaps_mid_call later tokens may be newer;
+        # without, a publish waits for this batch, so they are the batch's weights throughout)
+        with contextlib.nullcontext() if self.swaps_mid_call else self._engine_lock:
+            versions.update(self.published)
+            outputs = (self.engine.generate(requests, early) if early else self.engine.generate(requests)) \
+                if requests else []
+        output_of = dict(zip(live, outputs))
         results: list[GenResult | Exception] = []
-        for c, p in zip(calls, prompts):
-            if isinstance(p, Exception):  # that call alone fails; the engine never sees it
-                self.prompts.pending.pop(c.call_id, None)
-                results.append(p)
-                continue
-            o = next(outputs)
-            if isinstance(o, Exception):  # the engine refused this call alone
-                self.prompts.pending.pop(c.call_id, None)
-                results.append(o)
-                continue
-            self.prompts.remember(c.call_id, p, o.completion_ids)
-            version = versions.get(c.policy, 0)
-            if c.record and self.host.policies[c.policy].trainable:
-                sample = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs, c.sampling.temperature,
-                                dict(c.key), version=version)
-                with self._buffer_lock:
-                    self.buffer[c.call_id] = sample
-            results.append(GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version,
-                                     logprobs=None if c.logprobs is None else self._logprobs(c, p, o)))
+        for i, c in enumerate(calls):
+            if i not in done:
+                if isinstance(prompts[i], Exception):  # that call alone fails; the engine never sees it
+                    self.prompts.pending.pop(c.call_id, None)
+                    done[i] = prompts[i]
+                else:
+                    done[i] = self._result(c, prompts[i], output_of[i], versions)
+            results.append(done[i])
         return results
+
+    def _result(self, c: GenCall, p: list[int], o, versions: dict) -> GenResult | Exception:
+        """One call's engine output made its result, the sample kept for training."""
+        if isinstance(o, Exception):  # the engine refused this call alone
+            self.prompts.pending.pop(c.call_id, None)
+            return o
+        self.prompts.remember(c.call_id, p, o.completion_ids)
+        version = versions.get(c.policy, 0)
+        if c.record and self.host.policies[c.policy].trainable:
+            sample = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs, c.sampling.temperature,
+                            dict(c.key), version=version)
+            with self._buffer_lock:
+                self.buffer[c.call_id] = sample
+        return GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version,
+                         logprobs=None if c.logprobs is None else self._logprobs(c, p, o))
 
     def _logprobs(self, c: GenCall, prompt: list[int], o) -> list[dict]:
         """``c``'s token logprobs (``worker.logprobs``), over the weights that sampled: the engine's copy

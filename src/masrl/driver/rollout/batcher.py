@@ -8,7 +8,9 @@ With ``concurrent`` > 1 up to that many batches run at once (for an engine whose
 running decode, engines/paged.py: a call then waits for no other batch). ``run_batch`` returns one
 result per item, in order (an exception instance in an item's place
 fails that item alone); each caller gets its own result (or the batch's exception). A caller
-that gave up (timeout, cancellation) is skipped.
+that gave up (timeout, cancellation) is skipped. With ``streams``, ``run_batch(items, deliver)`` may
+call ``deliver(i, result)`` from its thread as item ``i`` finishes: that caller goes on at once
+instead of waiting for the batch's longest call (an episode's next turn starts while the batch runs).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +50,17 @@ class Batcher:
         name: str = "batcher",
         on_orphan: Callable[[Any], None] | None = None,
         concurrent: int = 1,
+        streams: bool = False,
     ):
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if concurrent < 1:
             raise ValueError("concurrent must be at least 1")
         self.concurrent = concurrent  # batches handed to run_batch at once (an engine whose calls join a running one)
+        self.streams = streams  # run_batch takes deliver(i, result) and tells each item as it finishes
+        # batches that run at once wait in threads of their own (a joining engine's caller blocks until its
+        # calls end), not in the event loop's shared pool, which tools and other hosts need
+        self._pool: ThreadPoolExecutor | None = None
         self.run_batch = run_batch
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
@@ -101,12 +109,13 @@ class Batcher:
                 break
         return [(item, fut) for item, fut in batch if not fut.done()]
 
-    def _run_locked(self, items: list[Any]) -> Sequence[Any]:
+    def _run_locked(self, items: list[Any], deliver=None) -> Sequence[Any]:
+        args = (items, deliver) if self.streams else (items,)
         if self.compute_lock is None:
-            return self.run_batch(items)
+            return self.run_batch(*args)
         # a SharedLock (a paged host): batches share it, an update holds it alone
         with self.compute_lock.shared() if hasattr(self.compute_lock, "shared") else self.compute_lock:
-            return self.run_batch(items)
+            return self.run_batch(*args)
 
     async def _serve(self) -> None:
         queue = self._queue
@@ -135,8 +144,24 @@ class Batcher:
     async def _run(self, batch: list) -> None:
         items = [item for item, _ in batch]
         t0 = time.monotonic()
+        loop = asyncio.get_running_loop()
+        told: set[int] = set()  # items delivered before the batch ended (streams)
+
+        def tell(i: int, res: Any) -> None:  # in the loop: one item's result, while its batch runs on
+            if i not in told:
+                told.add(i)
+                self._deliver_one(batch[i], res)
+
+        def deliver(i: int, res: Any) -> None:  # from run_batch's thread
+            try:
+                loop.call_soon_threadsafe(tell, i, res)
+            except RuntimeError:  # the loop is closed (the run ended): nobody waits for it
+                pass
+
         try:
-            results = await asyncio.get_running_loop().run_in_executor(None, self._run_locked, items)
+            if self.concurrent > 1 and self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrent, thread_name_prefix=self.name)
+            results = await loop.run_in_executor(self._pool, self._run_locked, items, deliver)
             if len(results) != len(items):
                 raise RuntimeError(f"{self.name}: run_batch returned {len(results)} results for {len(items)} items")
         except Exception as exc:  # the engine failed: every caller of this batch gets it
@@ -146,21 +171,27 @@ class Batcher:
             return
         finally:
             self.stats.busy_s += time.monotonic() - t0
-        self._deliver(batch, results)
+        rest = [i for i in range(len(batch)) if i not in told]
+        told.update(rest)
+        self._deliver([batch[i] for i in rest], [results[i] for i in rest], len(batch))
 
-    def _deliver(self, batch: list, results: Sequence[Any]) -> None:
+    def _deliver(self, batch: list, results: Sequence[Any], size: int) -> None:
         self.stats.batches += 1
-        self.stats.items += len(batch)
-        self.stats.largest = max(self.stats.largest, len(batch))
-        self.stats.sizes.append(len(batch))
-        for (item, fut), res in zip(batch, results):
-            if not fut.done():  # an exception in place of one result fails that caller alone
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
-            elif self.on_orphan is not None and not isinstance(res, BaseException):
-                self.on_orphan(item)
+        self.stats.items += size
+        self.stats.largest = max(self.stats.largest, size)
+        self.stats.sizes.append(size)
+        for pair, res in zip(batch, results):
+            self._deliver_one(pair, res)
+
+    def _deliver_one(self, pair: tuple[Any, asyncio.Future], res: Any) -> None:
+        item, fut = pair
+        if not fut.done():  # an exception in place of one result fails that caller alone
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
+        elif self.on_orphan is not None and not isinstance(res, BaseException):
+            self.on_orphan(item)
 
     async def drain(self) -> None:
         """Wait until no batch is running (results, and orphans, delivered)."""
@@ -175,3 +206,6 @@ class Batcher:
             except (asyncio.CancelledError, Exception):
                 pass
             self._task = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None

@@ -71,7 +71,8 @@ def config(a, mode: str) -> dict:
             "agents": {n: {"policy": policy_of(a.workload, n), "temperature": 1.0, "max_new_tokens": a.tokens}
                        for n in agents},
             "runtime": {"placement": a.placement},
-            "workflow": {"name": wf, "options": {"max_turns": a.max_turns} if a.workload == "long_tail" else {}},
+            "workflow": {"name": wf, "options": {"max_turns": a.max_turns, "long_every": a.long_every}
+                         if a.workload == "long_tail" else {}},
             "data": {"train": {"source": "arithmetic", "n": 5000, "seed": 1},
                      "eval": {"source": "arithmetic", "n": 4, "seed": 2}},
             "rollout": {"tasks_per_step": a.tasks, "samples_per_task": a.samples, "mode": "sync",
@@ -215,6 +216,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--max-turns", type=int, default=8)
+    ap.add_argument("--long-every", type=int, default=0, help="long_tail: one call in N may run to --tokens, the "
+                                                               "others to an eighth of it (0: every call to --tokens)")
     ap.add_argument("--max-batch", type=int, default=0, help="engine batch; default tasks x samples")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--rollout-device", help="policies.X.rollout_device: the engine samples on this device (cuda:1) "

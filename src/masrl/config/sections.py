@@ -133,7 +133,8 @@ class RolloutConfig(Strict):
     samples_per_task: int = Field(4, ge=1, description="samples of each task per step (the GRPO group)")
     max_in_flight: int = Field(64, ge=1, description="workflows running at once")
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
-    max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch")
+    max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch (a paged host's "
+                                                          "waits at most 1 ms: its calls join the running decode)")
     engine: Literal["auto", "hf", "static", "paged", "vllm"] = Field(
         "auto", description="hf: eager, any architecture; static: preallocated KV cache and (on CUDA) CUDA graphs, "
                             "Llama-family models; paged: continuous batching over a paged KV cache held to "

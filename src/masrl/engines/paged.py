@@ -79,6 +79,13 @@ class _Call:
     uniforms: np.ndarray | None  # [max_new] when the request carries a seed
     index: int = 0  # its place in its ``generate``'s requests
     on_done: Callable[[int, GenOutput], None] | None = None  # told as soon as it finishes
+    told: bool = False  # on_done has returned: its caller may take the list
+
+
+def _settled(s: Sequence) -> bool:
+    """Done, and its ``on_done`` (if any) has run: a caller woken between the two must keep waiting,
+    or it would make the call's result a second time."""
+    return s.error is not None or (s.finish is not None and (s.payload.on_done is None or s.payload.told))
 
 
 @dataclass
@@ -206,7 +213,7 @@ class PagedEngine(GraphDecoder):
                 self.stats["joined"] += len(todo)
             self._inbox.extend(todo)
             self._cv.notify_all()
-            while not all(s.done for s in todo):
+            while not all(_settled(s) for s in todo):
                 if self._runner is None:
                     self._runner = threading.get_ident()
                     try:
@@ -241,7 +248,7 @@ class PagedEngine(GraphDecoder):
 
     # -- the step loop (one thread at a time; called with the condition held) ----------------------
     def _run_until(self, mine: list[Sequence]) -> None:
-        while not all(s.done for s in mine):
+        while not all(_settled(s) for s in mine):
             for s in self._inbox:
                 self.sched.add(s)
             self._inbox.clear()
@@ -409,7 +416,10 @@ class PagedEngine(GraphDecoder):
                 self.sched.finished(s)
                 any_done = True
                 if s.payload.on_done is not None:
-                    s.payload.on_done(s.payload.index, self._output(s))
+                    try:
+                        s.payload.on_done(s.payload.index, self._output(s))
+                    finally:  # a failing callback fails the engine's calls (raised); none waits forever
+                        s.payload.told = True
         return any_done
 
     def _check_kernels(self) -> dict:

@@ -393,3 +393,36 @@ def test_a_short_call_is_told_before_the_long_call_of_its_batch_ends(tiny):
     assert steps[1] <= steps[2] < steps[0] and steps[2] <= 8  # the short ones within the first decode chunk
     for i, _, o in told:
         assert o.completion_ids == outs[i].completion_ids and o.logprobs == outs[i].logprobs
+
+
+def test_a_caller_woken_while_its_call_is_being_told_waits_for_the_callback(tiny):
+    """The thread running the steps tells a call's ``on_done`` after marking it finished; a third
+    caller arriving meanwhile wakes every waiter. The call's own caller must not take its list before
+    the callback returned (the worker would make that call's result twice)."""
+    model, tok = tiny
+    ps = prompts(tok)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    events: dict[str, float] = {}
+    in_callback = threading.Event()
+
+    def slow_told(i, o):
+        in_callback.set()
+        time.sleep(0.3)
+        events["told"] = time.monotonic()
+
+    runner = threading.Thread(target=lambda: eng.generate([req(ps[0], max_new_tokens=300)]))
+    runner.start()
+    while eng.stats["decode_steps"] < 2:  # the long call's thread runs the steps
+        time.sleep(0.002)
+
+    def short():
+        eng.generate([req(ps[1], max_new_tokens=2)], on_done=slow_told)
+        events["returned"] = time.monotonic()
+
+    waiter = threading.Thread(target=short)
+    waiter.start()
+    assert in_callback.wait(timeout=60)
+    eng.generate([req(ps[2], max_new_tokens=1)])  # joins: wakes every waiting caller mid-callback
+    waiter.join(timeout=60)
+    runner.join(timeout=120)
+    assert events["told"] <= events["returned"]

@@ -117,9 +117,12 @@ class PolicyHost(abc.ABC):
     # -- rollout -------------------------------------------------------------------------------
     @host_method("split", _concat)
     @abc.abstractmethod
-    def generate(self, calls: list[GenCall]) -> list[GenResult | Exception]:
+    def generate(self, calls: list[GenCall], on_result=None) -> list[GenResult | Exception]:
         """Sample each call; an ``InfraError`` in a call's place fails that call alone. Calls with
-        ``record`` on a trainable policy are kept (token ids, logprobs) for the next update."""
+        ``record`` on a trainable policy are kept (token ids, logprobs) for the next update.
+        ``on_result(i, result)``: a host in the driver's process whose engine joins batches
+        (``joins_batches``) tells each call as it finishes, from another thread, before it returns
+        the whole list; other hosts ignore it (the driver passes it to no other)."""
 
     @host_method("first")
     @abc.abstractmethod

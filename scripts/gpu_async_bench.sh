@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU host, after `source scripts/gpu_setup.sh`: issue 21's throughput measurements with
 # benchmarks/bench_async.py, one after the other, each table also written as JSON under $OUT.
-#   PARTS: any of solver, solver2 (engine on a second GPU), long_tail, ray (two policies in two Ray
-#   actors on two GPUs; needs scripts/gpu_ray_install.sh first); default: those the host can run.
+#   PARTS: any of solver, solver2 (engine on a second GPU), long_tail, long_calls (the long tail with
+#   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the static engine as the
+#   baseline, the paged one streaming each call back as it ends), ray (two policies in two Ray actors on
+#   two GPUs; needs scripts/gpu_ray_install.sh first); default: those the host can run.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -18,6 +20,9 @@ for part in $PARTS; do
                --modes sync,async --json "$OUT/solver2.json" ;;
     long_tail) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
                  --tokens 64 --max-turns 8 --steps 3 --modes sync,async,async-s1,async-s2,async-s4 --json "$OUT/long_tail.json" ;;
+    long_calls) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
+                  --tokens 64 --max-turns 8 --long-every 8 --steps 3 --modes sync@static,sync@paged,async@static,async@paged \
+                  --json "$OUT/long_calls.json" ;;
     ray) python3 benchmarks/bench_async.py "${common[@]}" --workload team_two --placement ray --device cuda --tasks 16 \
            --samples 8 --tokens 128 --steps 3 --modes sync,async --json "$OUT/ray.json" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

@@ -426,3 +426,35 @@ def test_a_caller_woken_while_its_call_is_being_told_waits_for_the_callback(tiny
     waiter.join(timeout=60)
     runner.join(timeout=120)
     assert events["told"] <= events["returned"]
+
+
+def test_callers_arriving_at_a_fresh_engine_at_once_build_one_pool(tiny, monkeypatch):
+    """Several batches reach a new engine together (a paged host's batcher hands over up to 64): the
+    pool and its cache are built once, and no caller runs steps on a pool whose cache is not there."""
+    import masrl.engines.paged as paged
+
+    model, tok = tiny
+    built, slow = [], threading.Event()
+
+    class SlowAlloc:  # torch, with the pool's allocation taking its time (as 5 GiB on a GPU does)
+        def __getattr__(self, name):
+            return getattr(torch, name)
+
+        def zeros(self, *a, **k):
+            if a and isinstance(a[0], tuple) and a[0][0] == 256 * 4:  # a pool tensor: [slots, kv heads, dim]
+                built.append(1)
+                slow.wait(0.05)
+            return torch.zeros(*a, **k)
+
+    monkeypatch.setattr(paged, "torch", SlowAlloc())
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4)
+    ps = prompts(tok)
+    outs: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, eng.generate([req(ps[i], max_new_tokens=4)])))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(built) == 2 * model.config.num_hidden_layers  # one key and one value tensor a layer, once
+    assert sorted(outs) == [0, 1, 2, 3] and all(len(o[0].completion_ids) == 4 for o in outs.values())

@@ -299,18 +299,23 @@ class PagedEngine(GraphDecoder):
 
     # -- the pool and the buffers --------------------------------------------------------------------
     def _build(self) -> None:
-        if self.w is None:
-            self.w = DecodeWeights(self.model, self._adapters)
-        if self.pool is None:
-            self.pool = BlockPool(self.kv_blocks, self.block_size)
-            self.sched = Scheduler(self.pool, max_seqs=self.max_batch_size, prefill_tokens=self.prefill.budget)
+        """The fused weights and the pool, once: under the engine's lock, since several callers may
+        arrive at a fresh engine at once (one pool, not two; none sees a pool whose cache is not there)."""
+        with self._cv:
+            if self.w is None:
+                self.w = DecodeWeights(self.model, self._adapters)
+            if self.pool is not None:
+                return
             slots, shape = self.kv_blocks * self.block_size, (self.fwd.n_kv, self.fwd.head_dim)
             try:
                 self.kv = [(torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev),
                             torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev)) for _ in self.fwd.layers]
             except torch.OutOfMemoryError as e:
-                self.pool = self.kv = None
+                self.kv = []
                 raise RuntimeError(_pool_oom(self.dev, slots * kv_bytes_per_token(self.model, self.dtype))) from e
+            self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size), max_seqs=self.max_batch_size,
+                                   prefill_tokens=self.prefill.budget)
+            self.pool = self.sched.pool
 
     def _ensure(self, rows: int, width: int) -> None:
         if rows <= self.rows_cap and width <= self.width_cap:

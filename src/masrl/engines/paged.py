@@ -79,13 +79,16 @@ class _Call:
     uniforms: np.ndarray | None  # [max_new] when the request carries a seed
     index: int = 0  # its place in its ``generate``'s requests
     on_done: Callable[[int, GenOutput], None] | None = None  # told as soon as it finishes
-    told: bool = False  # on_done has returned: its caller may take the list
+    told: bool = False  # on_done has returned (or there is none): its caller may take the list
+
+    def __post_init__(self):
+        self.told = self.on_done is None
 
 
 def _settled(s: Sequence) -> bool:
     """Done, and its ``on_done`` (if any) has run: a caller woken between the two must keep waiting,
     or it would make the call's result a second time."""
-    return s.error is not None or (s.finish is not None and (s.payload.on_done is None or s.payload.told))
+    return s.error is not None or (s.finish is not None and s.payload.told)
 
 
 @dataclass
@@ -130,6 +133,7 @@ class PagedEngine(GraphDecoder):
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
                            "peak_blocks": 0, "joined": 0, "forks": 0,
                            "swaps_mid_call": 0})
+        self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
 
     # -- Engine interface (adapters: GraphDecoder) ---------------------------------------------------
     def weights_updated(self, policies: list[str] | None = None) -> None:
@@ -181,7 +185,7 @@ class PagedEngine(GraphDecoder):
         """Since the last take: calls pre-empted for want of blocks (``preemptions``) and the pool's
         fullest point (``pool_peak``, the fraction of its blocks in use). A pool that fills and
         pre-empts often is too small for the batch: its calls are computed again."""
-        done = self.stats["preemptions"] - self.__dict__.get("_taken_preemptions", 0)
+        done = self.stats["preemptions"] - self._taken_preemptions
         self._taken_preemptions = self.stats["preemptions"]
         peak = self.stats["peak_blocks"] / max(1, self.kv_blocks)
         self.stats["peak_blocks"] = self.pool.used() if self.pool is not None else 0

@@ -271,8 +271,9 @@ class PolicyWorker(PolicyHost):
         # without, a publish waits for this batch, so they are the batch's weights throughout)
         with contextlib.nullcontext() if self.swaps_mid_call else self._engine_lock:
             versions.update(self.published)
-            outputs = (self.engine.generate(requests, early) if early else self.engine.generate(requests)) \
-                if requests else []
+            outputs = []
+            if requests:  # (an engine that cannot tell calls one by one is never given on_done)
+                outputs = self.engine.generate(requests, early) if early else self.engine.generate(requests)
         output_of = dict(zip(live, outputs))
         results: list[GenResult | Exception] = []
         for i, c in enumerate(calls):

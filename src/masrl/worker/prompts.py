@@ -52,26 +52,61 @@ class PromptRenderer:
     def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None,
                extends: str | None = None) -> tuple[str, list[int]]:
         """``(text, prompt ids)``; ``extends``: the call whose conversation these messages continue."""
+        out = self.render_many([(messages, template_kwargs, tools, extends)])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def render_many(self, prompts: list[tuple[list[dict], dict | None, list[dict] | None, str | None]]
+                    ) -> list[tuple[str, list[int]] | Exception]:
+        """``render`` for each ``(messages, template_kwargs, tools, extends)``, the new text of all of them
+        tokenised in one call of the tokenizer (a fast tokenizer encodes a batch on its own threads, without
+        the interpreter's lock that the engine's thread needs meanwhile). A prompt whose template or tokenizer
+        fails gets its exception in its place; the others are unaffected."""
+        heads: list[tuple[str, list[int]] | Exception] = []
+        pieces: list[str] = []
+        for messages, template_kwargs, tools, extends in prompts:
+            try:
+                head = self._head(messages, template_kwargs, tools, extends)
+            except Exception as exc:  # this prompt's own content: the template refused it
+                heads.append(exc)
+                pieces.append("")
+                continue
+            heads.append(head[:2])
+            pieces.append(head[2])
+        ids = iter(self._ids_many([p for p, h in zip(pieces, heads) if not isinstance(h, Exception)]))
+        out: list[tuple[str, list[int]] | Exception] = []
+        for h in heads:
+            if isinstance(h, Exception):
+                out.append(h)
+                continue
+            new = next(ids)
+            out.append(new if isinstance(new, Exception) else (h[0], h[1] + new))
+        return out
+
+    def _head(self, messages, template_kwargs, tools, extends) -> tuple[str, list[int], str]:
+        """``(text, the ids it starts with, the rest of the text still to tokenise)``: a raw prompt and a
+        fresh conversation start with no ids; a continued turn with the earlier prompt and sampled ids."""
         if len(messages) == 1 and messages[0].get("role") == RAW_ROLE:  # a raw prompt (no chat template)
-            return messages[0]["content"], self._ids(messages[0]["content"])
+            return messages[0]["content"], [], messages[0]["content"]
         text = self.text(messages, template_kwargs, tools)
         turn = self.turns.get(extends) if extends else None
         if turn is not None:
-            ids = self._continue(turn, text)
-            if ids is not None:
+            cont = self._continue(turn, text)
+            if cont is not None:
                 self.stats["continued"] += 1
-                return text, ids
+                return text, *cont
             self.stats["retokenized"] += 1
-        return text, self._ids(text)
+        return text, [], text
 
-    def _continue(self, turn: Turn, text: str) -> list[int] | None:
-        """The earlier prompt and sampled ids, then the new text; None where ``text`` does not begin
-        with the earlier prompt and completion."""
+    def _continue(self, turn: Turn, text: str) -> tuple[list[int], str] | None:
+        """The earlier prompt and sampled ids, and the new text after them; None where ``text`` does not
+        begin with the earlier prompt and completion."""
         head = turn.prompt_ids + turn.completion_ids
         for covered in (self.tok.decode(turn.completion_ids, skip_special_tokens=False),
                         self.tok.decode(turn.completion_ids, skip_special_tokens=True)):
             if text.startswith(turn.text + covered):
-                return head + self._ids(text[len(turn.text) + len(covered):])
+                return head, text[len(turn.text) + len(covered):]
         return None
 
     def remember(self, call_id: str, prompt_ids: list[int], completion_ids: list[int], text: str | None = None) -> None:
@@ -83,3 +118,19 @@ class PromptRenderer:
 
     def _ids(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def _ids_many(self, texts: list[str]) -> list[list[int] | Exception]:
+        """Each text's ids, in one tokenizer call; if that call fails, text by text, so a text the
+        tokenizer refuses fails alone."""
+        todo = [t for t in texts if t]
+        try:
+            got = iter(self.tok(todo, add_special_tokens=False)["input_ids"] if todo else [])
+            return [list(next(got)) if t else [] for t in texts]
+        except Exception:
+            out: list[list[int] | Exception] = []
+            for t in texts:
+                try:
+                    out.append(self._ids(t))
+                except Exception as exc:
+                    out.append(exc)
+            return out

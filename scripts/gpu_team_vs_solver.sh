@@ -45,6 +45,11 @@
 #   reading_team12p48ae, reading_team12p48ad   reading_team12p48a keeping the readers' picks diverse (they collapse onto one
 #                                     pick per chunk by step 10): readers at temperature 1.0 with an entropy bonus of 0.01,
 #                                     or dynamic sampling (2 refill rounds for groups whose rewards are all equal)
+# two-hop reading (24 passages, qa_world level 2; CALLS a multiple of 64, e.g. 256 or 320, for equal calls):
+#   reading_hops                      3 readers of 8 name the passage the question names, a bridger names what it
+#                                     leads to, 3 readers name that one's passage, an answerer answers (8 calls)
+#   reading_hops_agent                one call reads all 24 and answers (a worked example of each kind of two-hop question)
+#   reading_hops_agentb               the same, naming the bridge first, paid the mean of its F1 and the answer's
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -131,6 +136,9 @@ for a in ${ARMS:-team_roles solver}; do
     reading_agent24e) arm reading_agent24e configs/reading_agent.yaml $(math 1) data.world.context_docs=24 \
       agents.agent.temperature=1.0 algorithm.entropy_coef=0.01 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
+    reading_hops) arm reading_hops configs/reading_hops.yaml $(math 8) ;;
+    reading_hops_agent) arm reading_hops_agent configs/reading_hops_agent.yaml $(math 1) ;;
+    reading_hops_agentb) arm reading_hops_agentb configs/reading_hops_agent.yaml $(math 1) workflow.options.bridge=true ;;
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;
     reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;

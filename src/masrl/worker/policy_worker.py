@@ -335,7 +335,8 @@ class PolicyWorker(PolicyHost):
                 continue
             text, p = r
             renderer.pending[c.call_id] = text
-            out[i] = ContextOverflow(len(p), c.sampling.max_new_tokens, limit) if len(p) + c.sampling.max_new_tokens > limit else p
+            fits = len(p) + c.sampling.max_new_tokens <= limit
+            out[i] = p if fits else ContextOverflow(len(p), c.sampling.max_new_tokens, limit)
         return out
 
     def context_limit(self) -> int:

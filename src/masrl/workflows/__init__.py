@@ -14,12 +14,14 @@ from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
 from masrl.workflows.rag import RAG
 from masrl.workflows.reading import ReadingAgent, ReadingTeam
+from masrl.workflows.reading_hops import ReadingHops, ReadingHopsAgent
 from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
             "math_checked": MathChecked, "code_team": CodeTeam, "code_solver": CodeSolver,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
             "reading_team": ReadingTeam, "reading_agent": ReadingAgent,
+            "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,
             "rag": RAG, "graph": Graph, "env": EnvWorkflow, "external": External}
 
 

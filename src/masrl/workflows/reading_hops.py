@@ -1,0 +1,192 @@
+"""Two-hop reading: a question that takes two passages, found among many, by a team or by one call.
+
+The QA world's level-2 questions ("In what year was the founder of Vexora Labs born?") need the passage
+the question names (Vexora Labs: founded by Dalen Morvik) and then the passage about what that one leads
+to (the bridge: Dalen Morvik, born in 1950). Each task carries its passages in ``meta.context``
+(``data.world.context_docs``: both supporting documents among same-kind distractors) and its bridge in
+``meta.bridge``.
+
+``reading_hops`` (the team, 8 calls a question, every agent on one policy as configured):
+  reader    (x chunks) names the passage of its chunk whose title the question names   (<doc>n</doc>)
+  bridger   reads the readers' picks and names what the question leads to           (<answer>bridge</answer>)
+  reader    (x chunks) names the passage of its chunk about that bridge                (<doc>n</doc>)
+  answerer  reads the second round's picks, told the bridge, and answers            (<answer>text</answer>)
+The work splits twice: by passages (each reader sees ``docs_per_reader``) and by hops (no call has to
+find two passages and chain them). Credit: a reader whose chunk holds what its round looks for (the
+passage the question names in round one, the bridge's own in round two) earns 1 when its pick holds it and 0 when not, a
+reader whose chunk lacks it earns none; the bridger earns its bridge's token F1, the answerer the answer's.
+
+``reading_hops_agent`` (the single-agent control): one call reads every passage and answers, with a
+worked example of each kind of two-hop question. ``bridge: true`` has it name the bridge first
+(``<bridge>..</bridge><answer>..</answer>``) and pays its call the mean of the bridge's F1 and the
+answer's: the same intermediate step and the same check of it as the team's.
+Metrics: ``f1``/``em``; ``hop1/accuracy``, ``hop2/accuracy`` (readers whose pick holds what their round
+looks for, among those whose chunk holds it), ``bridge/f1``, ``answerer/covered`` (a second-round pick
+holds the answer); the agent's ``bridge/f1`` with ``bridge``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from masrl.agents import AgentRole
+from masrl.data.qa_scoring import normalize_answer, token_f1
+from masrl.data.tasks import Task
+from masrl.errors import DataError
+from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
+from masrl.trace import Trace
+from masrl.workflows.prompting import few_shot
+from masrl.workflows.reading import (
+    _C1,
+    _C2,
+    _O1,
+    _O2,
+    _P1,
+    _P2,
+    PICK_EXAMPLES,
+    PICK_SYSTEM,
+    parse_doc,
+    passages_of,
+    picked,
+    reading_prompt,
+)
+from masrl.workflows.search_roles import answer_scores, f1_of, mentions, parse_answer
+
+# (passages, question, bridge, answer): one of each kind of two-hop question, in the QA world's style
+HOP_CASES = [
+    ([_P2, _O1, _P1], "In what year was the founder of Quillan Works born?", "Bren Talomar", "1948"),
+    ([_O2, _P2, _C2], "In which city is the employer of Mira Oskal headquartered?", "Dovren Labs", "Keldra"),
+    ([_C1, _P1, _C2], "Who is the mayor of the city where Bren Talomar was born?", "Tavesso", "Mira Oskal"),
+]
+_FIRST = {0: _O1, 1: _P2, 2: _P1}  # each case's first-hop passage
+_SECOND = {0: _P1, 1: _O2, 2: _C1}  # and its second
+
+BRIDGE_SYSTEM = ("You read documents to answer a question that takes two steps. Name the person, city or "
+                 "organisation the question leads to first in <answer></answer>.")
+BRIDGE_EXAMPLES = [(reading_prompt([_FIRST[i]], q), f"<answer>{b}</answer>") for i, (_, q, b, _) in enumerate(HOP_CASES)]
+FINAL_SYSTEM = ("You answer a question from documents, told what it leads to. Write only the short answer in "
+                "<answer></answer>.")
+FINAL_EXAMPLES = [(f"{reading_prompt([_SECOND[i]], q)}\nIt leads to: {b}", f"<answer>{a}</answer>")
+                  for i, (_, q, b, a) in enumerate(HOP_CASES)]
+AGENT_SYSTEM = ("You answer a question that takes two steps from documents: find what the question leads to, "
+                "then the answer in that one's document. Write only the short answer in <answer></answer>.")
+AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, q, _, a in HOP_CASES]
+AGENT_BRIDGE_SYSTEM = ("You answer a question that takes two steps from documents: name what the question leads to "
+                       "in <bridge></bridge>, then write only the short answer in <answer></answer>.")
+AGENT_BRIDGE_EXAMPLES = [(reading_prompt(docs, q), f"<bridge>{b}</bridge><answer>{a}</answer>")
+                         for docs, q, b, a in HOP_CASES]
+
+
+def bridge_of(task: Task) -> str:
+    b = (task.meta or {}).get("bridge")
+    if not b:
+        raise DataError(f"task {task.id}: the two-hop reading workflows need meta.bridge (what the question leads "
+                        f"to); the QA world gives it for level-2 questions: set data.train.levels and "
+                        f"data.eval.levels to [2]")
+    return str(b)
+
+
+def title_of(passage: str) -> str:
+    """A ``Title: text`` passage's title, normalised as answers are."""
+    head, sep, _ = passage.partition(":")
+    return normalize_answer(head) if sep else ""
+
+
+def parse_bridge_answer(text: str) -> ParseResult:
+    return parse_tags(text, [TagSpec("bridge", nonempty), TagSpec("answer", nonempty)])
+
+
+def bridge_f1(said, bridge: str) -> float:
+    return token_f1(str(said), [bridge]) if said else 0.0
+
+
+class ReadingHops:
+    name = "reading_hops"
+
+    def __init__(self, docs_per_reader: int = 8):
+        if docs_per_reader < 1:
+            raise ValueError("docs_per_reader must be at least 1")
+        self.docs_per_reader = docs_per_reader
+
+    def roles(self) -> dict[str, AgentRole]:
+        return {"reader": AgentRole("reader", parse_doc, "names the passage of a few that a question is about", 8,
+                                    ("</doc>",)),
+                "bridger": AgentRole("bridger", parse_answer, "names what a two-step question leads to", 24,
+                                     ("</answer>",)),
+                "answerer": AgentRole("answerer", parse_answer, "answers from the passages about the bridge", 24,
+                                      ("</answer>",))}
+
+    async def _round(self, ctx, chunks: list[list[str]], question: str, wanted):
+        """One reading round: each chunk's pick, and found credit for the readers whose chunk holds a
+        passage ``wanted`` accepts."""
+        calls = list(await asyncio.gather(*[
+            ctx.call("reader", few_shot(PICK_SYSTEM, PICK_EXAMPLES, reading_prompt(c, question))) for c in chunks]))
+        picks = [picked(r, c) for r, c in zip(calls, chunks)]
+        right = []
+        for r, c, p in zip(calls, chunks, picks):
+            if any(wanted(x) for x in c):  # a reader whose chunk lacks it gets no credit: its pick cannot matter
+                r.credit = float(p is not None and wanted(p))
+                right.append(r.credit)
+        return [p for p in picks if p is not None], right
+
+    async def run(self, task: Task, ctx) -> None:
+        passages, k, bridge = passages_of(task), self.docs_per_reader, bridge_of(task)
+        chunks = [passages[i:i + k] for i in range(0, len(passages), k)]
+        q = normalize_answer(task.question)
+        first, hop1 = await self._round(ctx, chunks, task.question,
+                                        lambda p: bool(title_of(p)) and f" {title_of(p)} " in f" {q} ")
+        b = await ctx.call("bridger", few_shot(BRIDGE_SYSTEM, BRIDGE_EXAMPLES, reading_prompt(first, task.question)))
+        said = (b.parsed.get("answer") or "").strip()
+        b.credit = bridge_f1(said, bridge)
+        second, hop2 = await self._round(ctx, chunks, f"What does the document about {said or 'it'} say?",
+                                         lambda p: title_of(p) == normalize_answer(bridge))
+        ans = await ctx.call("answerer", few_shot(FINAL_SYSTEM, FINAL_EXAMPLES,
+                                                  f"{reading_prompt(second, task.question)}\nIt leads to: {said}"))
+        answer = ans.parsed.get("answer")
+        ans.credit = f1_of(answer, task)
+        ctx.finish(answer, hop1=hop1, hop2=hop2, bridge=[b.credit],
+                   covered=[float(any(mentions(p, task.answer) for p in second))])
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        out = answer_scores(trace.final_answer, task)
+        for key, name in (("hop1", "hop1/accuracy"), ("hop2", "hop2/accuracy"), ("bridge", "bridge/f1"),
+                          ("covered", "answerer/covered")):
+            xs = trace.state.get(key) or []
+            if xs:
+                out[name] = sum(xs) / len(xs)
+        return out
+
+
+class ReadingHopsAgent:
+    """The single-agent control: one call reads every passage and answers the two-step question."""
+
+    name = "reading_hops_agent"
+
+    def __init__(self, bridge: bool = False):
+        self.bridge = bridge
+
+    def roles(self) -> dict[str, AgentRole]:
+        if self.bridge:
+            return {"agent": AgentRole("agent", parse_bridge_answer, "names the bridge, then answers", 40,
+                                       ("</answer>",))}
+        return {"agent": AgentRole("agent", parse_answer, "answers a two-step question from every passage", 24,
+                                   ("</answer>",))}
+
+    async def run(self, task: Task, ctx) -> None:
+        system, examples = (AGENT_BRIDGE_SYSTEM, AGENT_BRIDGE_EXAMPLES) if self.bridge else (AGENT_SYSTEM, AGENT_EXAMPLES)
+        bridge = bridge_of(task) if self.bridge else None
+        call = await ctx.call("agent", few_shot(system, examples, reading_prompt(passages_of(task), task.question)))
+        answer = call.parsed.get("answer")
+        call.credit = f1_of(answer, task)
+        state = {}
+        if bridge is not None:
+            bf = bridge_f1(call.parsed.get("bridge"), bridge)
+            call.credit = (call.credit + bf) / 2
+            state["bridge"] = [bf]
+        ctx.finish(answer, **state)
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        out = answer_scores(trace.final_answer, task)
+        if trace.state.get("bridge"):
+            out["bridge/f1"] = trace.state["bridge"][0]
+        return out

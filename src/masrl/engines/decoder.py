@@ -190,19 +190,11 @@ class GraphDecoder:
         if self.graph_pool is None:
             self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        # captured on this engine's own side stream and device (torch.cuda.graph's default stream is one for
-        # the whole process, made on whichever device was current at the first capture: an engine on cuda:0
-        # built after one on cuda:1 captured on the other device's stream and failed), and without
-        # torch.cuda.graph's context: that empties the allocator's caches, device and pinned host memory,
-        # before every capture, and a batch size first seen mid-run then cost the step hundreds of
-        # synchronising cudaFree/cudaMalloc calls (docs/benchmarks.md)
-        with torch.cuda.device(self.dev):
-            torch.cuda.synchronize(self.dev)
-            with torch.cuda.stream(side):
-                graph.capture_begin(pool=self.graph_pool, capture_error_mode="thread_local")
-                try:
-                    logits = self._decode_body(B, S)
-                finally:
-                    graph.capture_end()
+        # the capture stream named, on this engine's device: torch.cuda.graph's default is one stream for
+        # the whole process, made on whichever device was current at the first capture, so an engine on
+        # cuda:0 built after one on cuda:1 captured on a stream of the other device and failed
+        with torch.cuda.device(self.dev), torch.cuda.graph(graph, pool=self.graph_pool, stream=side,
+                                                           capture_error_mode="thread_local"):
+            logits = self._decode_body(B, S)
         self.stats["graphs_captured"] += 1
         return graph, logits

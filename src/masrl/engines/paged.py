@@ -131,7 +131,7 @@ class PagedEngine(GraphDecoder):
         self._inbox: list[Sequence] = []
         self._runner: int | None = None
         self._boundary: list[_Job] = []  # at_boundary jobs waiting for the next step boundary
-        self.stats.update({"prefill_forwards": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
+        self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
                            "peak_blocks": 0, "joined": 0, "forks": 0,
                            "swaps_mid_call": 0})
         self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
@@ -279,7 +279,6 @@ class PagedEngine(GraphDecoder):
         self.stats["peak_blocks"] = max(self.stats["peak_blocks"], pool.used())
         if step.kind == "prefill":
             logits = self.prefill.run(step.seqs, self.kv)
-            self.stats["prefill_forwards"] = self.prefill.forwards
             for s in step.seqs:
                 self.sched.registered(s)
             finished = self._sample(step.seqs, logits)

@@ -46,7 +46,6 @@ class PoolPrefill:
                  dev: torch.device, is_peft: bool):
         self.fwd, self.block_size, self.budget, self.pad_id = fwd, block_size, budget, pad_id
         self.dtype, self.dev, self.is_peft = dtype, dev, is_peft
-        self.forwards = 0  # forward passes run (a prefill step may batch its rows into several)
 
     def run(self, seqs: list[Sequence], kv: KV) -> torch.Tensor:
         """Logits after each sequence's last token. Rows are batched while ``_fits`` (new tokens, keys
@@ -106,7 +105,6 @@ class PoolPrefill:
         (in its blocks), write theirs into its blocks, and (``where``) put the last position's logits
         in those rows of ``logits``."""
         dev, bs = self.dev, self.block_size
-        self.forwards += 1
         B = len(spans)
         C = max(a for _, a, _ in spans)
         N = max(e - a for _, a, e in spans)

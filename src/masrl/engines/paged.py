@@ -43,7 +43,6 @@ from masrl.engines.decoder import GraphDecoder
 from masrl.engines.paged_prefill import PoolPrefill
 from masrl.engines.sampling import BatchFlags, counter_uniforms, stop_string_at
 from masrl.engines.scheduler import Scheduler, Sequence
-from masrl.engines.staging import copy_into, to_device
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.lean import core_model
@@ -292,15 +291,15 @@ class PagedEngine(GraphDecoder):
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> bool:
         """Each just-prefilled call's next token, from the prefill's logits."""
         sp, temps, top_ps, flags = self._sampling(seqs)
-        u = to_device(torch.from_numpy(self._uniforms(seqs, 1)[:, 0]), self.dev)
+        u = torch.from_numpy(self._uniforms(seqs, 1)[:, 0]).to(self.dev)
         tokens, lps = self._draw(logits[: len(seqs)], temps, top_ps, flags, u)
         return self._take(seqs, sp, [[t] for t in tokens.tolist()], [[x] for x in lps.tolist()], decoded=False)
 
     def _sampling(self, seqs: list[Sequence]) -> tuple[list, torch.Tensor, torch.Tensor, BatchFlags]:
         sp = [s.payload.request.sampling for s in seqs]
         temps, top_ps = [p.temperature for p in sp], [p.top_p for p in sp]
-        both = to_device(torch.tensor([temps, top_ps]), self.dev)  # one copy (engines/staging.py)
-        return sp, both[0], both[1], BatchFlags.of(temps, top_ps)
+        return (sp, torch.tensor(temps, device=self.dev), torch.tensor(top_ps, device=self.dev),
+                BatchFlags.of(temps, top_ps))
 
     # -- the pool and the buffers --------------------------------------------------------------------
     def _build(self) -> None:
@@ -357,7 +356,7 @@ class PagedEngine(GraphDecoder):
         self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
         self._load_rows(seqs, Bb, kv)
         sp, temps, top_ps, flags = self._sampling(seqs)
-        U_dev = to_device(torch.from_numpy(self._uniforms(seqs, k)), dev)
+        U_dev = torch.from_numpy(self._uniforms(seqs, k)).to(dev)
         toks, lps = [], []
         for j in range(k):
             logits = self._decode(Bb, S)
@@ -377,12 +376,12 @@ class PagedEngine(GraphDecoder):
             bt[b, : len(s.table)] = s.table
         pos = np.zeros(Bb, dtype=np.int64)
         pos[:B] = kv
-        copy_into(self.bt_buf[:Bb], torch.from_numpy(bt[:Bb]))
-        copy_into(self.pos_buf[:Bb], torch.from_numpy(pos))
-        copy_into(self.tok_buf[:B], torch.tensor([s.generated[-1] for s in seqs]))
+        self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
+        self.pos_buf[:Bb].copy_(torch.from_numpy(pos))
+        self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] for s in seqs]))
         if self.is_peft:
             ad = [self.slot_of.get(s.key, -1) for s in seqs] + [-1] * (Bb - B)
-            copy_into(self.row_adapter[:Bb], torch.tensor(ad))
+            self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
 

@@ -9,11 +9,9 @@ take their leader's last-position logits and a copy of its partial last block. T
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from masrl.engines.scheduler import Sequence
-from masrl.engines.staging import to_device_many
 from masrl.modeling.lean import LlamaForward, causal_mask
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
@@ -82,6 +80,8 @@ class PoolPrefill:
             return
         row = {id(s): i for i, s in enumerate(seqs)}
         bs = self.block_size
+        dst = torch.tensor([i for i, _ in forks], device=self.dev)
+        logits[dst] = logits[torch.tensor([row[id(s.fork_of)] for _, s in forks], device=self.dev)]
         src_slots, dst_slots = [], []
         for _, s in forks:
             full, part = divmod(s.length, bs)
@@ -89,12 +89,10 @@ class PoolPrefill:
                 a, b = s.fork_of.table[full] * bs, s.table[full] * bs
                 src_slots += range(a, a + part)
                 dst_slots += range(b, b + part)
-        dst, lead, src, to = to_device_many(self.dev, [i for i, _ in forks], [row[id(s.fork_of)] for _, s in forks],
-                                            src_slots, dst_slots)
-        logits[dst] = logits[lead]
-        for _, s in forks:
             s.fork_of = None
         if src_slots:
+            src = torch.tensor(src_slots, dtype=torch.long, device=self.dev)
+            to = torch.tensor(dst_slots, dtype=torch.long, device=self.dev)
             for kf, vf in kv:
                 kf.index_copy_(0, to, kf.index_select(0, src))
                 vf.index_copy_(0, to, vf.index_select(0, src))
@@ -108,36 +106,39 @@ class PoolPrefill:
         B = len(spans)
         C = max(a for _, a, _ in spans)
         N = max(e - a for _, a, e in spans)
-        ids = np.full((B, N), self.pad_id, dtype=np.int64)
-        pos = np.zeros((B, N), dtype=np.int64)
-        past_np = np.zeros((B, C), dtype=np.int64)
-        starts = np.array([a for _, a, _ in spans], dtype=np.int64)
-        news = np.array([e - a for _, a, e in spans], dtype=np.int64)
-        new_slots = []
+        ids = torch.full((B, N), self.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, N), dtype=torch.long)
+        valid = torch.zeros((B, C + N), dtype=torch.bool)
+        past_idx = torch.zeros((B, C), dtype=torch.long)
+        new_slots, new_rows, new_cols = [], [], []
         for b, (s, c, end) in enumerate(spans):
+            toks = s.tokens
             n = end - c
-            ids[b, :n] = s.tokens[c:end]
-            pos[b, :n] = np.arange(c, end)
-            t = np.arange(end)
-            slot = np.asarray(s.table, dtype=np.int64)[t // bs] * bs + t % bs
-            past_np[b, :c] = slot[:c]
+            ids[b, :n] = torch.tensor(toks[c:end], dtype=torch.long)
+            pos[b, :n] = torch.arange(c, end)
+            valid[b, :c] = True
+            valid[b, C : C + n] = True
+            t = torch.arange(end)
+            table = torch.tensor(s.table, dtype=torch.long)
+            slot = table[t // bs] * bs + t % bs
+            past_idx[b, :c] = slot[:c]
             new_slots.append(slot[c:])
+            new_rows += [b] * n
+            new_cols += range(n)
             s.kv_len = end
-        rows_np = np.repeat(np.arange(B), news)
-        cols_np = np.concatenate([np.arange(n) for n in news])
-        # every index of the forward in one copy to the device (engines/staging.py)
-        ids, pos, past_idx, starts, news, slots, rows, cols, where_d = to_device_many(
-            dev, ids, pos, past_np, starts, news, np.concatenate(new_slots), rows_np, cols_np,
-            np.asarray(where if where is not None else [], dtype=np.int64))
-        j = torch.arange(C + N, device=dev)[None]
-        valid = (j < starts[:, None]) | ((j >= C) & (j < C + news[:, None]))  # each row's past, then its new tokens
+        ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
+        past_idx = past_idx.to(dev)
         past = _PastGather(kv, past_idx) if C > 0 else None
         adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
         mask = causal_mask(valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
+        slots = torch.cat(new_slots).to(dev)
+        rows = torch.tensor(new_rows, dtype=torch.long, device=dev)
+        cols = torch.tensor(new_cols, dtype=torch.long, device=dev)
         for (kf, vf), (k, v) in zip(kv, new_kv):  # k, v [B, Hkv, N, D]
             kf.index_copy_(0, slots, k[rows, :, cols].to(kf.dtype))
             vf.index_copy_(0, slots, v[rows, :, cols].to(vf.dtype))
         if where is not None:
-            hl = h[torch.arange(B, device=dev), news - 1]
-            logits[where_d] = self.fwd.head_last(hl).to(self.dtype)
+            last = torch.tensor([e - a - 1 for _, a, e in spans], dtype=torch.long, device=dev)
+            hl = h[torch.arange(B, device=dev), last]
+            logits[torch.tensor(where, device=dev)] = self.fwd.head_last(hl).to(self.dtype)

@@ -31,8 +31,9 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
         data["data"] = {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
     elif source == "qa_world":  # search workflows: questions about a small world, searched locally
         world = {"docs": 40, "seed": 0, "context_docs": data["data"].get("world", {}).get("context_docs", 0)}
-        data["data"] = {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1},
-                        "eval": {"source": "qa_world", "n": 3, "seed": 2}}
+        levels = {"levels": data["data"]["train"]["levels"]} if "levels" in data["data"]["train"] else {}
+        data["data"] = {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1, **levels},  # (two-hop
+                        "eval": {"source": "qa_world", "n": 3, "seed": 2, **levels}}  # workflows need level 2)
     else:
         data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1},
                         "eval": {"source": "arithmetic", "n": 3, "seed": 2}}

@@ -94,14 +94,14 @@ def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         "[thinking={{ enable_thinking if enable_thinking is defined else 'unset' }} style={{ style | default('-') }}]")
     seen = []
-    real = worker.render
+    real = worker.prompts.render_many
 
-    def spy(messages, template_kwargs=None, tools=None, **kw):
-        ids = real(messages, template_kwargs, tools, **kw)
-        seen.append(worker.host.tokenizer.decode(ids))
-        return ids
+    def spy(prompts):  # what the worker rendered for each call of a batch
+        out = real(prompts)
+        seen.extend(worker.host.tokenizer.decode(ids) for _, ids in out)
+        return out
 
-    worker.render = spy
+    worker.prompts.render_many = spy
     from masrl.data.tasks import Task
 
     traces = asyncio.run(rt.controller.rollout([Task("t", "1+1?", "2")], 1, train=False))

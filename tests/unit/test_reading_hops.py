@@ -72,7 +72,7 @@ def test_the_agent_reads_all_passages_and_with_bridge_is_paid_for_both_steps():
     prompt = engine.seen[0][1].messages[-1]["content"]
     assert all(p in prompt for p in t.meta["context"]) and tr.calls[0].credit == 1.0
     shown = " ".join(m["content"] for m in engine.seen[0][1].messages)
-    assert all(q in shown for _, q, _, _ in HOP_CASES)  # a worked example of each kind of two-hop question
+    assert all(q in shown for _, _, _, q, _, _ in HOP_CASES)  # a worked example of each kind of two-hop question
     tr, _ = run_scripted(ReadingHopsAgent(bridge=True), t, {"agent": [f"<bridge>{bridge}</bridge><answer>x</answer>"]})
     assert tr.calls[0].credit == 0.5 and tr.metrics["bridge/f1"] == 1.0 and tr.metrics["f1"] == 0.0
 

@@ -63,24 +63,16 @@ class PromptRenderer:
         tokenised in one call of the tokenizer (a fast tokenizer encodes a batch on its own threads, without
         the interpreter's lock that the engine's thread needs meanwhile). A prompt whose template or tokenizer
         fails gets its exception in its place; the others are unaffected."""
-        heads: list[tuple[str, list[int]] | Exception] = []
-        pieces: list[str] = []
+        heads: list[tuple[str, list[int], str] | Exception] = []
         for messages, template_kwargs, tools, extends in prompts:
             try:
-                head = self._head(messages, template_kwargs, tools, extends)
+                heads.append(self._head(messages, template_kwargs, tools, extends))
             except Exception as exc:  # this prompt's own content: the template refused it
                 heads.append(exc)
-                pieces.append("")
-                continue
-            heads.append(head[:2])
-            pieces.append(head[2])
-        ids = iter(self._ids_many([p for p, h in zip(pieces, heads) if not isinstance(h, Exception)]))
+        ids = iter(self._ids_many([h[2] for h in heads if not isinstance(h, Exception)]))
         out: list[tuple[str, list[int]] | Exception] = []
         for h in heads:
-            if isinstance(h, Exception):
-                out.append(h)
-                continue
-            new = next(ids)
+            new = h if isinstance(h, Exception) else next(ids)
             out.append(new if isinstance(new, Exception) else (h[0], h[1] + new))
         return out
 

@@ -52,29 +52,28 @@ from masrl.workflows.reading import (
 )
 from masrl.workflows.search_roles import answer_scores, f1_of, mentions, parse_answer
 
-# (passages, question, bridge, answer): one of each kind of two-hop question, in the QA world's style
+# (passages, the first hop's, the second's, question, bridge, answer): one of each kind of two-hop question,
+# in the QA world's style
 HOP_CASES = [
-    ([_P2, _O1, _P1], "In what year was the founder of Quillan Works born?", "Bren Talomar", "1948"),
-    ([_O2, _P2, _C2], "In which city is the employer of Mira Oskal headquartered?", "Dovren Labs", "Keldra"),
-    ([_C1, _P1, _C2], "Who is the mayor of the city where Bren Talomar was born?", "Tavesso", "Mira Oskal"),
+    ([_P2, _O1, _P1], _O1, _P1, "In what year was the founder of Quillan Works born?", "Bren Talomar", "1948"),
+    ([_O2, _P2, _C2], _P2, _O2, "In which city is the employer of Mira Oskal headquartered?", "Dovren Labs", "Keldra"),
+    ([_C1, _P1, _C2], _P1, _C1, "Who is the mayor of the city where Bren Talomar was born?", "Tavesso", "Mira Oskal"),
 ]
-_FIRST = {0: _O1, 1: _P2, 2: _P1}  # each case's first-hop passage
-_SECOND = {0: _P1, 1: _O2, 2: _C1}  # and its second
 
 BRIDGE_SYSTEM = ("You read documents to answer a question that takes two steps. Name the person, city or "
                  "organisation the question leads to first in <answer></answer>.")
-BRIDGE_EXAMPLES = [(reading_prompt([_FIRST[i]], q), f"<answer>{b}</answer>") for i, (_, q, b, _) in enumerate(HOP_CASES)]
+BRIDGE_EXAMPLES = [(reading_prompt([first], q), f"<answer>{b}</answer>") for _, first, _, q, b, _ in HOP_CASES]
 FINAL_SYSTEM = ("You answer a question from documents, told what it leads to. Write only the short answer in "
                 "<answer></answer>.")
-FINAL_EXAMPLES = [(f"{reading_prompt([_SECOND[i]], q)}\nIt leads to: {b}", f"<answer>{a}</answer>")
-                  for i, (_, q, b, a) in enumerate(HOP_CASES)]
+FINAL_EXAMPLES = [(f"{reading_prompt([second], q)}\nIt leads to: {b}", f"<answer>{a}</answer>")
+                  for _, _, second, q, b, a in HOP_CASES]
 AGENT_SYSTEM = ("You answer a question that takes two steps from documents: find what the question leads to, "
                 "then the answer in that one's document. Write only the short answer in <answer></answer>.")
-AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, q, _, a in HOP_CASES]
+AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, _, _, q, _, a in HOP_CASES]
 AGENT_BRIDGE_SYSTEM = ("You answer a question that takes two steps from documents: name what the question leads to "
                        "in <bridge></bridge>, then write only the short answer in <answer></answer>.")
 AGENT_BRIDGE_EXAMPLES = [(reading_prompt(docs, q), f"<bridge>{b}</bridge><answer>{a}</answer>")
-                         for docs, q, b, a in HOP_CASES]
+                         for docs, _, _, q, b, a in HOP_CASES]
 
 
 def bridge_of(task: Task) -> str:
@@ -132,14 +131,14 @@ class ReadingHops:
     async def run(self, task: Task, ctx) -> None:
         passages, k, bridge = passages_of(task), self.docs_per_reader, bridge_of(task)
         chunks = [passages[i:i + k] for i in range(0, len(passages), k)]
-        q = normalize_answer(task.question)
+        q, target = f" {normalize_answer(task.question)} ", normalize_answer(bridge)
         first, hop1 = await self._round(ctx, chunks, task.question,
-                                        lambda p: bool(title_of(p)) and f" {title_of(p)} " in f" {q} ")
+                                        lambda p: bool(title_of(p)) and f" {title_of(p)} " in q)
         b = await ctx.call("bridger", few_shot(BRIDGE_SYSTEM, BRIDGE_EXAMPLES, reading_prompt(first, task.question)))
         said = (b.parsed.get("answer") or "").strip()
         b.credit = bridge_f1(said, bridge)
         second, hop2 = await self._round(ctx, chunks, f"What does the document about {said or 'it'} say?",
-                                         lambda p: title_of(p) == normalize_answer(bridge))
+                                         lambda p: title_of(p) == target)
         ans = await ctx.call("answerer", few_shot(FINAL_SYSTEM, FINAL_EXAMPLES,
                                                   f"{reading_prompt(second, task.question)}\nIt leads to: {said}"))
         answer = ans.parsed.get("answer")

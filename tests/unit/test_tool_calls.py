@@ -1,12 +1,11 @@
 """Tool calls the model writes: parsing, and rendering through the chat template's `tools=` or the tag format."""
 
 import copy
-from types import SimpleNamespace
 
 from masrl.models import load_tokenizer
 from masrl.tools.base import tool
 from masrl.tools.calls import parse_tool_calls, template_renders_tools, with_tools_in_text
-from masrl.worker.policy_worker import PolicyWorker
+from masrl.worker.prompts import PromptRenderer
 
 
 @tool
@@ -33,8 +32,8 @@ MESSAGES = [{"role": "system", "content": "You search."}, {"role": "user", "cont
 
 
 def _render(tok, messages, tools):
-    worker = SimpleNamespace(host=SimpleNamespace(tokenizer=tok))
-    return tok.decode(PolicyWorker.render(worker, messages, {}, tools))
+    _, ids = PromptRenderer(tok).render(messages, {}, tools)  # what PolicyWorker.render tokenises
+    return tok.decode(ids)
 
 
 def test_a_template_without_tools_gets_the_tag_format():

@@ -226,14 +226,10 @@ class PolicyWorker(PolicyHost):
                extends: str | None = None, call_id: str | None = None) -> list[int]:
         """Prompt token ids (``worker.prompts``); ``extends``: the call these messages continue;
         ``call_id``: the call this prompt is for (remembered once its completion is known)."""
-        renderer = self._renderer()
-        text, ids = renderer.render(messages, template_kwargs, tools, extends)
+        text, ids = self.prompts.render(messages, template_kwargs, tools, extends)
         if call_id is not None:
-            renderer.pending[call_id] = text
+            self.prompts.pending[call_id] = text
         return ids
-
-    def _renderer(self) -> PromptRenderer:
-        return self.__dict__.get("prompts") or PromptRenderer(self.host.tokenizer)  # (a stand-in worker has none)
 
     def park(self) -> None:
         """With ``offload_weights``: this worker's weights to CPU memory until it next generates,
@@ -328,7 +324,7 @@ class PolicyWorker(PolicyHost):
                                      f"tokenising")
             else:
                 todo.append(i)
-        renderer = self._renderer()
+        renderer = self.prompts
         rendered = renderer.render_many([(calls[i].messages, calls[i].template_kwargs, calls[i].tools, calls[i].extends)
                                          for i in todo])
         for i, r in zip(todo, rendered):

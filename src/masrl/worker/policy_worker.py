@@ -9,7 +9,6 @@ takes and returns plain picklable data, so the same class runs in-process or as 
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA, lr_factor
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.errors import ContextOverflow, MasrlError, PromptError
+from masrl.errors import MasrlError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
@@ -36,9 +35,6 @@ from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
 from masrl.worker.training import Sample, train_policy
 from masrl.worker.weight_copy import WeightCopy
-
-# no tokenizer packs more characters than this into one token on average: a longer prompt cannot fit
-MAX_CHARS_PER_TOKEN = 32
 
 
 class PolicyWorker(PolicyHost):
@@ -253,7 +249,7 @@ class PolicyWorker(PolicyHost):
         after the batch, and told then)."""
         self._resident()
         limit = self.context_limit()
-        prompts = self._prompts(calls, limit)
+        prompts = self.prompts.prepare(calls, limit)
         live = [i for i, p in enumerate(prompts) if not isinstance(p, Exception)]
         requests = [GenRequest(prompts[i], calls[i].sampling, adapter=self.host.adapter_for(calls[i].policy),
                                seed=calls[i].seed) for i in live]
@@ -308,35 +304,6 @@ class PolicyWorker(PolicyHost):
             return token_logprobs(self.host.tokenizer, o, c.logprobs, model=model, prompt=prompt,
                                   temperature=c.sampling.temperature, adapter=self.host.adapter_for(c.policy),
                                   lora=self.host.is_lora)
-
-    def _prompts(self, calls: list[GenCall], limit: int) -> list[list[int] | PromptError]:
-        """Each call's prompt ids (tokenised in one batch), or the ``PromptError`` that fails that call
-        alone: too many characters to be worth tokenising (no tokenizer packs more than
-        ``MAX_CHARS_PER_TOKEN`` into a token), a render or tokeniser failure, or a prompt that does not
-        fit the context."""
-        out: list[list[int] | PromptError | None] = [None] * len(calls)
-        todo = []
-        for i, c in enumerate(calls):
-            chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
-            if chars > limit * MAX_CHARS_PER_TOKEN:
-                out[i] = PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
-                                     f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
-                                     f"tokenising")
-            else:
-                todo.append(i)
-        renderer = self.prompts
-        rendered = renderer.render_many([(calls[i].messages, calls[i].template_kwargs, calls[i].tools, calls[i].extends)
-                                         for i in todo])
-        for i, r in zip(todo, rendered):
-            c = calls[i]
-            if isinstance(r, Exception):  # the call's own content (the template or tokenizer refused it)
-                out[i] = PromptError(f"the prompt could not be rendered and tokenised: {type(r).__name__}: {r}")
-                continue
-            text, p = r
-            renderer.pending[c.call_id] = text
-            fits = len(p) + c.sampling.max_new_tokens <= limit
-            out[i] = p if fits else ContextOverflow(len(p), c.sampling.max_new_tokens, limit)
-        return out
 
     def context_limit(self) -> int:
         """The most tokens a prompt and its completion may hold (the model's position limit)."""

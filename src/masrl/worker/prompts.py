@@ -13,10 +13,15 @@ template would render otherwise), the whole conversation is tokenised afresh and
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from masrl.messages import RAW_ROLE
+from masrl.errors import ContextOverflow, PromptError
+from masrl.messages import RAW_ROLE, GenCall
+
+# no tokenizer packs more characters than this into one token on average: a longer prompt cannot fit
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -48,6 +53,34 @@ class PromptRenderer:
             else:
                 messages = with_tools_in_text(messages, tools or [])
         return self.tok.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False, **kwargs)
+
+    def prepare(self, calls: list[GenCall], limit: int) -> list[list[int] | PromptError]:
+        """Each call's prompt ids (tokenised in one batch, the text kept in ``pending`` until the call's
+        completion is known), or the ``PromptError`` that fails that call alone: too many characters to
+        be worth tokenising (no tokenizer packs more than ``MAX_CHARS_PER_TOKEN`` into a token), a render
+        or tokeniser failure, or a prompt that with its ``max_new_tokens`` does not fit ``limit``."""
+        out: list[list[int] | PromptError | None] = [None] * len(calls)
+        todo = []
+        for i, c in enumerate(calls):
+            chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
+            if chars > limit * MAX_CHARS_PER_TOKEN:
+                out[i] = PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
+                                     f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
+                                     f"tokenising")
+            else:
+                todo.append(i)
+        rendered = self.render_many([(calls[i].messages, calls[i].template_kwargs, calls[i].tools, calls[i].extends)
+                                     for i in todo])
+        for i, r in zip(todo, rendered):
+            c = calls[i]
+            if isinstance(r, Exception):  # the call's own content (the template or tokenizer refused it)
+                out[i] = PromptError(f"the prompt could not be rendered and tokenised: {type(r).__name__}: {r}")
+                continue
+            text, p = r
+            self.pending[c.call_id] = text
+            fits = len(p) + c.sampling.max_new_tokens <= limit
+            out[i] = p if fits else ContextOverflow(len(p), c.sampling.max_new_tokens, limit)
+        return out
 
     def render(self, messages: list[dict], template_kwargs: dict | None = None, tools: list[dict] | None = None,
                extends: str | None = None) -> tuple[str, list[int]]:

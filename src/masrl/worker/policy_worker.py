@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,21 +18,20 @@ import torch
 
 from masrl.algorithms.estimators import needs_critic, needs_reference
 from masrl.algorithms.normalize import RunningMoments
-from masrl.algorithms.schedules import WeightEMA, lr_factor
+from masrl.algorithms.schedules import WeightEMA
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.errors import MasrlError
 from masrl.messages import GenCall, GenRequest, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.worker import memory, saving
+from masrl.worker import memory, saving, updating
 from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
 from masrl.worker.logprobs import token_logprobs
 from masrl.worker.offload import PinnedStash
 from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
-from masrl.worker.training import Sample, train_policy
+from masrl.worker.training import Sample
 from masrl.worker.weight_copy import WeightCopy
 
 
@@ -369,11 +367,12 @@ class PolicyWorker(PolicyHost):
                     continue
                 extra = (shared or {}).get(name, [])
                 samples = [s for s in view.values() if s.policy == name and s.reward is not None] + extra
-                samples, stale = self._fresh(name, samples)
+                samples, stale = updating.fresh_samples(samples, self.updates[name],
+                                                        self.host.policies[name].max_staleness)
                 # data parallel: the ranks update together or not at all (a rank whose share of the
                 # calls is empty, as async rollouts can leave it, still joins the others' collectives)
                 if (self.dp.sum(float(len(samples))) if self.dp is not None else samples):
-                    metrics[name] = self._update(name, samples, len(extra))
+                    metrics[name] = updating.update_policy(self, name, samples, len(extra))
                     metrics[name].update(stale)
                 elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped
                     metrics[name] = stale
@@ -419,68 +418,6 @@ class PolicyWorker(PolicyHost):
             self.engine.at_boundary(swap)
         else:
             swap()
-
-    def _fresh(self, name: str, samples: list[Sample]) -> tuple[list[Sample], dict[str, float]]:
-        """The samples within ``max_staleness`` versions of the weights about to update, and the
-        staleness figures: mean, max, how many were dropped, and a histogram by age."""
-        now = self.updates[name]
-        ages = [now - s.version for s in samples]
-        limit = self.host.policies[name].max_staleness
-        keep = [s for s, a in zip(samples, ages) if limit is None or a <= limit]
-        stats = {"staleness_mean": sum(ages) / len(ages) if ages else 0.0, "staleness_max": float(max(ages, default=0)),
-                 "stale_dropped": float(len(samples) - len(keep))}
-        for a in sorted(set(ages)):
-            stats[f"staleness_{a}"] = float(ages.count(a))
-        return keep, stats
-
-    def _update(self, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
-        """One update of policy ``name``: its learning rate by schedule, its optimizer state in and
-        out of CPU memory (``offload_optimizer``), the step, its EMA."""
-        spec, opt = self.host.policies[name], self.optimizers[name]
-        sched = spec.schedule
-        lr = spec.optim.lr * lr_factor(self.updates[name], warmup=sched.warmup_updates, total=sched.total_updates,
-                                       decay=sched.decay, min_ratio=sched.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        t_in = time.perf_counter()
-        ref_moved = self.host.ref_stash.moved_s
-        moved = opt.reload() if spec.offload_optimizer else 0
-        held_before = memory.reset_peak(self.device) if self.device.startswith("cuda") else 0
-        t0 = time.perf_counter()
-        try:
-            m = train_policy(self.host, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
-                             seed=self.seed + self.step, reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
-                             critic=self.critics.get(name), dp=self.dp)
-        except torch.OutOfMemoryError as e:
-            raise MasrlError(self._oom_message(name, held_before, e)) from e
-        m["update_s"] = time.perf_counter() - t0
-        m["shared_calls"] = float(n_shared)
-        if self.host.ref_stash.moved_s > ref_moved:
-            m["reference_offload_s"] = self.host.ref_stash.moved_s - ref_moved
-        if spec.offload_optimizer:
-            t1 = time.perf_counter()
-            moved += opt.offload()
-            m["offload_s"] = (t0 - t_in) + (time.perf_counter() - t1)
-            m["offload_gb"] = moved / 2**30
-        m["lr"] = lr
-        m["optimizer_state_gb"] = opt.moment_bytes() / 2**30  # this process's AdamW moments (its share)
-        if self.device.startswith("cuda"):  # this update's peak, and what it added to what was held before
-            peak = torch.cuda.max_memory_allocated(self.device)
-            m["gpu_peak_gb"] = peak / 2**30
-            m["update_extra_gib"] = (peak - held_before) / 2**30
-            self.update_extra[name] = max(self.update_extra.get(name, 0.0), m["update_extra_gib"])
-        self.updates[name] += 1
-        if name in self.emas:
-            self.emas[name].update()
-        return m
-
-    def _oom_message(self, name: str, held_before: int, e: Exception) -> str:
-        free = total = 0
-        if self.device.startswith("cuda"):
-            with contextlib.suppress(Exception):  # the device may be past answering
-                free, total = torch.cuda.mem_get_info(self.device)
-        return memory.update_oom_message(name, self.algo, device=self.device, held=held_before, free=free, total=total,
-                                         earlier_extra_gib=self.update_extra.get(name), detail=str(e))
 
     def _park_after_update(self, metrics: dict[str, dict[str, float]]) -> None:
         self.park()

@@ -6,7 +6,7 @@ policy only ever sees gradients from calls that it served to its own agents.
 Per micro-batch: the lean forward (``modeling.lean``) over the layout ``batching`` chose, the
 output head only at completion positions, the PPO loss, backward. ``algorithm.micro_batch_tokens``
 bounds the memory of a micro-batch (with a 150k vocabulary the fp32 log-probabilities of 16k tokens
-take 10 GB).
+take 10 GB). The advantages come from ``worker.advantages``, the metrics from ``worker.update_metrics``.
 """
 
 from __future__ import annotations
@@ -15,19 +15,17 @@ import contextlib
 import math
 import random
 import sys
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from masrl.algorithms.estimators import EstimatorBatch, estimator_options, get_estimator, needs_critic, needs_reference
-from masrl.algorithms.grouping import group_ids
+from masrl.algorithms.estimators import get_estimator, needs_critic, needs_reference
 from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, ppo_clip_loss, value_loss
-from masrl.algorithms.normalize import normalize_rewards
-from masrl.algorithms.normalize import whiten as whiten_adv
 from masrl.modeling import fused
+from masrl.worker.advantages import advantages_of_everyone, compute_advantages
 from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows, prefix_cost
 from masrl.worker.hosting import ModelHost
+from masrl.worker.update_metrics import UpdateStats, update_metrics
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
 
@@ -163,47 +161,6 @@ def _completion_forward(host: ModelHost, module, batch: Batch, value_head=None, 
     return logp, entropy, values
 
 
-def train_rewards(samples: list[Sample], algo, stats=None) -> None:
-    """Each sample's reward as the estimator sees it (``algorithm.reward_norm``), in ``train_reward``."""
-    rewards = torch.tensor([float(s.reward) for s in samples], dtype=torch.float64)
-    for s, r in zip(samples, normalize_rewards(rewards, algo.reward_norm, stats).tolist()):
-        s.train_reward = r
-
-
-def compute_advantages(samples: list[Sample], algo) -> None:
-    """Set each sample's ``advantage`` (a sequence estimator) or ``token_adv`` (a token-level one;
-    with ``returns`` when it needs a critic, whose values ``_prepare`` put in ``old_values``)."""
-    est = get_estimator(algo.advantage)
-    keys = [tuple(s.key.get(k) if k != "policy" else s.policy for k in algo.group_key) for s in samples]
-    rewards = torch.tensor([s.train_reward if s.train_reward is not None else float(s.reward) for s in samples],
-                           dtype=torch.float64)
-    T = max(len(s.completion_ids) for s in samples)
-    mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
-    values = pad_rows([s.old_values for s in samples], T) if est.needs_critic else None
-    batch = EstimatorBatch(rewards, group_ids(keys), mask, values, keys=[dict(s.key, policy=s.policy) for s in samples])
-    out = est.fn(batch, **estimator_options(est, algo))
-    if est.needs_critic:
-        adv, returns = out
-        for i, s in enumerate(samples):
-            n = len(s.completion_ids)
-            s.token_adv, s.returns = adv[i, :n].tolist(), returns[i, :n].tolist()
-        return
-    adv = torch.as_tensor(out, dtype=torch.float64)
-    want = (len(samples), T) if est.token_level else (len(samples),)
-    if tuple(adv.shape) != want:
-        raise ValueError(f"algorithm.advantage '{algo.advantage}' returned shape {tuple(adv.shape)} for "
-                         f"{len(samples)} samples; return {'[N, T] (token-level)' if est.token_level else '[N]'}: "
-                         f"{list(want)}")
-    if est.token_level:
-        for i, s in enumerate(samples):
-            s.token_adv = adv[i, : len(s.completion_ids)].tolist()
-        return
-    if algo.whiten_advantages:
-        adv = whiten_adv(adv)
-    for s, a in zip(samples, adv.tolist()):
-        s.advantage = a
-
-
 def in_step(mbs: list, host: ModelHost, dp) -> list:
     """A sharded policy's ranks gather each layer together, so each runs as many forwards as the
     rank with the most micro-batches: the others' list is padded with ``None`` (a pass of weight zero)."""
@@ -254,37 +211,12 @@ def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_re
                     s.old_logprobs = lp[i, :n].tolist()
 
 
-@dataclass
-class UpdateStats:
-    """What one policy update accumulates for its metrics."""
-
-    sums: dict[str, float] = field(default_factory=dict)  # per-token sums from the micro-batches
-    mismatch_max: float = 0.0
-    grad_norms: list[float] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    skipped: int = 0  # sequences with zero advantage whose forward and backward were skipped
-    nonfinite: int = 0  # optimizer steps skipped for a NaN/inf loss or gradient
-
-    def add(self, stats: dict[str, float], first: bool) -> float:
-        """Fold one micro-batch's sums in; returns its loss. ``first``: the first mini-batch of the
-        first epoch, on the weights that sampled (the logprob gap there is numerics)."""
-        loss = stats.pop("loss")
-        mx = stats.pop("mismatch_max")
-        for name, v in stats.items():
-            self.sums[name] = self.sums.get(name, 0.0) + v
-        if first:
-            self.sums["mismatch_tokens"] = self.sums.get("mismatch_tokens", 0.0) + stats["tokens"]
-            self.sums["mismatch_first"] = self.sums.get("mismatch_first", 0.0) + stats["mismatch_sum"]
-            self.mismatch_max = max(self.mismatch_max, mx)
-        return loss
-
-
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
                  pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
     reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model;
     ``dp``: this process is one rank of a data-parallel policy."""
-    everyone = _advantages_of_everyone(samples, algo, reward_stats, dp)
+    everyone = advantages_of_everyone(samples, algo, reward_stats, dp)
     layout = choose_layout(host, algo, everyone)  # every rank's calls: the ranks agree on it
     _prepare(host, policy, samples, algo, pad_id, layout, critic, dp, everyone[:1])
     own = {s.call_id: s for s in samples}
@@ -301,24 +233,7 @@ def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer,
                     step.run(order[k::n_mb], first=epoch == 0 and k == 0)
     finally:
         host.train_mode(False)
-    return _update_metrics(samples, step.stats, algo, critic)
-
-
-def _advantages_of_everyone(samples: list[Sample], algo, reward_stats, dp) -> list[Sample]:
-    """Training rewards and (unless the estimator needs values, which come later) advantages.
-    Data parallel: statistics and advantages over every rank's calls, copied back to this rank's
-    own; the mini-batch order is drawn over all of them too. Returns every rank's calls."""
-    everyone = dp.gather(samples) if dp is not None else samples
-    train_rewards(everyone, algo, reward_stats)
-    if not needs_critic(algo):
-        compute_advantages(everyone, algo)
-    if dp is not None:
-        own = {s.call_id: s for s in samples}
-        for s in everyone:
-            if s.call_id in own:
-                mine = own[s.call_id]
-                mine.train_reward, mine.advantage, mine.token_adv = s.train_reward, s.advantage, s.token_adv
-    return everyone
+    return update_metrics(samples, step.stats, algo, critic)
 
 
 class _MiniBatchStep:
@@ -379,49 +294,6 @@ def _filler(s: Sample) -> Sample:
 
     return dataclasses.replace(s, ref_logprobs=s.ref_logprobs or list(s.logprobs),
                                old_logprobs=s.old_logprobs or list(s.logprobs))
-
-
-def _update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict[str, float]:
-    sums = st.sums
-    ntok = max(1.0, sums.get("tokens", 0.0))
-    rewards = [float(s.reward) for s in samples]
-    out = {
-        "loss": sum(st.losses) / max(1, len(st.losses)),
-        "pg_loss": sums.get("pg_sum", 0.0) / ntok,
-        "kl": sums.get("kl_sum", 0.0) / ntok,
-        "entropy": sums.get("ent_sum", 0.0) / max(1.0, sums.get("ent_tokens", 0.0)),
-        "clip_frac": sums.get("clip_sum", 0.0) / ntok,
-        "ratio": sums.get("ratio_sum", 0.0) / ntok if sums.get("tokens") else 1.0,
-        "grad_norm": (sum(st.grad_norms) / len(st.grad_norms)) if st.grad_norms else 0.0,
-        "optimizer_steps": float(len(st.grad_norms)),
-        "nonfinite_skipped": float(st.nonfinite),
-        "n_seqs": float(len(samples)),
-        "n_tokens": float(sum(len(s.completion_ids) for s in samples)),
-        "trained_tokens": sums.get("tokens", 0.0),
-        "skipped_zero_adv": float(st.skipped),
-        "reward_mean": sum(rewards) / max(1, len(rewards)),  # a data-parallel rank may hold none
-        "adv_abs_mean": sum((sum(map(abs, s.token_adv)) / max(1, len(s.token_adv))) if s.token_adv else abs(s.advantage)
-                            for s in samples) / max(1, len(samples)),  # per token for token-level estimators
-        "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
-        "lp_mismatch_max": st.mismatch_max,
-    }
-    if algo.tis_cap is not None or algo.mis is not None:  # the trainer's own old logprobs against the rollout's
-        gaps = [abs(a - b) for s in samples for a, b in zip(s.old_logprobs, s.logprobs)]
-        out["lp_mismatch"] = sum(gaps) / max(1, len(gaps))
-        out["lp_mismatch_max"] = max(gaps, default=0.0)
-        out["tis_weight"] = sums.get("tis_sum", 0.0) / ntok
-    if algo.mis is not None:
-        out["mis_masked"] = sums.get("mis_masked_sum", 0.0) / ntok
-    shared = [x for x in samples if x.is_cap is not None]
-    if shared:  # importance weights of calls shared from other policies: this policy's before-update logprobs
-        ratios = [(math.exp(a - b), x.is_cap) for x in shared for a, b in zip(x.old_logprobs, x.logprobs)]
-        out["shared_is_weight"] = sum(min(r, c) for r, c in ratios) / max(1, len(ratios))
-        out["shared_is_capped"] = sum(r >= c for r, c in ratios) / max(1, len(ratios))
-    if critic is not None:  # the separate critic learns from this policy's calls and their returns
-        out.update(critic.fit(samples, algo.micro_batch_size, algo.value_clip))
-    elif needs_critic(algo):
-        out["value_loss"] = sums.get("vl_sum", 0.0) / ntok
-    return out
 
 
 def _micro_step(host, mb, algo, value_head, pad_id, n_tokens, n_seqs, layout, scale: float = 1.0) -> dict[str, float]:

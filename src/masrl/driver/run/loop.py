@@ -33,8 +33,8 @@ from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest
 from masrl.driver.run.budget import TimeBudget
-from masrl.driver.run.counterfactual import counterfactual_credit
-from masrl.driver.run.stream import TaskStream, flat_tasks, fresh_tasks, step_tasks
+from masrl.driver.run.stream import TaskStream
+from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
 from masrl.rewards import combine
 from masrl.seeding import stable_seed
@@ -186,42 +186,8 @@ class Trainer:
         return summary
 
     async def train_step(self) -> dict:
-        assert self.rt is not None
-        r = self.cfg.rollout
-        tasks = step_tasks(self.train_tasks, self.step, r.tasks_per_step, self.cfg.seed)
-        self._take_transfer()  # an evaluation's or a checkpoint's calls are not this step's
-        t0 = time.perf_counter()
-        traces = await self._rollout(tasks, r.samples_per_task, train=True, temperature=None,
-                                     seed=stable_seed(self.cfg.seed, "train", self.step),
-                                     label=f"step {self.step + 1} rollout")
-        extra = {}
-        cf = await self._counterfactual(traces, tasks, self.step)
-        if cf is not None:
-            extra["counterfactual"] = cf
-        self.rt.controller.assign_rewards(traces, {t.id: t for t in tasks})
-        refill = None
-        if r.dynamic_sampling:
-            traces, refill = await self._refill(tasks, traces)
-        t1 = time.perf_counter()
-        kl = self.rt.controller.policy_kl(self.cfg.train.policy_kl) if self.cfg.train.policy_kl else None
-        faults.point(f"update:{self.step + 1}")
-        with self.console.status(f"  step {self.step + 1} update"):
-            policies = self.rt.controller.update(traces)
-        t2 = time.perf_counter()
-        self.step += 1
-        rec = {"step": self.step, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout": summarize_traces(traces),
-               "policies": policies}
-        if kl is not None:
-            rec["policy_kl"] = kl
-        if refill is not None:
-            rec["dynamic_sampling"] = refill
-        rec.update(extra)
-        rec.update(self._take_memory())
-        moved = self._take_transfer()
-        if moved is not None:  # runtime.placement ray: what crossed between the driver and the actors this step
-            rec["transfer"] = moved
-        self.last_traces = traces
-        return rec
+        """One synchronous step (``sync_step``): its record for metrics.jsonl."""
+        return await sync_step(self)
 
     def async_rollouts(self) -> AsyncRollouts:
         """``rollout.mode: async``: episodes that keep running through updates, from this run's step on."""
@@ -245,45 +211,6 @@ class Trainer:
         per_gpu = memory_summary([row for w in self.rt.workers for row in w.take_memory()])
         peaks = [e["peak_gib"] for e in per_gpu.values() if "peak_gib" in e]
         return {"memory": per_gpu, "gpu_peak_gib": max(peaks)} if peaks else {}
-
-    async def _counterfactual(self, traces: list, tasks: list[Task], step: int, refill: int = 0) -> dict | None:
-        """``rollout.counterfactual``: each credited call's outcome minus its alternatives' mean, on the calls."""
-        cf = self.cfg.rollout.counterfactual
-        if cf is None:
-            return None
-        seed = stable_seed(self.cfg.seed, "train", step) if not refill else \
-            stable_seed(self.cfg.seed, "train", step, "refill", refill)  # the seed the traces were sampled with
-        return await counterfactual_credit(self.rt.controller, traces, {t.id: t for t in tasks}, k=cf.k,
-                                           agents=cf.agents, seed=seed, max_in_flight=self.cfg.rollout.max_in_flight)
-
-    async def _refill(self, tasks: list[Task], traces: list) -> tuple[list, dict]:
-        """``rollout.dynamic_sampling``: drop flat tasks' calls, roll out fresh tasks in their place."""
-        r, key = self.cfg.rollout, self.cfg.algorithm.group_key
-        used = {t.id for t in tasks}
-        flat = flat_tasks(traces, key)
-        dropped, rounds, extra = len(flat), 0, 0
-        self.rt.controller.drop_traces([t for t in traces if t.task_id in flat])
-        kept = len(used) - len(flat)
-        while kept < r.tasks_per_step and rounds < r.dynamic_sampling:
-            rounds += 1
-            more = fresh_tasks(self.train_tasks, used, r.tasks_per_step - kept,
-                               stable_seed(self.cfg.seed, "refill", self.step, rounds))
-            if not more:
-                break
-            used |= {t.id for t in more}
-            extra += len(more)
-            new = await self._rollout(more, r.samples_per_task, train=True, temperature=None,
-                                      seed=stable_seed(self.cfg.seed, "train", self.step, "refill", rounds),
-                                      label=f"step {self.step + 1} refill {rounds}")
-            await self._counterfactual(new, more, self.step, rounds)
-            self.rt.controller.assign_rewards(new, {t.id: t for t in more})
-            flat = flat_tasks(new, key)
-            self.rt.controller.drop_traces([t for t in new if t.task_id in flat])
-            dropped += len(flat)
-            kept += len(more) - len(flat)
-            traces = traces + new
-        return traces, {"flat_tasks_dropped": dropped, "refill_rounds": rounds, "extra_tasks": extra,
-                        "teaching_tasks": kept}
 
     # -- the run ---------------------------------------------------------------------------------
     async def run(self) -> dict:

@@ -245,3 +245,40 @@ def test_an_update_in_prefix_budget_chunks_equals_the_one_in_a_single_micro_batc
     with torch.no_grad():
         for p, s in zip(host.policy_parameters("p"), start):
             p.copy_(s)
+
+
+def test_prefix_chunks_of_multi_turn_calls_group_by_length_when_that_runs_fewer_tokens():
+    """A tool-calling agent's step: first turns (system + question) and second turns (that, the first
+    completion and a tool result). Each episode's turns together pad the short rows to the long ones;
+    first turns with first turns and second with second run fewer tokens, and are chosen."""
+    from masrl.worker.batching import _prefix_chunks
+
+    system = list(range(10, 60))
+    other = list(range(500, 550))  # another agent's system prompt on the same policy
+    rows = []
+    for q in range(4):
+        first = system + [1000 + q] * 5
+        for s in range(4):
+            done = [2000 + 10 * q + s] * 6
+            rows.append(Sample(f"q{q}s{s}t1", "p", list(first), done, [0.0], 1.0, {}))
+            rows.append(Sample(f"q{q}s{s}t2", "p", first + done + [3000 + s] * 40, [4] * 6, [0.0], 1.0, {}))
+    rows += [Sample(f"o{i}", "p", other + [7] * (3 + i), [5] * 4, [0.0], 1.0, {}) for i in range(3)]
+    chunks = micro_batches(rows, 8, layout="prefix")
+    assert sorted(s.call_id for c in chunks for s in c) == sorted(s.call_id for s in rows)
+    assert all(len(c) <= 8 for c in chunks)
+    assert all(len({s.prompt_ids[:16] == system[:16] for s in c}) == 1 for c in chunks)  # agents never mix
+    turns = [{s.call_id[-2:] for s in c if s.call_id[0] == "q"} for c in chunks]
+    assert sorted(map(sorted, turns)) == [[]] + [["t1"]] * 2 + [["t2"]] * 2  # by turn, not by episode
+    by_episode = _prefix_chunks(rows, 8)
+    assert sum(map(prefix_cost, chunks)) < 0.8 * sum(map(prefix_cost, by_episode))
+    # one call's samples alone (a GRPO group of one prompt): the token-order grouping already runs fewest
+    group = [Sample(f"g{i}", "p", system + [9] * 30, [6] * (2 + i), [0.0], 1.0, {}) for i in range(8)]
+    assert sum(map(prefix_cost, micro_batches(group, 8, layout="prefix"))) == prefix_cost(group) == 79 + 8 * 10
+    # under a token budget the same choice: fewer tokens than taking the rows in prompt order
+    from masrl.worker.batching import _budget_chunks
+
+    budget = micro_batches(rows, 8, layout="prefix", token_budget=600)
+    assert sorted(s.call_id for c in budget for s in c) == sorted(s.call_id for s in rows)
+    assert all(prefix_cost(c) <= 600 or len(c) == 1 for c in budget)
+    in_order = _budget_chunks(sorted(rows, key=lambda s: (s.prompt_ids, s.length)), 600, 16)
+    assert sum(map(prefix_cost, budget)) < 0.8 * sum(map(prefix_cost, in_order))

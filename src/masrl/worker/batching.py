@@ -137,7 +137,8 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
     """Split ``samples`` into forward/backward chunks.
 
     ``prefix``: chunks of at most ``size`` rows that share a prompt prefix (the few-shot part of
-    one agent's prompt), so each runs that prefix once; leftovers are length-sorted. With
+    one agent's prompt), so each runs that prefix once: rows grouped by their longest shared prefix
+    or by length under their agent's system prompt, whichever runs fewer tokens (``prefix_cost``). With
     ``token_budget``: chunks of rows that share a prefix, up to that many tokens counting the shared
     prefix once (``prefix_budget_chunks``). ``padded`` / ``packed``: rows sorted by length and filled
     greedily, up to ``size`` rows or, when ``token_budget`` is set, up to that many tokens (padded:
@@ -145,16 +146,9 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
     """
     if layout == "prefix" and token_budget is not None:
         return prefix_budget_chunks(samples, token_budget)
-    if layout == "prefix":
-        groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=16, max_group=size)
-        out, singles = [], []
-        for rows, plen in groups:
-            if plen > 0:
-                out.append([samples[i] for i in rows])
-            else:
-                singles.extend(samples[i] for i in rows)
-        singles.sort(key=lambda s: s.length)
-        return out + [singles[i : i + size] for i in range(0, len(singles), size)]
+    if layout == "prefix":  # whichever of two groupings runs fewer tokens
+        return min(_prefix_chunks(samples, size), _length_chunks(samples, size),
+                   key=lambda chunks: sum(prefix_cost(c) for c in chunks))
     order = sorted(samples, key=lambda s: s.length, reverse=True)
     out: list[list[Sample]] = []
     cur: list[Sample] = []
@@ -172,6 +166,36 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
     return out
 
 
+def _prefix_chunks(samples: list[Sample], size: int, min_prefix: int = 16) -> list[list[Sample]]:
+    """Rows in token order, so each chunk shares the longest prefix (a GRPO group's prompt, and an
+    episode's next turns after it); leftovers without one length-sorted."""
+    groups = group_by_prefix([s.prompt_ids for s in samples], min_prefix=min_prefix, max_group=size)
+    out, singles = [], []
+    for rows, plen in groups:
+        if plen > 0:
+            out.append([samples[i] for i in rows])
+        else:
+            singles.extend(samples[i] for i in rows)
+    singles.sort(key=lambda s: s.length)
+    return out + [singles[i : i + size] for i in range(0, len(singles), size)]
+
+
+def _length_chunks(samples: list[Sample], size: int, min_prefix: int = 16) -> list[list[Sample]]:
+    """Rows by the head of their prompt (one agent's system prompt), then by length: chunks share only
+    that head but pad little. An agent's first turns (short) and later turns (the conversation so far)
+    in separate chunks run fewer tokens than each episode's turns together, padded to the longest."""
+    out: list[list[Sample]] = []
+    cur: list[Sample] = []
+    for s in sorted(samples, key=lambda s: (s.prompt_ids[:min_prefix], s.length)):
+        if cur and (len(cur) >= size or s.prompt_ids[:min_prefix] != cur[0].prompt_ids[:min_prefix]):
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    if cur:
+        out.append(cur)
+    return out
+
+
 def prefix_cost(samples: list[Sample], min_prefix: int = 16) -> int:
     """Tokens a ``prefix``-layout micro-batch of ``samples`` runs: the shared prefix once, then every row
     padded to the longest rest (what ``make_batch`` lays out)."""
@@ -182,14 +206,22 @@ def prefix_cost(samples: list[Sample], min_prefix: int = 16) -> int:
 def prefix_budget_chunks(samples: list[Sample], token_budget: int, min_prefix: int = 16) -> list[list[Sample]]:
     """Chunks of at most ``token_budget`` tokens in the ``prefix`` layout (at least one row each).
 
-    Rows in prompt order, so the samples of one call (the same prompt: a GRPO group) sit together, then
-    calls that share only the system prompt; a row joins the chunk while the chunk's cost
-    (``prefix_cost``, kept as rows join) stays within the budget. Eight samples of one 2,900-token prompt
-    run that prompt once instead of eight times."""
+    A row joins the chunk while the chunk's cost (``prefix_cost``, kept as rows join) stays within the
+    budget; rows taken in prompt order (the samples of one call, a GRPO group, sit together, then calls
+    that share only the system prompt: eight samples of one 2,900-token prompt run it once instead of
+    eight times) or by length under their system prompt (a multi-turn agent's first turns apart from its
+    longer later ones), whichever runs fewer tokens."""
+    return min(_budget_chunks(sorted(samples, key=lambda s: (s.prompt_ids, s.length)), token_budget, min_prefix),
+               _budget_chunks(sorted(samples, key=lambda s: (s.prompt_ids[:min_prefix], s.length)), token_budget,
+                              min_prefix),
+               key=lambda chunks: sum(prefix_cost(c, min_prefix) for c in chunks))
+
+
+def _budget_chunks(order: list[Sample], token_budget: int, min_prefix: int) -> list[list[Sample]]:
     out: list[list[Sample]] = []
     cur: list[Sample] = []
     lcp = longest = 0
-    for s in sorted(samples, key=lambda s: (s.prompt_ids, s.length)):
+    for s in order:
         if cur:
             shared = min(lcp, common_prefix_len(cur[0].prompt_ids, s.prompt_ids), len(s.prompt_ids) - 1)
             P = shared if shared >= min_prefix else 0

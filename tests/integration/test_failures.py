@@ -161,7 +161,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     the worker, the trainer and the message are the real ones."""
     import torch
 
-    import masrl.worker.policy_worker as pw
+    import masrl.worker.updating as updating
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity of "
@@ -171,7 +171,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     data["algorithm"]["micro_batch_tokens"] = 16384
     tr = Trainer(load_config(data=data), run_dir=tmp_path)
     tr.prepare(resume=False)
-    monkeypatch.setattr(pw, "train_policy", out_of_memory)
+    monkeypatch.setattr(updating, "train_policy", out_of_memory)
     with pytest.raises(MasrlError) as info:
         asyncio.run(tr.train_step())
     msg = str(info.value)

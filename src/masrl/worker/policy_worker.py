@@ -372,7 +372,7 @@ class PolicyWorker(PolicyHost):
                 # data parallel: the ranks update together or not at all (a rank whose share of the
                 # calls is empty, as async rollouts can leave it, still joins the others' collectives)
                 if (self.dp.sum(float(len(samples))) if self.dp is not None else samples):
-                    metrics[name] = updating.update_policy(self, name, samples, len(extra))
+                    metrics[name] = self._update(name, samples, len(extra))
                     metrics[name].update(stale)
                 elif stale["stale_dropped"]:  # every call was too stale: no update, but say what was dropped
                     metrics[name] = stale
@@ -418,6 +418,10 @@ class PolicyWorker(PolicyHost):
             self.engine.at_boundary(swap)
         else:
             swap()
+
+    def _update(self, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
+        """One update of policy ``name`` (``updating.update_policy``); its metrics."""
+        return updating.update_policy(self, name, samples, n_shared)
 
     def _park_after_update(self, metrics: dict[str, dict[str, float]]) -> None:
         self.park()

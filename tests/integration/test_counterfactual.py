@@ -9,7 +9,7 @@ from tinycfg import prepared_trainer, tiny_config
 
 from masrl.agents import AgentRole
 from masrl.config import load_config
-from masrl.driver.run.counterfactual import branch_points, credit_from_branches
+from masrl.driver.run.sync_step import branch_points, credit_from_branches
 from masrl.errors import ConfigError
 from masrl.parsing import ParseResult
 from masrl.trace import Call, Trace

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,9 +15,6 @@ from masrl.algorithms.schedules import lr_factor
 from masrl.errors import MasrlError
 from masrl.worker import memory
 from masrl.worker.training import Sample, train_policy
-
-if TYPE_CHECKING:
-    from masrl.worker.policy_worker import PolicyWorker
 
 
 def fresh_samples(samples: list[Sample], version: int, max_staleness: int | None
@@ -34,9 +30,10 @@ def fresh_samples(samples: list[Sample], version: int, max_staleness: int | None
     return keep, stats
 
 
-def update_policy(w: PolicyWorker, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
-    """One update of policy ``name`` on worker ``w``; its metrics (``update_s``, ``lr``, offload and
-    GPU memory figures besides the loss terms ``train_policy`` returns)."""
+def update_policy(w, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
+    """One update of policy ``name`` on ``w`` (a ``PolicyWorker``, not imported here: that would import
+    in a circle); its metrics: ``update_s``, ``lr``, offload and GPU memory figures besides the loss
+    terms ``train_policy`` returns."""
     spec, opt = w.host.policies[name], w.optimizers[name]
     sched = spec.schedule
     lr = spec.optim.lr * lr_factor(w.updates[name], warmup=sched.warmup_updates, total=sched.total_updates,
@@ -76,7 +73,7 @@ def update_policy(w: PolicyWorker, name: str, samples: list[Sample], n_shared: i
     return m
 
 
-def _oom_message(w: PolicyWorker, name: str, held_before: int, e: Exception) -> str:
+def _oom_message(w, name: str, held_before: int, e: Exception) -> str:
     free = total = 0
     if w.device.startswith("cuda"):
         with contextlib.suppress(Exception):  # the device may be past answering

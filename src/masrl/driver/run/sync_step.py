@@ -2,26 +2,34 @@
 (``rollout.counterfactual``), assign rewards, replace the tasks that teach nothing
 (``rollout.dynamic_sampling``), then update every policy. The asynchronous loop's steps are
 ``async_loop.py``; the run around both (evaluations, checkpoints, keep-best) is ``loop.py``.
+
+Counterfactual credit per call, what did this call change about the outcome? For every call of the
+agents chosen (``rollout.counterfactual``), the trace is re-run from that call
+``k`` times: the calls before it are replayed from the record (the seeded per-call sampling would
+give the same tokens; replaying them costs nothing), the call itself is sampled again with another
+seed, and the rest of the workflow runs on from there. The call's credit is the trace's outcome
+minus the mean outcome of those alternatives: a verifier whose verdict made no difference earns 0;
+a refiner whose fix turned a wrong answer right, where its alternatives did not, earns up to 1.
+The ``counterfactual`` reward pays it. The branches never train, and their cost (calls sampled) is
+reported per step, next to the rollout's own calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from masrl.data.tasks import Task
 from masrl.driver import faults
 from masrl.driver.observe.metrics import summarize_traces
-from masrl.driver.run.counterfactual import counterfactual_credit
 from masrl.driver.run.stream import flat_tasks, fresh_tasks, step_tasks
 from masrl.seeding import stable_seed
-
-if TYPE_CHECKING:
-    from masrl.driver.run.loop import Trainer
+from masrl.trace import Trace
 
 
-async def sync_step(t: Trainer) -> dict:
-    """Step ``t.step + 1`` of trainer ``t``; its record (timings, rollout summary, policy metrics)."""
+async def sync_step(t) -> dict:
+    """Step ``t.step + 1`` of ``t`` (a ``loop.Trainer``, not imported here: that would import in a
+    circle); its record (timings, rollout summary, policy metrics)."""
     assert t.rt is not None
     cfg, r = t.cfg, t.cfg.rollout
     tasks = step_tasks(t.train_tasks, t.step, r.tasks_per_step, cfg.seed)
@@ -56,7 +64,7 @@ async def sync_step(t: Trainer) -> dict:
     return rec
 
 
-async def step_counterfactual(t: Trainer, traces: list, tasks: list[Task], refill: int = 0) -> dict | None:
+async def step_counterfactual(t, traces: list, tasks: list[Task], refill: int = 0) -> dict | None:
     """``rollout.counterfactual``: each credited call's outcome minus its alternatives' mean, on the calls;
     the step's cost and spread (None when the option is off). ``refill``: the dynamic-sampling round the
     traces came from (their sampling seed)."""
@@ -69,7 +77,7 @@ async def step_counterfactual(t: Trainer, traces: list, tasks: list[Task], refil
                                        agents=cf.agents, seed=seed, max_in_flight=t.cfg.rollout.max_in_flight)
 
 
-async def refill_flat_tasks(t: Trainer, tasks: list[Task], traces: list) -> tuple[list, dict]:
+async def refill_flat_tasks(t, tasks: list[Task], traces: list) -> tuple[list, dict]:
     """``rollout.dynamic_sampling``: drop flat tasks' calls (``stream.flat_tasks``), roll out fresh tasks
     in their place, up to that many extra rounds; the traces to train on and what was done."""
     r, key = t.cfg.rollout, t.cfg.algorithm.group_key
@@ -97,3 +105,45 @@ async def refill_flat_tasks(t: Trainer, tasks: list[Task], traces: list) -> tupl
         traces = traces + new
     return traces, {"flat_tasks_dropped": dropped, "refill_rounds": rounds, "extra_tasks": extra,
                     "teaching_tasks": kept}
+
+
+# -- counterfactual credit ---------------------------------------------------------------------------
+def branch_points(traces: list[Trace], agents: list[str] | None, k: int) -> list[tuple[Trace, int, int]]:
+    """``(trace, call index, alternative)`` for every call to credit: calls of ``agents`` (None: all)
+    in traces that did not fail and have an outcome."""
+    return [(tr, j, a) for tr in traces if not tr.failed and "outcome" in tr.metrics
+            for j, c in enumerate(tr.calls) if agents is None or c.agent in agents for a in range(k)]
+
+
+def credit_from_branches(points: list[tuple[Trace, int, int]], branches: list[Trace]) -> dict[str, float]:
+    """Set ``call.counterfactual`` on every credited call; returns the step's cost and spread."""
+    alts: dict[tuple[str, int], list[float]] = {}
+    calls = failed = 0
+    for (tr, j, _), br in zip(points, branches):
+        calls += max(0, len(br.calls) - j)  # what the branch sampled: the branched call and what followed
+        if br.failed or "outcome" not in br.metrics:
+            failed += 1
+            continue
+        alts.setdefault((tr.trace_id, j), []).append(float(br.metrics["outcome"]))
+    credited = []
+    for tr, j, a in points:
+        got = alts.get((tr.trace_id, j))
+        if a == 0 and got:
+            c = tr.calls[j]
+            c.counterfactual = float(tr.metrics["outcome"]) - sum(got) / len(got)
+            credited.append(c.counterfactual)
+    return {"branches": float(len(points)), "failed_branches": float(failed), "calls": float(calls),
+            "credited_calls": float(len(credited)),
+            "mean_abs_credit": sum(map(abs, credited)) / len(credited) if credited else 0.0,
+            "nonzero_credit": sum(1 for x in credited if abs(x) > 1e-9) / len(credited) if credited else 0.0}
+
+
+async def counterfactual_credit(controller, traces: list[Trace], tasks: dict[str, Task], *, k: int,
+                                agents: list[str] | None, seed: int | None, max_in_flight: int) -> dict[str, float]:
+    points = branch_points(traces, agents, k)
+    sem = asyncio.Semaphore(max_in_flight)
+    branches = await asyncio.gather(*[controller.run_branch(tasks[tr.task_id], tr, j, a, sem, seed)
+                                      for tr, j, a in points])
+    stats = credit_from_branches(points, list(branches))
+    stats["rollout_calls"] = float(sum(len(t.calls) for t in traces))
+    return stats

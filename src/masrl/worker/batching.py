@@ -149,17 +149,23 @@ def micro_batches(samples: list[Sample], size: int, *, layout: str = "prefix",
     if layout == "prefix":  # whichever of two groupings runs fewer tokens
         return min(_prefix_chunks(samples, size), _length_chunks(samples, size),
                    key=lambda chunks: sum(prefix_cost(c) for c in chunks))
-    order = sorted(samples, key=lambda s: s.length, reverse=True)
+
+    def fits(cur: list[Sample], s: Sample) -> bool:
+        n = len(cur) + 1
+        cost = sum(x.length for x in cur) + s.length if layout == "packed" else n * cur[0].length
+        return cost <= token_budget if token_budget is not None else n <= size
+
+    return _fill(sorted(samples, key=lambda s: s.length, reverse=True), fits)
+
+
+def _fill(order: list[Sample], fits) -> list[list[Sample]]:
+    """``order`` cut into chunks: a row joins the current chunk while ``fits(chunk, row)``, else starts one."""
     out: list[list[Sample]] = []
     cur: list[Sample] = []
     for s in order:
-        if cur:
-            n = len(cur) + 1
-            cost = sum(x.length for x in cur) + s.length if layout == "packed" else n * cur[0].length
-            over = cost > token_budget if token_budget is not None else n > size
-            if over:
-                out.append(cur)
-                cur = []
+        if cur and not fits(cur, s):
+            out.append(cur)
+            cur = []
         cur.append(s)
     if cur:
         out.append(cur)
@@ -184,16 +190,11 @@ def _length_chunks(samples: list[Sample], size: int, min_prefix: int = 16) -> li
     """Rows by the head of their prompt (one agent's system prompt), then by length: chunks share only
     that head but pad little. An agent's first turns (short) and later turns (the conversation so far)
     in separate chunks run fewer tokens than each episode's turns together, padded to the longest."""
-    out: list[list[Sample]] = []
-    cur: list[Sample] = []
-    for s in sorted(samples, key=lambda s: (s.prompt_ids[:min_prefix], s.length)):
-        if cur and (len(cur) >= size or s.prompt_ids[:min_prefix] != cur[0].prompt_ids[:min_prefix]):
-            out.append(cur)
-            cur = []
-        cur.append(s)
-    if cur:
-        out.append(cur)
-    return out
+    def head(s: Sample) -> list[int]:
+        return s.prompt_ids[:min_prefix]
+
+    return _fill(sorted(samples, key=lambda s: (head(s), s.length)),
+                 lambda cur, s: len(cur) < size and head(s) == head(cur[0]))
 
 
 def prefix_cost(samples: list[Sample], min_prefix: int = 16) -> int:

@@ -2,7 +2,8 @@
 SmolLM2-135M-Instruct, about equal training calls, then both side by side on the same held-out
 questions.
 
-    .venv/bin/python scripts/cpu_team_vs_agent.py [--seed 0] [--steps 6] [--out runs/cpu-team-vs-agent] [KEY=VALUE ...]
+    .venv/bin/python scripts/cpu_team_vs_agent.py [--seed 0] [--steps 6] [--out runs/cpu-team-vs-agent]
+        [--side-by-side auto|on|off] [KEY=VALUE ...]
 
 The team (planner, searcher, summarizer, updater, answerer on one model; 6 calls a question) trains
 on 2 questions x 4 samples a step; the agent (one model that calls `search` itself, up to 3 calls,
@@ -12,14 +13,21 @@ arms. Both are scored (token F1 against the gold answers, greedy) on 32 held-out
 and after. A run that finished is not run again. `--precision auto` (the default) trains in bf16 (fp32 master
 weights) where the CPU has bf16 units, about 1.6x faster a step, else in fp32. What it showed (docs/results.md): in 6 CPU steps
 the team is not ahead (seeds 0-2); on a GPU, 100 steps, the two end level.
+
+`--side-by-side auto` (the default) trains the two arms at once where the machine has at least 2 cores,
+each in its own process on half the cores (`threads=`), its lines prefixed with the arm's name and kept
+in the run's `train.log`: on 2 cores the demo took 12.8 minutes instead of 16.3 one arm after the other
+(docs/benchmarks.md). Each arm's minutes are then its own wall-clock while sharing the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,17 +41,56 @@ ARMS = {
 }
 
 
+def arm_command(config: str, overrides: list[str], out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "masrl.cli", "train", config, *overrides, f"output_dir={out}"]
+    return [*cmd, "--resume"] if out.exists() else cmd
+
+
 def run_arm(config: str, overrides: list[str], out: Path) -> float:
     """Train one arm (unless it finished before); returns the seconds it took."""
     if (out / "eval_after.json").is_file():
         return 0.0
-    cmd = [sys.executable, "-m", "masrl.cli", "train", config, *overrides, f"output_dir={out}"]
-    if out.exists():
-        cmd.append("--resume")
+    cmd = arm_command(config, overrides, out)
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
     subprocess.run(cmd, cwd=ROOT, check=True)
     return time.perf_counter() - t0
+
+
+def run_side_by_side(arms: dict[str, tuple[str, list[str], Path]]) -> dict[str, float]:
+    """Train the arms at once, each in its own process; every line an arm prints is shown prefixed with
+    its name and kept in its output folder's ``train.log``. Returns each arm's seconds (0: done before);
+    an arm that fails stops the demo with its name, exit code and log."""
+    procs, took, t0 = {}, {}, time.perf_counter()
+    for name, (config, overrides, out) in arms.items():
+        if (out / "eval_after.json").is_file():
+            took[name] = 0.0
+            continue
+        cmd = arm_command(config, overrides, out)
+        print(f"[{name}] $", " ".join(cmd[2:]), flush=True)
+        out.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        reader = threading.Thread(target=_relay, args=(name, proc, out / "train.log"), daemon=True)
+        reader.start()
+        procs[name] = (proc, reader)
+    failed = []
+    for name, (proc, reader) in procs.items():
+        rc = proc.wait()
+        reader.join()
+        took[name] = time.perf_counter() - t0
+        if rc != 0:
+            failed.append(f"{name} exited with {rc} (its log: {arms[name][2] / 'train.log'})")
+    if failed:
+        raise SystemExit("[demo] " + "; ".join(failed))
+    return took
+
+
+def _relay(name: str, proc: subprocess.Popen, log: Path) -> None:
+    with log.open("a") as f:
+        for line in proc.stdout:
+            f.write(line)
+            f.flush()
+            print(f"[{name}] {line}", end="", flush=True)
 
 
 def summary(out: Path) -> dict:
@@ -62,22 +109,31 @@ def main() -> None:
     ap.add_argument("--out", default="runs/cpu-team-vs-agent")
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="auto: bf16 where this CPU has bf16 units (avx512_bf16 / amx_bf16: ~1.6x faster), else fp32")
+    ap.add_argument("--side-by-side", choices=["auto", "on", "off"], default="auto",
+                    help="train both arms at once, each on half the cores (auto: where there are at least 2)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides for both arms")
     a = ap.parse_args()
     precision = a.precision if a.precision != "auto" else ("bf16" if cpu_bf16_units() else "fp32")
     print(f"[demo] precision={precision} (bf16 weights with fp32 master weights where the CPU computes bf16 natively; "
           f"--precision fp32 for the fp32 figures)", flush=True)
+    cores = os.cpu_count() or 1
+    together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
-              *a.overrides]
-    took, rows = {}, {}
-    for name, (config, own) in ARMS.items():
-        out = ROOT / a.out / f"{name.split()[-1]}-seed{a.seed}"
-        took[name] = run_arm(config, [*common, *own], out)
-        rows[name] = summary(out)
+              *([f"threads={max(1, cores // 2)}"] if together else []), *a.overrides]
+    arms = {name: (config, [*common, *own], ROOT / a.out / f"{name.split()[-1]}-seed{a.seed}")
+            for name, (config, own) in ARMS.items()}
+    if together:
+        print(f"[demo] the two arms train side by side, each on {max(1, cores // 2)} of {cores} cores "
+              f"(--side-by-side off: one after the other on all of them)", flush=True)
+        took = run_side_by_side(arms)
+    else:
+        took = {name: run_arm(*arm) for name, arm in arms.items()}
+    rows = {name: summary(out) for name, (_, _, out) in arms.items()}
     n = rows["search team"]["questions"]
     print(f"\nheld-out: {n} questions never trained on, token F1 of the final answer (greedy), seed {a.seed}, "
           f"{a.steps} training steps on this CPU, precision {precision}")
-    print("| arm | F1 before -> after | exact match after | training calls | calls per question | minutes |")
+    minutes = "minutes (side by side)" if together else "minutes"
+    print(f"| arm | F1 before -> after | exact match after | training calls | calls per question | {minutes} |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, r in rows.items():
         mins = f"{took[name] / 60:.1f}" if took[name] else "(done before)"

@@ -37,5 +37,25 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     team_calls = float(rows["search team"].group(5))
     assert 2 < team_calls <= 6  # the team: planner and answerer, then searcher, summarizer, updater per turn
     assert "The trained team is" in r.stdout and "single agent" in r.stdout
+    # on 2+ cores the arms train at once, each on half of them: every line shown with its arm's name, and kept
+    assert "side by side, each on" in r.stdout and "minutes (side by side)" in r.stdout
+    for arm, folder in (("search team", "team-seed3"), ("one search agent", "agent-seed3")):
+        log = (out / folder / "train.log").read_text()
+        assert "step 1/1" in log and f"[{arm}] " + log.splitlines()[0] in r.stdout
+        assert f"threads={max(1, (os.cpu_count() or 1) // 2)}" in (out / folder / "config.yaml").read_text().replace(": ", "=")
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("(done before)") == 2  # a finished arm is not run again
+
+
+def test_an_arm_that_fails_stops_the_demo_with_its_name_and_log_while_the_other_trains(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    # an option only the team's workflow takes: the single agent's config is rejected, the team's is not
+    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--seed", "3", "--steps", "1",
+           "--side-by-side", "on", "--out", str(out), *SMALL, "workflow.options.max_turns=1"]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "one search agent exited with" in r.stderr and str(out / "agent-seed3" / "train.log") in r.stderr
+    assert "max_turns" in (out / "agent-seed3" / "train.log").read_text()  # the arm's own error, kept
+    assert (out / "team-seed3" / "eval_after.json").is_file()  # the other arm was not cut short
+    assert "search team exited" not in r.stderr

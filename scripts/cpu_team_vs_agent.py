@@ -47,9 +47,7 @@ def arm_command(config: str, overrides: list[str], out: Path) -> list[str]:
 
 
 def run_arm(config: str, overrides: list[str], out: Path) -> float:
-    """Train one arm (unless it finished before); returns the seconds it took."""
-    if (out / "eval_after.json").is_file():
-        return 0.0
+    """Train one arm; returns the seconds it took."""
     cmd = arm_command(config, overrides, out)
     print("$", " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
@@ -59,38 +57,32 @@ def run_arm(config: str, overrides: list[str], out: Path) -> float:
 
 def run_side_by_side(arms: dict[str, tuple[str, list[str], Path]]) -> dict[str, float]:
     """Train the arms at once, each in its own process; every line an arm prints is shown prefixed with
-    its name and kept in its output folder's ``train.log``. Returns each arm's seconds (0: done before);
+    its name and kept in its output folder's ``train.log``. Returns each arm's seconds, to its own end;
     an arm that fails stops the demo with its name, exit code and log."""
-    procs, took, t0 = {}, {}, time.perf_counter()
+    t0, took, codes, readers = time.perf_counter(), {}, {}, []
     for name, (config, overrides, out) in arms.items():
-        if (out / "eval_after.json").is_file():
-            took[name] = 0.0
-            continue
         cmd = arm_command(config, overrides, out)
         print(f"[{name}] $", " ".join(cmd[2:]), flush=True)
         out.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        reader = threading.Thread(target=_relay, args=(name, proc, out / "train.log"), daemon=True)
-        reader.start()
-        procs[name] = (proc, reader)
-    failed = []
-    for name, (proc, reader) in procs.items():
-        rc = proc.wait()
-        reader.join()
-        took[name] = time.perf_counter() - t0
-        if rc != 0:
-            failed.append(f"{name} exited with {rc} (its log: {arms[name][2] / 'train.log'})")
+
+        def relay(name=name, proc=proc, log=out / "train.log") -> None:
+            with log.open("a") as f:
+                for line in proc.stdout:
+                    f.write(line)
+                    f.flush()
+                    print(f"[{name}] {line}", end="", flush=True)
+            codes[name] = proc.wait()
+            took[name] = time.perf_counter() - t0
+
+        readers.append(threading.Thread(target=relay, daemon=True))
+        readers[-1].start()
+    for r in readers:
+        r.join()
+    failed = [f"{name} exited with {rc} (its log: {arms[name][2] / 'train.log'})" for name, rc in codes.items() if rc]
     if failed:
         raise SystemExit("[demo] " + "; ".join(failed))
     return took
-
-
-def _relay(name: str, proc: subprocess.Popen, log: Path) -> None:
-    with log.open("a") as f:
-        for line in proc.stdout:
-            f.write(line)
-            f.flush()
-            print(f"[{name}] {line}", end="", flush=True)
 
 
 def summary(out: Path) -> dict:
@@ -117,17 +109,20 @@ def main() -> None:
     print(f"[demo] precision={precision} (bf16 weights with fp32 master weights where the CPU computes bf16 natively; "
           f"--precision fp32 for the fp32 figures)", flush=True)
     cores = os.cpu_count() or 1
+    threads = max(1, cores // 2)
     together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
-              *([f"threads={max(1, cores // 2)}"] if together else []), *a.overrides]
+              *([f"threads={threads}"] if together else []), *a.overrides]
     arms = {name: (config, [*common, *own], ROOT / a.out / f"{name.split()[-1]}-seed{a.seed}")
             for name, (config, own) in ARMS.items()}
+    todo = {name: arm for name, arm in arms.items() if not (arm[2] / "eval_after.json").is_file()}  # not run again
+    took = dict.fromkeys(arms, 0.0)
     if together:
-        print(f"[demo] the two arms train side by side, each on {max(1, cores // 2)} of {cores} cores "
+        print(f"[demo] the two arms train side by side, each on {threads} of {cores} cores "
               f"(--side-by-side off: one after the other on all of them)", flush=True)
-        took = run_side_by_side(arms)
+        took.update(run_side_by_side(todo))
     else:
-        took = {name: run_arm(*arm) for name, arm in arms.items()}
+        took.update({name: run_arm(*arm) for name, arm in todo.items()})
     rows = {name: summary(out) for name, (_, _, out) in arms.items()}
     n = rows["search team"]["questions"]
     print(f"\nheld-out: {n} questions never trained on, token F1 of the final answer (greedy), seed {a.seed}, "

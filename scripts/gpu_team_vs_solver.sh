@@ -149,7 +149,7 @@ done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver*|reading_agent*) ;; *) continue ;; esac
+    case $name in solver*|code_solver*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
     for s in $SEEDS; do
       "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \

@@ -45,9 +45,12 @@
 #   reading_team12p48ae, reading_team12p48ad   reading_team12p48a keeping the readers' picks diverse (they collapse onto one
 #                                     pick per chunk by step 10): readers at temperature 1.0 with an entropy bonus of 0.01,
 #                                     or dynamic sampling (2 refill rounds for groups whose rewards are all equal)
-# two-hop reading (24 passages, qa_world level 2; CALLS a multiple of 64, e.g. 256 or 320, for equal calls):
+# two-hop reading (24 passages, qa_world level 2; CALLS a multiple of 64, e.g. 256 or 320, for equal calls; 320
+#   also suits the 5-call reading_hops_pick):
 #   reading_hops                      3 readers of 8 name the passage the question names, a bridger names what it
 #                                     leads to, 3 readers name that one's passage, an answerer answers (8 calls)
+#   reading_hops_pick                 3 readers of 8 name the passage the question names, a bridger picks the title it
+#                                     leads to from the numbered titles of all 24, an answerer reads that passage (5 calls)
 #   reading_hops_agent                one call reads all 24 and answers (a worked example of each kind of two-hop question)
 #   reading_hops_agentb               the same, naming the bridge first, paid the mean of its F1 and the answer's
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
@@ -137,6 +140,7 @@ for a in ${ARMS:-team_roles solver}; do
       agents.agent.temperature=1.0 algorithm.entropy_coef=0.01 ;;
     reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
     reading_hops) arm reading_hops configs/reading_hops.yaml $(math 8) ;;
+    reading_hops_pick) arm reading_hops_pick configs/reading_hops.yaml $(math 5) workflow.options.bridger=pick ;;
     reading_hops_agent) arm reading_hops_agent configs/reading_hops_agent.yaml $(math 1) ;;
     reading_hops_agentb) arm reading_hops_agentb configs/reading_hops_agent.yaml $(math 1) workflow.options.bridge=true ;;
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \

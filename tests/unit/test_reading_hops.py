@@ -7,7 +7,8 @@ from helpers import run_scripted
 
 from masrl.config import load_config
 from masrl.data.qa_tasks import world_tasks
-from masrl.errors import DataError
+from masrl.errors import ConfigError, DataError
+from masrl.workflows import build_workflow
 from masrl.workflows.reading_hops import HOP_CASES, ReadingHops, ReadingHopsAgent, title_of
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -87,3 +88,39 @@ def test_a_task_without_a_bridge_says_which_levels_to_set():
 def test_the_shipped_two_hop_configs_load(name):
     cfg = load_config(CONFIGS / name)
     assert cfg.data.train.levels == [2] and cfg.data.world.context_docs == 24
+
+
+def test_the_picking_bridger_chooses_a_title_and_the_answerer_reads_that_passage():
+    t = _task("In which city is the employer of")
+    ctx, bridge, gold = t.meta["context"], t.meta["bridge"], t.answer[0]
+    person = t.question.removeprefix("In which city is the employer of ").removesuffix(" headquartered?")
+    c1, w1 = _where(ctx, person)
+    at = next(i for i, p in enumerate(ctx) if title_of(p) == title_of(bridge + ": x"))
+    first = ["<doc>1</doc>"] * 3
+    first[c1] = f"<doc>{w1 + 1}</doc>"
+    team = ReadingHops(bridger="pick")
+    tr, engine = run_scripted(team, t, {"reader": first, "bridger": [f"<doc>{at + 1}</doc>"],
+                                        "answerer": [f"<answer>{gold}</answer>"]})
+    assert [c.agent for c in tr.calls] == ["reader"] * 3 + ["bridger", "answerer"]  # 5 calls, no second round
+    asked = [g.messages[-1]["content"] for _, g in engine.seen]
+    assert ctx[8 * c1 + w1] in asked[3]  # the bridger reads the first round's picks ...
+    listed = asked[3].split("Titles:\n", 1)[1].splitlines()
+    assert listed == [f"{i}. {p.partition(':')[0]}" for i, p in enumerate(ctx, 1)]  # ... and every title, numbered
+    assert ctx[at] in asked[4] and asked[4].endswith(f"It leads to: {bridge}") and asked[4].count("\n[") == 1
+    assert tr.calls[3].credit == 1.0 and tr.calls[4].credit == 1.0
+    assert tr.metrics["bridge/f1"] == tr.metrics["f1"] == tr.metrics["answerer/covered"] == 1.0
+    assert "hop2/accuracy" not in tr.metrics
+    # the asked person's own title, then a number past the list: no credit; the second leaves the answerer nothing
+    own = next(i for i, p in enumerate(ctx) if title_of(p) == title_of(person + ": x"))
+    tr, engine = run_scripted(team, t, {"reader": first, "bridger": [f"<doc>{own + 1}</doc>"],
+                                        "answerer": ["<answer>x</answer>"]})
+    assert tr.calls[3].credit == 0.0 and engine.seen[4][1].messages[-1]["content"].endswith(f"It leads to: {person}")
+    tr, engine = run_scripted(team, t, {"reader": first, "bridger": ["<doc>25</doc>"], "answerer": ["<answer>x</answer>"]})
+    shown = engine.seen[4][1].messages[-1]["content"]
+    assert tr.calls[3].credit == 0.0 and "\n[" not in shown and tr.metrics["answerer/covered"] == 0.0
+
+
+def test_an_unknown_bridger_names_both_choices():
+    with pytest.raises(ConfigError, match="workflow.options for 'reading_hops'.*'name'.*'pick'.*'write'"):
+        build_workflow("reading_hops", {"bridger": "write"})
+    assert build_workflow("reading_hops", {"bridger": "pick"}).roles()["bridger"].default_stop == ("</doc>",)

@@ -21,13 +21,12 @@ from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import WeightEMA
 from masrl.config import AlgorithmConfig
 from masrl.engines.base import Engine, make_engine
-from masrl.messages import GenCall, GenRequest, GenResult
+from masrl.messages import GenCall, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.worker import memory, saving, updating
+from masrl.worker import generating, memory, saving, updating
 from masrl.worker.hosting import ModelHost
 from masrl.worker.interface import PolicyHost
-from masrl.worker.logprobs import token_logprobs
 from masrl.worker.offload import PinnedStash
 from masrl.worker.precision import MasterWeightsAdamW, param_dtype
 from masrl.worker.prompts import PromptRenderer
@@ -152,26 +151,9 @@ class PolicyWorker(PolicyHost):
             if self.host.policies[name].shard_optimizer:
                 opt.shard(rank, world)
         if self.fsdp:
-            self._shard(world)
+            from masrl.worker.sharding import shard_worker
 
-    def _shard(self, world: int) -> None:
-        """policies.X.fsdp: shard the model over the ranks (worker.sharding); the optimizer then steps
-        the fp32 shards, which are their own masters."""
-        from masrl.worker.sharding import ShardedPolicy
-
-        self.host.sharded = ShardedPolicy(self.host, world, self.copy.dtype)
-        self.copy.sharded = self.host.sharded
-        if self.host.reference is not None:  # algorithm.kl_coef > 0: the frozen reference, sharded alike
-            self.host.sharded_reference = ShardedPolicy(self.host, world, self.copy.dtype, module=self.host.reference)
-        for name in list(self.optimizers):
-            o = self.host.policies[name].optim
-            self.optimizers[name] = MasterWeightsAdamW(self.host.policy_parameters(name), lr=o.lr, betas=o.betas,
-                                                       eps=o.eps, weight_decay=o.weight_decay)
-        params = list(self.host.model.parameters())
-        held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
-        print(f"[masrl] {self.name}: FSDP2 over {world} ranks, this rank holds {held / 1e6:,.1f}M of "
-              f"{sum(p.numel() for p in params) / 1e6:,.1f}M parameters (fp32), computes in {self.copy.dtype}",
-              file=sys.stderr, flush=True)
+            shard_worker(self, world)
 
     def get_tokenizer(self):
         return self.host.tokenizer
@@ -180,7 +162,6 @@ class PolicyWorker(PolicyHost):
         """This process: its name, pid and device; inside a Ray actor also the node id and the GPUs
         Ray gave it (it sees them as cuda:0, cuda:1, ...)."""
         import os
-        import sys
 
         at = {"name": self.name, "pid": os.getpid(), "device": self.device}
         ray = sys.modules.get("ray")
@@ -240,68 +221,9 @@ class PolicyWorker(PolicyHost):
             self._ema_stash.back([t for e in self.emas.values() for t in e.shadow])
 
     def generate(self, calls: list[GenCall], on_result=None) -> list[GenResult | Exception]:
-        """Each call is checked, rendered and tokenised on its own, so one bad prompt fails its own
-        call (a ``PromptError`` in its place) and the others run as one engine batch. ``on_result(i,
-        result)``, for a host whose engine joins batches (``joins_batches``): told of call ``i`` as soon
-        as it finishes, before the batch's last call does (calls that ask for ``logprobs`` are scored
-        after the batch, and told then)."""
-        self._resident()
-        limit = self.context_limit()
-        prompts = self.prompts.prepare(calls, limit)
-        live = [i for i, p in enumerate(prompts) if not isinstance(p, Exception)]
-        requests = [GenRequest(prompts[i], calls[i].sampling, adapter=self.host.adapter_for(calls[i].policy),
-                               seed=calls[i].seed) for i in live]
-        done: dict[int, GenResult | Exception] = {}
-        versions: dict[str, int] = {}
-        early = None
-        if on_result is not None and self.joins_batches:
-            def early(j, o):  # from the engine's stepping thread, between two steps
-                i = live[j]
-                if calls[i].logprobs is None:
-                    done[i] = self._result(calls[i], prompts[i], o, versions)
-                    on_result(i, done[i])
-        # each call's version: the weights it started on (with swaps_mid_call later tokens may be newer;
-        # without, a publish waits for this batch, so they are the batch's weights throughout)
-        with contextlib.nullcontext() if self.swaps_mid_call else self._engine_lock:
-            versions.update(self.published)
-            outputs = []
-            if requests:  # (an engine that cannot tell calls one by one is never given on_done)
-                outputs = self.engine.generate(requests, early) if early else self.engine.generate(requests)
-        output_of = dict(zip(live, outputs))
-        results: list[GenResult | Exception] = []
-        for i, c in enumerate(calls):
-            if i not in done:
-                if isinstance(prompts[i], Exception):  # that call alone fails; the engine never sees it
-                    self.prompts.pending.pop(c.call_id, None)
-                    done[i] = prompts[i]
-                else:
-                    done[i] = self._result(c, prompts[i], output_of[i], versions)
-            results.append(done[i])
-        return results
-
-    def _result(self, c: GenCall, p: list[int], o, versions: dict) -> GenResult | Exception:
-        """One call's engine output made its result, the sample kept for training."""
-        if isinstance(o, Exception):  # the engine refused this call alone
-            self.prompts.pending.pop(c.call_id, None)
-            return o
-        self.prompts.remember(c.call_id, p, o.completion_ids)
-        version = versions.get(c.policy, 0)
-        if c.record and self.host.policies[c.policy].trainable:
-            sample = Sample(c.call_id, c.policy, p, o.completion_ids, o.logprobs, c.sampling.temperature,
-                            dict(c.key), version=version)
-            with self._buffer_lock:
-                self.buffer[c.call_id] = sample
-        return GenResult(c.call_id, o.text, len(p), len(o.completion_ids), o.finish_reason, version,
-                         logprobs=None if c.logprobs is None else self._logprobs(c, p, o))
-
-    def _logprobs(self, c: GenCall, prompt: list[int], o) -> list[dict]:
-        """``c``'s token logprobs (``worker.logprobs``), over the weights that sampled: the engine's copy
-        when it has one, read between publishes."""
-        model = self.copy.model if self.copy is not None else self.host.model
-        with self._engine_lock:
-            return token_logprobs(self.host.tokenizer, o, c.logprobs, model=model, prompt=prompt,
-                                  temperature=c.sampling.temperature, adapter=self.host.adapter_for(c.policy),
-                                  lora=self.host.is_lora)
+        """Each call checked, rendered and tokenised on its own, then one engine batch
+        (``worker.generating``)."""
+        return generating.generate(self, calls, on_result)
 
     def context_limit(self) -> int:
         """The most tokens a prompt and its completion may hold (the model's position limit)."""

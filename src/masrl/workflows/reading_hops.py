@@ -12,9 +12,17 @@ to (the bridge: Dalen Morvik, born in 1950). Each task carries its passages in `
   reader    (x chunks) names the passage of its chunk about that bridge                (<doc>n</doc>)
   answerer  reads the second round's picks, told the bridge, and answers            (<answer>text</answer>)
 The work splits twice: by passages (each reader sees ``docs_per_reader``) and by hops (no call has to
-find two passages and chain them). Credit: a reader whose chunk holds what its round looks for (the
-passage the question names in round one, the bridge's own in round two) earns 1 when its pick holds it and 0 when not, a
-reader whose chunk lacks it earns none; the bridger earns its bridge's token F1, the answerer the answer's.
+find two passages and chain them). Credit: a reader whose chunk holds what its round looks for (the passage
+the question names in round one, the bridge's own in round two) earns 1 when its pick holds it and 0 when
+not, a reader whose chunk lacks it earns none; the bridger earns its bridge's token F1, the answerer the
+answer's.
+
+``bridger: pick`` (5 calls a question) has the bridger choose instead of write: it reads the first round's
+picks and the numbered titles of every passage and names the title the question leads to
+(``<doc>n</doc>``, paid 1 when that title is the bridge); the answerer then reads that passage, and there
+is no second reading round. A choice among titles that stand in the picked passage's text is a copying
+match a small model can hit by chance and learn from, where a written name paid its F1 starts near zero
+(0.02 for SmolLM2-135M on the H200, docs/results.md) and leaves the bridger nothing to learn from.
 
 ``reading_hops_agent`` (the single-agent control): one call reads every passage and answers, with a
 worked example of each kind of two-hop question. ``bridge: true`` has it name the bridge first
@@ -67,6 +75,20 @@ FINAL_SYSTEM = ("You answer a question from documents, told what it leads to. Wr
                 "<answer></answer>.")
 FINAL_EXAMPLES = [(f"{reading_prompt([second], q)}\nIt leads to: {b}", f"<answer>{a}</answer>")
                   for _, _, second, q, b, a in HOP_CASES]
+BRIDGE_PICK_SYSTEM = ("You read documents to answer a question that takes two steps. Below them is the list of "
+                      "titles of all documents. Write the number of the title the question leads to first in "
+                      "<doc></doc>.")
+
+
+def titles_prompt(passages: list[str], titles: list[str], question: str) -> str:
+    """The picking bridger's prompt: the passages it reads, the question, and every title, numbered."""
+    shown = "\n".join(f"{i}. {t}" for i, t in enumerate(titles, 1))
+    return f"{reading_prompt(passages, question)}\nTitles:\n{shown}"
+
+
+BRIDGE_PICK_EXAMPLES = [(titles_prompt([first], [d.partition(":")[0] for d in docs], q),
+                         f"<doc>{[d.partition(':')[0] for d in docs].index(b) + 1}</doc>")
+                        for docs, first, _, q, b, _ in HOP_CASES]
 AGENT_SYSTEM = ("You answer a question that takes two steps from documents: find what the question leads to, "
                 "then the answer in that one's document. Write only the short answer in <answer></answer>.")
 AGENT_EXAMPLES = [(reading_prompt(docs, q), f"<answer>{a}</answer>") for docs, _, _, q, _, a in HOP_CASES]
@@ -102,16 +124,22 @@ def bridge_f1(said, bridge: str) -> float:
 class ReadingHops:
     name = "reading_hops"
 
-    def __init__(self, docs_per_reader: int = 8):
+    def __init__(self, docs_per_reader: int = 8, bridger: str = "name"):
         if docs_per_reader < 1:
             raise ValueError("docs_per_reader must be at least 1")
+        if bridger not in ("name", "pick"):
+            raise ValueError(f"bridger must be 'name' (write what the question leads to) or 'pick' (choose its "
+                             f"title from a numbered list), not {bridger!r}")
         self.docs_per_reader = docs_per_reader
+        self.bridger = bridger
 
     def roles(self) -> dict[str, AgentRole]:
+        bridger = (AgentRole("bridger", parse_doc, "picks the title a two-step question leads to", 8, ("</doc>",))
+                   if self.bridger == "pick" else
+                   AgentRole("bridger", parse_answer, "names what a two-step question leads to", 24, ("</answer>",)))
         return {"reader": AgentRole("reader", parse_doc, "names the passage of a few that a question is about", 8,
                                     ("</doc>",)),
-                "bridger": AgentRole("bridger", parse_answer, "names what a two-step question leads to", 24,
-                                     ("</answer>",)),
+                "bridger": bridger,
                 "answerer": AgentRole("answerer", parse_answer, "answers from the passages about the bridge", 24,
                                       ("</answer>",))}
 
@@ -134,6 +162,8 @@ class ReadingHops:
         q, target = f" {normalize_answer(task.question)} ", normalize_answer(bridge)
         first, hop1 = await self._round(ctx, chunks, task.question,
                                         lambda p: bool(title_of(p)) and f" {title_of(p)} " in q)
+        if self.bridger == "pick":
+            return await self._pick_and_answer(ctx, task, passages, first, hop1, target)
         b = await ctx.call("bridger", few_shot(BRIDGE_SYSTEM, BRIDGE_EXAMPLES, reading_prompt(first, task.question)))
         said = (b.parsed.get("answer") or "").strip()
         b.credit = bridge_f1(said, bridge)
@@ -145,6 +175,23 @@ class ReadingHops:
         ans.credit = f1_of(answer, task)
         ctx.finish(answer, hop1=hop1, hop2=hop2, bridge=[b.credit],
                    covered=[float(any(mentions(p, task.answer) for p in second))])
+
+    async def _pick_and_answer(self, ctx, task: Task, passages: list[str], first: list[str], hop1: list[float],
+                               target: str) -> None:
+        """``bridger: pick``: the bridger chooses the bridge's title among every passage's; the answerer
+        reads the passage it chose."""
+        titles = [p.partition(":")[0].strip() for p in passages]
+        b = await ctx.call("bridger", few_shot(BRIDGE_PICK_SYSTEM, BRIDGE_PICK_EXAMPLES,
+                                               titles_prompt(first, titles, task.question)))
+        chosen = picked(b, passages)
+        b.credit = float(chosen is not None and title_of(chosen) == target)
+        said = chosen.partition(":")[0].strip() if chosen is not None else ""
+        second = [chosen] if chosen is not None else []
+        ans = await ctx.call("answerer", few_shot(FINAL_SYSTEM, FINAL_EXAMPLES,
+                                                  f"{reading_prompt(second, task.question)}\nIt leads to: {said}"))
+        answer = ans.parsed.get("answer")
+        ans.credit = f1_of(answer, task)
+        ctx.finish(answer, hop1=hop1, bridge=[b.credit], covered=[float(any(mentions(p, task.answer) for p in second))])
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)

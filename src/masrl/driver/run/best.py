@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from masrl.config import KeepBestConfig
+from masrl.driver.observe.metrics import eval_line
 from masrl.driver.run import checkpoints as ckpt
 
 BEST = "best"
@@ -48,3 +49,37 @@ class KeepBest:
         ckpt.write_atomically(self.path, write)
         self.step, self.score = step, score
         return True
+
+
+async def validate(trainer, loggers) -> None:
+    """Score ``trainer``'s validation split now; its weights are kept when they beat the best."""
+    best = trainer.best
+    summary = await trainer.evaluate(f"validation at step {trainer.step}", trainer.validation_tasks)
+    # evaluated, never resumed from: no optimizer state (most of a checkpoint's bytes with AdamW)
+    kept = best.consider(trainer.step, summary.get("outcome", 0.0),
+                         lambda tmp: trainer._fill_checkpoint(tmp, weights_only=True))
+    loggers.log_eval(trainer.step, "validation", {**summary, "kept": kept})
+    trainer.log(f"[masrl] validation at step {trainer.step}: {summary.get('outcome', 0.0):.3f}"
+                + (" (best so far: kept as checkpoints/best)" if kept else
+                   f" (best: {best.score:.3f} at step {best.step})"))
+
+
+async def eval_best(trainer, loggers, after: dict) -> dict:
+    """The held-out figures at the best-by-validation weights (the last step's when they are the best),
+    once the run is over."""
+    best = trainer.best
+    if best.step == trainer.step:
+        summary = dict(after)
+    else:
+        last = trainer.step
+        trainer.load_checkpoint(best.path, with_optimizer=False)  # the run is over: its state is saved
+        trainer.step = best.step
+        summary = await trainer.evaluate(f"eval at the best checkpoint (step {best.step})")
+        trainer.step = last  # the run trained `last` steps: what it reports after this says so
+    summary.update(best_step=best.step, validation=best.score)
+    trainer.write_eval_traces(trainer.run_dir, best.step, "best")
+    loggers.log_eval(best.step, "best", summary)
+    trainer._write_json("eval_best.json", summary)
+    trainer.log(f"[masrl] held-out at the best-by-validation checkpoint (step {best.step}, validation "
+                f"{best.score:.3f}): {eval_line(summary)}")
+    return summary

@@ -31,7 +31,7 @@ from masrl.driver.observe.metrics import (
 from masrl.driver.observe.progress import progress
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
-from masrl.driver.run.best import KeepBest
+from masrl.driver.run.best import KeepBest, eval_best, validate
 from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
@@ -253,7 +253,7 @@ class Trainer:
         if cfg.train.eval_after:
             results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
             if self.best is not None and self.best.step is not None:
-                results["best"] = await self._eval_best(loggers, results["after"])
+                results["best"] = await eval_best(self, loggers, results["after"])
 
     async def _out_of_time(self, budget: TimeBudget, loggers) -> bool:
         """``train.time_limit_s``: stop before the next step would end past it; the weights reached are
@@ -265,7 +265,7 @@ class Trainer:
         loggers.log_step(self.step, {"step": self.step, "time_limited": why})
         self.log(f"[masrl] {why}")
         if self.best is not None and not self.best.due(self.step, self.cfg.train.steps):
-            await self._validate(loggers)
+            await validate(self, loggers)
         return True
 
     def _stuck(self, rec: dict, loggers) -> bool:
@@ -291,7 +291,7 @@ class Trainer:
             timing["checkpoint_s"] = time.perf_counter() - t0
         if self.best is not None and self.best.due(self.step, cfg.train.steps):
             t0 = time.perf_counter()
-            await self._validate(loggers)
+            await validate(self, loggers)
             timing["validation_s"] = time.perf_counter() - t0
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             t0 = time.perf_counter()
@@ -308,37 +308,6 @@ class Trainer:
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
             self._first = next((x for x in lines if "rollout" in x and "eval" not in x), rec)
         return self._first
-
-    async def _validate(self, loggers) -> None:
-        """``train.keep_best``: score the validation split; the weights are kept when they beat the best."""
-        assert self.best is not None
-        summary = await self.evaluate(f"validation at step {self.step}", self.validation_tasks)
-        # evaluated, never resumed from: no optimizer state (most of a checkpoint's bytes with AdamW)
-        kept = self.best.consider(self.step, summary.get("outcome", 0.0),
-                                  lambda tmp: self._fill_checkpoint(tmp, weights_only=True))
-        loggers.log_eval(self.step, "validation", {**summary, "kept": kept})
-        self.log(f"[masrl] validation at step {self.step}: {summary.get('outcome', 0.0):.3f}"
-                 + (" (best so far: kept as checkpoints/best)" if kept else
-                    f" (best: {self.best.score:.3f} at step {self.best.step})"))
-
-    async def _eval_best(self, loggers, after: dict) -> dict:
-        """The held-out figures at the best-by-validation weights (the last step's when they are the best)."""
-        assert self.best is not None and self.best.step is not None
-        if self.best.step == self.step:
-            summary = dict(after)
-        else:
-            last = self.step
-            self.load_checkpoint(self.best.path, with_optimizer=False)  # the run is over: its state is saved
-            self.step = self.best.step
-            summary = await self.evaluate(f"eval at the best checkpoint (step {self.best.step})")
-            self.step = last  # the run trained `last` steps: what it reports after this says so
-        summary.update(best_step=self.best.step, validation=self.best.score)
-        self.write_eval_traces(self.run_dir, self.best.step, "best")
-        loggers.log_eval(self.best.step, "best", summary)
-        self._write_json("eval_best.json", summary)
-        self.log(f"[masrl] held-out at the best-by-validation checkpoint (step {self.best.step}, validation "
-                 f"{self.best.score:.3f}): {eval_line(summary)}")
-        return summary
 
     def write_eval_traces(self, folder: Path, step: int, label: str) -> None:
         """The first ``eval.log_traces`` traces of the last evaluation, appended to ``folder/eval_traces.jsonl``."""

@@ -338,7 +338,7 @@ def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_
 
 def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can_try_again(tiny, monkeypatch):
     """No GPU here: torch's CUDA out-of-memory error is raised where the pool's allocation would raise it."""
-    import masrl.engines.paged as paged
+    import masrl.engines.kv_pool as kv_pool
 
     model, tok = tiny
 
@@ -353,7 +353,7 @@ def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
             return torch.zeros(*a, **k)
 
-    monkeypatch.setattr(paged, "torch", FullDevice())
+    monkeypatch.setattr(kv_pool, "torch", FullDevice())
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=64, block_size=4)
     r = req(prompts(tok)[0], max_new_tokens=3)
     with pytest.raises(RuntimeError, match=r"KV pool \(.* GiB\) does not fit on cpu.*rollout.gpu_memory_utilization"):
@@ -431,7 +431,7 @@ def test_a_caller_woken_while_its_call_is_being_told_waits_for_the_callback(tiny
 def test_callers_arriving_at_a_fresh_engine_at_once_build_one_pool(tiny, monkeypatch):
     """Several batches reach a new engine together (a paged host's batcher hands over up to 64): the
     pool and its cache are built once, and no caller runs steps on a pool whose cache is not there."""
-    import masrl.engines.paged as paged
+    import masrl.engines.kv_pool as kv_pool
 
     model, tok = tiny
     built, slow = [], threading.Event()
@@ -446,7 +446,7 @@ def test_callers_arriving_at_a_fresh_engine_at_once_build_one_pool(tiny, monkeyp
                 slow.wait(0.05)
             return torch.zeros(*a, **k)
 
-    monkeypatch.setattr(paged, "torch", SlowAlloc())
+    monkeypatch.setattr(kv_pool, "torch", SlowAlloc())
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=256, block_size=4)
     ps = prompts(tok)
     outs: dict[int, list] = {}

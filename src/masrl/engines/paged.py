@@ -36,59 +36,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines import paged_kernels
+from masrl.engines import kv_pool, paged_calls, paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
 from masrl.engines.paged_prefill import PoolPrefill
-from masrl.engines.sampling import BatchFlags, counter_uniforms, stop_string_at
+from masrl.engines.sampling import BatchFlags, counter_uniforms
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
-from masrl.modeling.lean import core_model
 from masrl.modeling.sizes import tensor_bytes
-
-
-def kv_bytes_per_token(model, dtype: torch.dtype) -> int:
-    cfg = core_model(model).config
-    heads = cfg.num_attention_heads
-    kv = getattr(cfg, "num_key_value_heads", None) or heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return 2 * cfg.num_hidden_layers * kv * d * torch.tensor([], dtype=dtype).element_size()
-
-
-def device_memory(dev: torch.device) -> int:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_properties(dev).total_memory
-    import os
-
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _pool_oom(dev: torch.device, need: int) -> str:
-    free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else 0
-    return (f"the paged engine's KV pool ({need / 2**30:.1f} GiB) does not fit on {dev}: {free / 2**30:.1f} GiB free "
-            "(out of memory); lower rollout.gpu_memory_utilization, or run fewer runs on this GPU")
-
-
-@dataclass
-class _Call:
-    """What a sequence needs beyond its tokens."""
-
-    request: GenRequest
-    uniforms: np.ndarray | None  # [max_new] when the request carries a seed
-    index: int = 0  # its place in its ``generate``'s requests
-    on_done: Callable[[int, GenOutput], None] | None = None  # told as soon as it finishes
-    told: bool = False  # on_done has returned (or there is none): its caller may take the list
-
-    def __post_init__(self):
-        self.told = self.on_done is None
-
-
-def _settled(s: Sequence) -> bool:
-    """Done, and its ``on_done`` (if any) has run: a caller woken between the two must keep waiting,
-    or it would make the call's result a second time."""
-    return s.error is not None or (s.finish is not None and s.payload.told)
 
 
 @dataclass
@@ -110,13 +67,7 @@ class PagedEngine(GraphDecoder):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
         self.block_size = block_size
-        per_token = kv_bytes_per_token(model, self.dtype)
-        if kv_blocks is None:
-            kv_blocks = int(gpu_memory_utilization * device_memory(self.dev)) // (per_token * block_size)
-        if kv_blocks < 2:
-            raise ValueError(f"the KV budget holds {kv_blocks} blocks of {block_size} tokens ({per_token:,} bytes a "
-                             f"token); raise rollout.gpu_memory_utilization")
-        self.kv_blocks = kv_blocks
+        self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)
         self.max_batch_size = max_batch_size
         self.prefill = PoolPrefill(self.fwd, block_size=block_size, budget=prefill_tokens, pad_id=self.pad_id,
                                    dtype=self.dtype, dev=self.dev, is_peft=self.is_peft)
@@ -217,7 +168,7 @@ class PagedEngine(GraphDecoder):
                 self.stats["joined"] += len(todo)
             self._inbox.extend(todo)
             self._cv.notify_all()
-            while not all(_settled(s) for s in todo):
+            while not all(paged_calls.settled(s) for s in todo):
                 if self._runner is None:
                     self._runner = threading.get_ident()
                     try:
@@ -242,7 +193,7 @@ class PagedEngine(GraphDecoder):
         n = r.max_new_tokens
         u = None if r.seed is None else counter_uniforms([r.seed], n)[0]
         seq = Sequence(list(r.prompt_ids), n, key=(r.adapter if self.is_peft else None),
-                       payload=_Call(r, u, index, on_done))
+                       payload=paged_calls.Call(r, u, index, on_done))
         if not self.sched.fits(seq):
             seq.error = PromptError(
                 f"the call needs {len(seq.prompt) + n:,} tokens of KV cache; the engine's budget holds "
@@ -252,7 +203,7 @@ class PagedEngine(GraphDecoder):
 
     # -- the step loop (one thread at a time; called with the condition held) ----------------------
     def _run_until(self, mine: list[Sequence]) -> None:
-        while not all(_settled(s) for s in mine):
+        while not all(paged_calls.settled(s) for s in mine):
             for s in self._inbox:
                 self.sched.add(s)
             self._inbox.clear()
@@ -310,13 +261,8 @@ class PagedEngine(GraphDecoder):
                 self.w = DecodeWeights(self.model, self._adapters)
             if self.pool is not None:
                 return
-            slots, shape = self.kv_blocks * self.block_size, (self.fwd.n_kv, self.fwd.head_dim)
-            try:
-                self.kv = [(torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev),
-                            torch.zeros((slots, *shape), dtype=self.dtype, device=self.dev)) for _ in self.fwd.layers]
-            except torch.OutOfMemoryError as e:
-                self.kv = []
-                raise RuntimeError(_pool_oom(self.dev, slots * kv_bytes_per_token(self.model, self.dtype))) from e
+            self.kv = kv_pool.allocate(self.model, len(self.fwd.layers), self.kv_blocks * self.block_size,
+                                       (self.fwd.n_kv, self.fwd.head_dim), self.dtype, self.dev)
             self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size), max_seqs=self.max_batch_size,
                                    prefill_tokens=self.prefill.budget)
             self.pool = self.sched.pool
@@ -386,50 +332,13 @@ class PagedEngine(GraphDecoder):
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
 
     def _uniforms(self, seqs: list[Sequence], k: int) -> np.ndarray:
-        """``[rows, k]``: each call's random numbers for its next ``k`` tokens (by its seed's counter)."""
-        U = np.empty((len(seqs), k), dtype=np.float32)
-        for b, s in enumerate(seqs):
-            u, g = s.payload.uniforms, len(s.generated)
-            if u is not None:
-                row = u[g : g + k]
-                U[b, : len(row)] = row
-                U[b, len(row) :] = 0.5  # past its limit: the tokens are dropped
-            else:
-                U[b] = self.host_rng.random(k)
-        return U
+        return paged_calls.chunk_uniforms(seqs, k, self.host_rng)
 
     def _take(self, seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list[float]], *,
               decoded: bool = True) -> bool:
-        """Each call keeps its new tokens up to its first stop or its limit; returns whether one finished.
-        ``decoded``: each kept token's input went through a decode step, so its keys and values are in
-        the call's blocks (after a prefill the sampled token's are not yet)."""
-        any_done = False
-        for s, p, new, new_lp in zip(seqs, sp, T, L):
-            new = new[: s.max_new - len(s.generated)]
-            n, reason = len(new), None
-            if not p.ignore_eos and not self.stop_set.isdisjoint(new):
-                n, reason = next(j for j, t in enumerate(new) if t in self.stop_set) + 1, "stop"
-            if p.stop:
-                hit = stop_string_at(self.tok, s.generated, new[:n], p.stop)
-                if hit is not None:
-                    n, reason = hit, "stop"
-            s.generated += new[:n]
-            s.logprobs += new_lp[:n]
-            if decoded:
-                s.kv_len += n
-            if reason is not None:
-                s.finish = reason
-            elif len(s.generated) >= s.max_new:
-                s.finish = "length"
-            if s.finish is not None:
-                self.sched.finished(s)
-                any_done = True
-                if s.payload.on_done is not None:
-                    try:
-                        s.payload.on_done(s.payload.index, self._output(s))
-                    finally:  # a failing callback fails the engine's calls (raised); none waits forever
-                        s.payload.told = True
-        return any_done
+        """Each call keeps its new tokens (``paged_calls.keep_tokens``); returns whether one finished."""
+        return paged_calls.keep_tokens(seqs, sp, T, L, stop_set=self.stop_set, tok=self.tok, sched=self.sched,
+                                       output=self._output, decoded=decoded)
 
     def _check_kernels(self) -> dict:
         fwd = self.fwd

@@ -1,0 +1,87 @@
+"""One call in the paged engine: what it carries beside its tokens, its random numbers, the tokens it keeps.
+
+A call is a scheduler ``Sequence`` whose ``payload`` is a ``Call``. Token ``t`` of a call with a seed
+uses ``counter_uniforms(seed)[t]`` whatever step, batch or pre-emption it lands in; ``keep_tokens``
+cuts a chunk's sampled tokens at the call's first stop (token or string) or its limit and tells the
+call's caller as soon as it finishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from masrl.engines.sampling import stop_string_at
+from masrl.engines.scheduler import Sequence
+from masrl.messages import GenOutput, GenRequest
+
+
+@dataclass
+class Call:
+    """What a sequence needs beyond its tokens."""
+
+    request: GenRequest
+    uniforms: np.ndarray | None  # [max_new] when the request carries a seed
+    index: int = 0  # its place in its ``generate``'s requests
+    on_done: Callable[[int, GenOutput], None] | None = None  # told as soon as it finishes
+    told: bool = False  # on_done has returned (or there is none): its caller may take the list
+
+    def __post_init__(self):
+        self.told = self.on_done is None
+
+
+def settled(s: Sequence) -> bool:
+    """Done, and its ``on_done`` (if any) has run: a caller woken between the two must keep waiting,
+    or it would make the call's result a second time."""
+    return s.error is not None or (s.finish is not None and s.payload.told)
+
+
+def chunk_uniforms(seqs: list[Sequence], k: int, rng: np.random.Generator) -> np.ndarray:
+    """``[rows, k]``: each call's random numbers for its next ``k`` tokens (by its seed's counter; a
+    call without a seed draws from ``rng``)."""
+    U = np.empty((len(seqs), k), dtype=np.float32)
+    for b, s in enumerate(seqs):
+        u, g = s.payload.uniforms, len(s.generated)
+        if u is not None:
+            row = u[g : g + k]
+            U[b, : len(row)] = row
+            U[b, len(row) :] = 0.5  # past its limit: the tokens are dropped
+        else:
+            U[b] = rng.random(k)
+    return U
+
+
+def keep_tokens(seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list[float]], *, stop_set: set,
+                tok, sched, output: Callable[[Sequence], object], decoded: bool = True) -> bool:
+    """Each call keeps its new tokens ``T`` (logprobs ``L``) up to its first stop or its limit; returns
+    whether one finished. ``decoded``: each kept token's input went through a decode step, so its keys
+    and values are in the call's blocks (after a prefill the sampled token's are not yet)."""
+    any_done = False
+    for s, p, new, new_lp in zip(seqs, sp, T, L):
+        new = new[: s.max_new - len(s.generated)]
+        n, reason = len(new), None
+        if not p.ignore_eos and not stop_set.isdisjoint(new):
+            n, reason = next(j for j, t in enumerate(new) if t in stop_set) + 1, "stop"
+        if p.stop:
+            hit = stop_string_at(tok, s.generated, new[:n], p.stop)
+            if hit is not None:
+                n, reason = hit, "stop"
+        s.generated += new[:n]
+        s.logprobs += new_lp[:n]
+        if decoded:
+            s.kv_len += n
+        if reason is not None:
+            s.finish = reason
+        elif len(s.generated) >= s.max_new:
+            s.finish = "length"
+        if s.finish is not None:
+            sched.finished(s)
+            any_done = True
+            if s.payload.on_done is not None:
+                try:
+                    s.payload.on_done(s.payload.index, output(s))
+                finally:  # a failing callback fails the engine's calls (raised); none waits forever
+                    s.payload.told = True
+    return any_done

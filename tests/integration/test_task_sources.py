@@ -58,3 +58,27 @@ def test_a_bad_row_from_your_source_names_the_source_and_the_row(tmp_path):
     cfg = load_config(data=_data(tmp_path, {"source": "helpers:broken_rows"}))
     with pytest.raises(DataError, match=r"data.train.source 'helpers:broken_rows' row 1: no answer; give one of the fields"):
         build_tasks(cfg)
+
+
+def test_a_run_says_when_its_training_split_is_short_of_its_n_and_how_often_a_task_comes_back(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from masrl.driver.run.loop import Trainer
+
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                            for i in range(5)))
+    data = _data(tmp_path, {"source": "file", "path": str(rows), "n": 20})
+    data["train"]["steps"] = 5
+    out = io.StringIO()
+    tr = Trainer(load_config(data=data), console=Console(file=out, width=400), run_dir=tmp_path / "run")
+    tr.prepare(resume=False)
+    tr.rt.close()
+    log = out.getvalue()
+    assert "[masrl] data: 5 training tasks, 2 held-out\n" in log  # file rows carry no kind: no mix is shown
+    assert "[masrl] data: 10 training draws (2.0 per task)" in log  # 5 steps x 2 tasks a step
+    assert ("[masrl] warning: data.train.n asks for 20 tasks; the source gives 5 once the held-out questions are "
+            "removed. The file holds no more rows. Set data.train.n: 5") in log

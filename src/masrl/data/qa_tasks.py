@@ -73,7 +73,7 @@ def world_tasks(n: int, *, seed: int, world_docs: int, world_seed: int, levels: 
     for q in pool:
         if exclude and q["question"] in exclude:
             continue
-        meta = {"supporting": list(q["supporting"]), "type": q["type"], "data_source": "qa_world"}
+        meta = {"supporting": list(q["supporting"]), "type": q["type"], "kind": q["kind"], "data_source": "qa_world"}
         if q.get("bridge"):
             meta["bridge"] = q["bridge"]
         if context_docs:
@@ -126,7 +126,7 @@ def qa_task(row: dict, path: str | Path, i: int) -> Task:
     skey, sup = fields.first(row, SUPPORTING)
     if sup is not None:
         meta["supporting"] = _supporting(sup)
-    for k in ("type", "level", "bridge", "context"):
+    for k in ("type", "kind", "level", "bridge", "context"):
         if row.get(k) is not None:
             meta[k] = row[k]
     if "context" in meta and not isinstance(meta["context"], (str, list)):

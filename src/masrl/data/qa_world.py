@@ -144,17 +144,19 @@ def _one_hop(w: World, rng: random.Random) -> dict:
     choice = rng.randrange(4)
     if choice == 0:
         p = rng.choice(w.people)
-        return {"question": f"In what year was {p['name']} born?", "answers": [str(p["born"])], "supporting": [p["id"]]}
+        return {"question": f"In what year was {p['name']} born?", "answers": [str(p["born"])], "supporting": [p["id"]],
+                "kind": "born"}
     if choice == 1:
         p = rng.choice(w.people)
         return {"question": f"Which organisation does {p['name']} work for?", "answers": [w.orgs[p["employer"]]["name"]],
-                "supporting": [p["id"]]}
+                "supporting": [p["id"]], "kind": "employer"}
     if choice == 2:
         o = rng.choice(w.orgs)
         return {"question": f"In which city does {o['name']} have its headquarters?", "answers": [w.cities[o["hq"]]["name"]],
-                "supporting": [o["id"]]}
+                "supporting": [o["id"]], "kind": "headquarters"}
     c = rng.choice(w.cities)
-    return {"question": f"Who is the mayor of {c['name']}?", "answers": [w.people[c["mayor"]]["name"]], "supporting": [c["id"]]}
+    return {"question": f"Who is the mayor of {c['name']}?", "answers": [w.people[c["mayor"]]["name"]], "supporting": [c["id"]],
+            "kind": "mayor"}
 
 
 def _two_hop(w: World, rng: random.Random) -> dict:
@@ -163,16 +165,18 @@ def _two_hop(w: World, rng: random.Random) -> dict:
         o = rng.choice(w.orgs)
         f = w.people[o["founder"]]
         return {"question": f"In what year was the founder of {o['name']} born?", "answers": [str(f["born"])],
-                "supporting": [o["id"], f["id"]], "bridge": f["name"]}
+                "supporting": [o["id"], f["id"]], "bridge": f["name"], "kind": "founder_born"}
     if choice == 1:
         p = rng.choice(w.people)
         org = w.orgs[p["employer"]]
         return {"question": f"In which city is the employer of {p['name']} headquartered?",
-                "answers": [w.cities[org["hq"]]["name"]], "supporting": [p["id"], org["id"]], "bridge": org["name"]}
+                "answers": [w.cities[org["hq"]]["name"]], "supporting": [p["id"], org["id"]], "bridge": org["name"],
+                "kind": "employer_headquarters"}
     p = rng.choice(w.people)
     city = w.cities[p["birthplace"]]
     return {"question": f"Who is the mayor of the city where {p['name']} was born?",
-            "answers": [w.people[city["mayor"]]["name"]], "supporting": [p["id"], city["id"]], "bridge": city["name"]}
+            "answers": [w.people[city["mayor"]]["name"]], "supporting": [p["id"], city["id"]], "bridge": city["name"],
+            "kind": "birthplace_mayor"}
 
 
 def _comparison(w: World, rng: random.Random) -> dict | None:
@@ -182,13 +186,13 @@ def _comparison(w: World, rng: random.Random) -> dict | None:
             return None
         first = a if a["born"] < b["born"] else b
         return {"question": f"Who was born first, {a['name']} or {b['name']}?", "answers": [first["name"]],
-                "supporting": [a["id"], b["id"]]}
+                "supporting": [a["id"], b["id"]], "kind": "born_first"}
     a, b = rng.sample(w.orgs, 2)
     if a["founded"] == b["founded"]:
         return None
     first = a if a["founded"] < b["founded"] else b
     return {"question": f"Which was founded earlier, {a['name']} or {b['name']}?", "answers": [first["name"]],
-            "supporting": [a["id"], b["id"]]}
+            "supporting": [a["id"], b["id"]], "kind": "founded_first"}
 
 
 def reading_context(docs: list[dict], supporting: list[str], n: int, rng: random.Random) -> list[str]:

@@ -43,6 +43,7 @@ class Source:
     fn: Callable[[SourceSpec], Iterable[Task | dict]]
     levels: tuple[int, ...] = (1, 2, 3, 4)  # the ``levels`` it allows (a source that has none ignores them)
     needs_path: bool = False
+    more: str = ""  # where more tasks come from, for the run's warning when a split is short of its ``n``
 
 
 def _row_kinds() -> dict[str, RowTask]:
@@ -87,11 +88,17 @@ def _file(s: SourceSpec) -> list[dict]:
 SOURCES: dict[str, Source] = {
     "arithmetic": Source(_arithmetic, levels=(1, 2, 3, 4)),
     "code_gen": Source(_code_gen, levels=(1, 2)),
-    "qa_world": Source(_qa_world, levels=(1, 2, 3)),
+    "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
-    "humaneval": Source(_humaneval),
-    "file": Source(_file, needs_path=True),
+    "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),
+    "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }
+
+
+def more_tasks_hint(src: DataSourceConfig) -> str:
+    """How to get more tasks from ``src``'s source (empty where the source does not say)."""
+    builtin = SOURCES.get(src.source)
+    return builtin.more if builtin is not None else ""
 
 
 def check_source(src: DataSourceConfig, key: str) -> Source:

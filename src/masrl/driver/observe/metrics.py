@@ -241,9 +241,9 @@ def eval_line(s: dict) -> str:
         line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"
     for src, b in s.get("by_source", {}).items():
         line += f"\n  {src}: accuracy {b.get('outcome', 0):.3f}, mean reward {b.get('reward', 0):.3f} ({b['traces']} traces)"
-    if "by_level" in s:
-        line += "\n  by level: " + ", ".join(f"{lvl} {b.get('outcome', 0):.3f} ({b['traces']})"
-                                           for lvl, b in s["by_level"].items())
+    for key, what in (("by_level", "level"), ("by_kind", "kind")):
+        if key in s:
+            line += f"\n  by {what}: " + ", ".join(f"{g} {b.get('outcome', 0):.3f} ({b['traces']})" for g, b in s[key].items())
     return line
 
 

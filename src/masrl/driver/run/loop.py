@@ -11,7 +11,8 @@ from pathlib import Path
 from rich.console import Console
 
 from masrl.config import RunConfig, dump_config
-from masrl.data.sources import build_tasks, split_validation
+from masrl.data.mix import data_report
+from masrl.data.sources import build_tasks, more_tasks_hint, split_validation
 from masrl.data.tasks import Task
 from masrl.driver import faults
 from masrl.driver.builder import Runtime, build_runtime
@@ -76,6 +77,11 @@ class Trainer:
                              f"would append to it. Pass --resume to start it again from step 0 (its lines are dropped), "
                              f"or choose another run: output_dir=... or name=...")
         self.log(f"[masrl] run '{self.cfg.name}' with seed {self.cfg.seed} -> {self.run_dir}")
+        d = self.cfg.data
+        for line in data_report(train=self.train_tasks, held_out=self.eval_tasks, validation=self.validation_tasks,
+                                train_n=d.train.n, eval_n=d.eval.n, hint=more_tasks_hint(d.train),
+                                draws=self.cfg.train.steps * self.cfg.rollout.tasks_per_step):
+            self.log(f"[masrl] {line}")
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -176,7 +182,7 @@ class Trainer:
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
-        for key, field, least in (("by_source", "data_source", 1), ("by_level", "level", 2)):
+        for key, field, least in (("by_source", "data_source", 1), ("by_level", "level", 2), ("by_kind", "kind", 2)):
             groups = summaries_by(traces, {t.id: t.meta.get(field) for t in tasks}, least)
             if groups:  # a mixed dataset, or tasks of several levels: each group's figures as well
                 summary[key] = groups

@@ -82,3 +82,7 @@ def test_a_run_says_when_its_training_split_is_short_of_its_n_and_how_often_a_ta
     assert "[masrl] data: 10 training draws (2.0 per task)" in log  # 5 steps x 2 tasks a step
     assert ("[masrl] warning: data.train.n asks for 20 tasks; the source gives 5 once the held-out questions are "
             "removed. The file holds no more rows. Set data.train.n: 5") in log
+    kept = json.loads((tmp_path / "run" / "data.json").read_text())  # the run's folder keeps what the log said
+    assert kept["train_tasks"] == 5 and kept["held_out_tasks"] == 2 and kept["train_mix"] == {}
+    assert [f"[masrl] {x}" for x in kept["report"]] == [x for x in log.splitlines() if x.startswith("[masrl] data:")
+                                                        or x.startswith("[masrl] warning: data")]

@@ -11,7 +11,7 @@ from pathlib import Path
 from rich.console import Console
 
 from masrl.config import RunConfig, dump_config
-from masrl.data.mix import data_report
+from masrl.data.mix import data_report, mix
 from masrl.data.sources import build_tasks, more_tasks_hint, split_validation
 from masrl.data.tasks import Task
 from masrl.driver import faults
@@ -78,14 +78,19 @@ class Trainer:
                              f"or choose another run: output_dir=... or name=...")
         self.log(f"[masrl] run '{self.cfg.name}' with seed {self.cfg.seed} -> {self.run_dir}")
         d = self.cfg.data
-        for line in data_report(train=self.train_tasks, held_out=self.eval_tasks, validation=self.validation_tasks,
-                                train_n=d.train.n, eval_n=d.eval.n, hint=more_tasks_hint(d.train),
-                                draws=self.cfg.train.steps * self.cfg.rollout.tasks_per_step):
+        report = data_report(train=self.train_tasks, held_out=self.eval_tasks, validation=self.validation_tasks,
+                             train_n=d.train.n, eval_n=d.eval.n, hint=more_tasks_hint(d.train),
+                             draws=self.cfg.train.steps * self.cfg.rollout.tasks_per_step)
+        for line in report:
             self.log(f"[masrl] {line}")
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
+            (self.run_dir / "data.json").write_text(json.dumps({  # what the splits held, for whoever reads the run
+                "train_tasks": len(self.train_tasks), "validation_tasks": len(self.validation_tasks),
+                "held_out_tasks": len(self.eval_tasks), "train_mix": mix(self.train_tasks),
+                "held_out_mix": mix(self.eval_tasks), "report": report}, indent=1))
             self.rt = build_runtime(self.cfg, log=self.log, plan=self.plan)
         except BaseException:
             if created:  # a run that never started leaves nothing behind

@@ -3,6 +3,7 @@
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from tinycfg import tiny_config
@@ -77,3 +78,21 @@ def test_the_compare_page_is_written_by_the_cli_and_draws_bands(runs, tmp_path, 
         assert len(rows) == 3 and "team" in rows[1].text + rows[2].text
     finally:
         driver.quit()
+
+
+def test_each_arm_says_how_many_training_tasks_it_had_and_runs_on_other_held_out_sets_are_named(runs, tmp_path):
+    data = collect_runs(runs)
+    assert data["notes"] == []  # every run scored on the same held-out tasks
+    for arm in data["arms"]:
+        kept = [json.loads((Path(r["dir"]) / "data.json").read_text()) for r in arm["runs"]]
+        s = arm["summary"]
+        assert s["train_tasks"]["values"] == [k["train_tasks"] for k in kept]
+        # 2 steps x 2 tasks a step (tiny_config), every task's samples one draw
+        assert s["draws_per_task"]["values"] == [4 / k["train_tasks"] for k in kept]
+    other = tmp_path / "other"
+    shutil.copytree(runs[0], other)
+    d = json.loads((other / "data.json").read_text())
+    d["held_out_tasks"], d["held_out_mix"] = 5, {"1": 1.0}
+    (other / "data.json").write_text(json.dumps(d))
+    (note,) = collect_runs([runs[2], other])["notes"]
+    assert "different held-out sets" in note and "team seed 0: 5 tasks, 1 100%" in note

@@ -5,12 +5,15 @@ arm another name with ``name=...``). For each arm the page draws held-out accura
 outcome against the training compute spent so far, measured four ways (model calls, completion
 tokens, prompt + completion tokens, wall-clock seconds of rollout and update), with the mean over
 seeds and the min-max band;
-and a table: held-out before -> after (mean, min-max, per seed), the compute each arm spent, and
-its model calls per held-out task. Equal compute is read off the x axes, not assumed.
+and a table: held-out before -> after (mean, min-max, per seed), the compute each arm spent, its
+model calls per held-out task, and how many distinct training tasks it had and how often each came
+back (an arm with more tasks a step over a small pool repeats them, `data.json`). Equal compute is
+read off the x axes, not assumed. Runs scored on different held-out sets are named above the table.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -25,11 +28,12 @@ def run_curves(run_dir: Path) -> dict:
     if not records:
         raise MasrlError(f"{run_dir}: no metrics.jsonl; give run directories of `masrl train` (runs/<name>)")
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    calls = tokens = context = seconds = 0.0
+    calls = tokens = context = seconds = rolled = 0.0
     steps, at_step = [], {0: (0.0, 0.0, 0.0, 0.0)}
     for r in records:
         if "rollout" not in r:
             continue
+        rolled += r["rollout"].get("traces", 0)
         agents = r["rollout"].get("agents", {}).values()
         calls += sum(a["calls"] for a in agents)
         tokens += sum(a["calls"] * a["tokens"] for a in agents)
@@ -48,8 +52,15 @@ def run_curves(run_dir: Path) -> dict:
             per_task = sum(a.get("calls", 0) for a in r.get("agents", {}).values()) / max(1, r.get("traces", 1))
             evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "context": x, "seconds": s,
                           "accuracy": r.get("outcome"), "calls_per_task": per_task})
-    return {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
-            "evals": evals, "best": best}
+    out = {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
+           "evals": evals, "best": best}
+    data = run_dir / "data.json"  # what the splits held (runs since 2026-12-04)
+    if data.is_file():
+        d = json.loads(data.read_text())
+        samples = (cfg.get("rollout") or {}).get("samples_per_task") or 1
+        out["data"] = {"train_tasks": d["train_tasks"], "held_out_tasks": d["held_out_tasks"],
+                       "held_out_mix": d["held_out_mix"], "draws": rolled / samples}
+    return out
 
 
 def _spread(values: list[float]) -> dict:
@@ -76,7 +87,21 @@ def arm_summary(runs: list[dict]) -> dict:
         finals = [r["steps"][-1][key] for r in runs if r["steps"]]
         if finals:
             out[f"train_{key}"] = _spread(finals)
+    if all("data" in r and r["data"]["train_tasks"] for r in runs):  # how often a training task came back
+        out["train_tasks"] = _spread([r["data"]["train_tasks"] for r in runs])
+        out["draws_per_task"] = _spread([r["data"]["draws"] / r["data"]["train_tasks"] for r in runs])
     return out
+
+
+def held_out_notes(arms: dict[str, list[dict]]) -> list[str]:
+    """Why the arms' held-out figures may not compare: runs scored on held-out sets of other sizes or mixes."""
+    sets = {(r["data"]["held_out_tasks"], json.dumps(r["data"]["held_out_mix"], sort_keys=True)): f"{name} seed {r['seed']}"
+            for name, rs in arms.items() for r in rs if "data" in r}
+    if len(sets) < 2:
+        return []
+    return ["The runs were scored on different held-out sets (" + "; ".join(
+        f"{who}: {n} tasks, {', '.join(f'{k} {v:.0%}' for k, v in json.loads(m).items()) or 'no kinds'}"
+        for (n, m), who in sets.items()) + "): compare them on one held-out set"]
 
 
 def collect_runs(run_dirs: list[str | Path]) -> dict:
@@ -87,7 +112,8 @@ def collect_runs(run_dirs: list[str | Path]) -> dict:
             raise MasrlError(f"run directory '{d}' does not exist")
         run = run_curves(d)
         arms.setdefault(run["name"], []).append(run)
-    return {"arms": [{"name": n, "runs": rs, "summary": arm_summary(rs)} for n, rs in arms.items()]}
+    return {"arms": [{"name": n, "runs": rs, "summary": arm_summary(rs)} for n, rs in arms.items()],
+            "notes": held_out_notes(arms)}
 
 
 def build_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
@@ -101,7 +127,7 @@ _BODY = """<h1>masrl compare: held-out accuracy against training compute</h1>
 <div class="muted">Each arm is one config name over its seeds: the line is the mean over seeds, the band the min-max.
 Compute counts model calls, completion tokens, prompt + completion tokens and rollout + update seconds spent in
 training so far.</div>
-<h2>Summary</h2><table id="summary"></table>
+<h2>Summary</h2><div id="notes"></div><table id="summary"></table>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
 <h2>Training outcome</h2><div class="charts" id="training"></div>"""
 
@@ -126,7 +152,8 @@ function chart(parent,title,series){const W=400,H=210,P=36,box=el('div',{class:'
   } else {const t=sv('text',{x:20,y:40});t.textContent='no data';svg.appendChild(t);}
   box.appendChild(svg);legend(box,series);parent.appendChild(box);}
 const T=document.getElementById('summary');
-T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','at the best-by-validation checkpoint (steps)','training calls','training tokens (completion)','training tokens (prompt + completion)','training seconds','calls per held-out task'].map(h=>el('th',{},h)));
+T.appendChild(el('tr')).append(...['arm','seeds','held-out first -> last (min-max)','per seed (last)','at the best-by-validation checkpoint (steps)','training calls','training tokens (completion)','training tokens (prompt + completion)','training seconds','calls per held-out task','training tasks (draws of each)'].map(h=>el('th',{},h)));
+for(const n of D.notes)document.getElementById('notes').appendChild(el('p',{class:'note'},n));
 for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=el('tr');
   tr.append(el('td',{},a.name),el('td',{},s.seeds.join(', ')),
     el('td',{},f&&l?`${f3(f.mean)} -> ${f3(l.mean)} (${f3(l.min)}-${f3(l.max)})`:'no held-out evaluation'),
@@ -135,7 +162,8 @@ for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=e
     el('td',{},s.train_calls?big(s.train_calls.mean):'-'),
     el('td',{},s.train_tokens?big(s.train_tokens.mean):'-'),el('td',{},s.train_context?big(s.train_context.mean):'-'),
     el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
-    el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'));T.appendChild(tr);}
+    el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'),
+    el('td',{},s.train_tasks?`${big(s.train_tasks.mean)} (${(+s.draws_per_task.mean).toFixed(1)})`:'-'));T.appendChild(tr);}
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['context','prompt + completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}

@@ -37,7 +37,7 @@ def test_matching_mixes_and_full_splits_say_nothing_more():
     train, held_out = _tasks({"a": 60, "b": 40}), _tasks({"a": 13, "b": 7})
     lines = data_report(train=train[:90], held_out=held_out, validation=train[90:], train_n=100, eval_n=20, draws=50)
     assert lines == ["data: 90 training tasks (a 67%, b 33%), 10 held back for validation, 20 held-out (a 65%, b 35%)",
-                     "data: 50 training draws (0.6 per task)"]
+                     "data: 50 training draws (no task drawn twice)"]
     assert abs(shift(mix(train), mix(held_out)) - 0.05) < 1e-9
 
 

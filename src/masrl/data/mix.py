@@ -52,8 +52,9 @@ def data_report(*, train: list[Task], held_out: list[Task], validation: list[Tas
     lines = [f"data: {len(train)} training tasks" + (f" ({_shares(mix(train))})" if mix(train) else "")
              + (f", {len(validation)} held back for validation" if validation else "")
              + f", {len(held_out)} held-out" + (f" ({_shares(mix(held_out))})" if mix(held_out) else "")]
-    if train and draws:
-        lines.append(f"data: {draws:,} training draws ({draws / len(train):.1f} per task)")
+    if train and draws:  # the steps take tasks in epochs over a shuffle: none repeats before all have come
+        each = "no task drawn twice" if draws <= len(train) else f"{draws / len(train):.1f} per task"
+        lines.append(f"data: {draws:,} training draws ({each})")
     for key, asked, got, why in (("data.train.n", train_n, n_train, " once the held-out questions are removed"),
                                  ("data.eval.n", eval_n, len(held_out), "")):
         if asked is not None and got < asked:

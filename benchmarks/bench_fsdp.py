@@ -1,8 +1,8 @@
 """One GRPO step of a policy sharded with FSDP2 over N GPUs (``policies.X.fsdp``): step time split into
 rollout, weight sync and update, peak memory per GPU, update MFU.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_fsdp.py [--shape 7b] [--ranks 2]
-        [--tasks 64] [--samples 8] [--tokens 512]
+    source scripts/gpu_setup.sh && python3 benchmarks/bench_fsdp.py [--shape 7b|8b] [--ranks 2]
+        [--tasks 64] [--samples 8] [--tokens 512] [--checkpointing]
 
 Each rank is a process of its own (``torch.multiprocessing``, NCCL on 127.0.0.1) holding one
 ``PolicyWorker`` on ``cuda:RANK`` with ``fsdp`` on, as a Ray actor would: it samples its share of the
@@ -115,7 +115,7 @@ def main() -> None:
     flops = B.useful_flops(cfg, [(range(mean_prompt), range(args.tokens))]) * n  # every trained call, all ranks
     upd = max(s["update_s"] for s in st)
     mfu = flops / upd / (B.PEAK_TFLOPS * 1e12 * args.ranks)
-    print(f"\n{args.shape} shape ({ranks[0]['params'] / 1e9:.2f}B parameters), {args.ranks} ranks, full fine-tuning, "
+    print(f"\n{args.shape} shape ({B.SHAPES[args.shape]}, {ranks[0]['params'] / 1e9:.2f}B parameters), {args.ranks} ranks, full fine-tuning, "
           f"{args.tasks} tasks x {args.samples} samples x {args.tokens} tokens, second step\n")
     print("| rank | params held | rollout s | update s | weight sync s (GiB) | train step s | peak GiB |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

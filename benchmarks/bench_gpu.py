@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
-SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b", "7b": "random-qwen2.5-7b"}
+SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b", "7b": "random-qwen2.5-7b", "8b": "random-llama3.1-8b"}
 if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
     SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
 DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")

@@ -115,7 +115,8 @@ def main() -> None:
     flops = B.useful_flops(cfg, [(range(mean_prompt), range(args.tokens))]) * n  # every trained call, all ranks
     upd = max(s["update_s"] for s in st)
     mfu = flops / upd / (B.PEAK_TFLOPS * 1e12 * args.ranks)
-    print(f"\n{args.shape} shape ({B.SHAPES[args.shape]}, {ranks[0]['params'] / 1e9:.2f}B parameters), {args.ranks} ranks, full fine-tuning, "
+    print(f"\n{args.shape} shape ({B.SHAPES[args.shape]}, {ranks[0]['params'] / 1e9:.2f}B parameters), "
+          f"{args.ranks} ranks, full fine-tuning, "
           f"{args.tasks} tasks x {args.samples} samples x {args.tokens} tokens, second step\n")
     print("| rank | params held | rollout s | update s | weight sync s (GiB) | train step s | peak GiB |")
     print("| --- | --- | --- | --- | --- | --- | --- |")

@@ -49,9 +49,10 @@ def data_report(*, train: list[Task], held_out: list[Task], validation: list[Tas
     ``data.train.n`` / ``data.eval.n`` asked for (None: no bound); ``draws``: training tasks the run's
     steps take (steps x tasks a step); ``hint``: how to get more tasks from this source."""
     n_train = len(train) + len(validation)  # the validation split is drawn from the training tasks
-    lines = [f"data: {len(train)} training tasks" + (f" ({_shares(mix(train))})" if mix(train) else "")
+    a, b = mix(train), mix(held_out)
+    lines = [f"data: {len(train)} training tasks" + (f" ({_shares(a)})" if a else "")
              + (f", {len(validation)} held back for validation" if validation else "")
-             + f", {len(held_out)} held-out" + (f" ({_shares(mix(held_out))})" if mix(held_out) else "")]
+             + f", {len(held_out)} held-out" + (f" ({_shares(b)})" if b else "")]
     if train and draws:  # the steps take tasks in epochs over a shuffle: none repeats before all have come
         each = "no task drawn twice" if draws <= len(train) else f"{draws / len(train):.1f} per task"
         lines.append(f"data: {draws:,} training draws ({each})")
@@ -60,7 +61,6 @@ def data_report(*, train: list[Task], held_out: list[Task], validation: list[Tas
         if asked is not None and got < asked:
             lines.append(f"warning: {key} asks for {asked:,} tasks; the source gives {got:,}{why}"
                          f"{'. ' + hint if hint else ''}. Set {key}: {got} to say so, or give the source more tasks")
-    a, b = mix(train), mix(held_out)
     if a and b and shift(a, b) > SHIFT_WARN:
         lines.append(f"warning: the training tasks are mixed unlike the held-out ones ({shift(a, b):.0%} of tasks "
                      f"would have to change kind): training {_shares(a)}; held-out {_shares(b)}. Held-out figures "

@@ -53,6 +53,11 @@
 #                                     leads to from the numbered titles of all 24, an answerer reads that passage (5 calls)
 #   reading_hops_agent                one call reads all 24 and answers (a worked example of each kind of two-hop question)
 #   reading_hops_agentb               the same, naming the bridge first, paid the mean of its F1 and the answer's
+# code from documentation (source code_docs: 24 entries a task, the asked function's among 23 others'; CALLS
+#   model calls a step split as above):
+#   code_docs_team                    3 readers of 8 name the asked function's entry, the coder writes it from the 3
+#                                     picks (4 calls)
+#   code_docs_agent                   one coder call reads all 24 entries (the team coder's prompt and examples)
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -146,6 +151,8 @@ for a in ${ARMS:-team_roles solver}; do
     reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;
     reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;
+    code_docs_team) arm code_docs_team configs/code_docs_team.yaml $(math 4) ;;
+    code_docs_agent) arm code_docs_agent configs/code_docs_agent.yaml $(math 1) ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
@@ -153,7 +160,7 @@ done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
+    case $name in solver*|code_solver*|code_docs_agent*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
     for s in $SEEDS; do
       "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \

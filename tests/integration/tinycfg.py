@@ -27,6 +27,10 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
     if source == "code_gen":  # code workflows keep code tasks and their own (credit) rewards
         data["data"] = {"train": {"source": "code_gen", "n": 40, "seed": 1, "levels": [1, 2]},
                         "eval": {"source": "code_gen", "n": 3, "seed": 2, "levels": [1, 2]}}
+    elif source == "code_docs":  # code from documentation: 8 entries a task keep tiny prompts short
+        data["data"] = {"world": {"context_docs": 8},
+                        "train": {"source": "code_docs", "n": 40, "seed": 1, "levels": [1, 2]},
+                        "eval": {"source": "code_docs", "n": 3, "seed": 2, "levels": [1, 2]}}
     elif source == "episodes":  # environments: seeded episodes
         data["data"] = {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
     elif source == "qa_world":  # search workflows: questions about a small world, searched locally

@@ -51,7 +51,9 @@ class WorkflowConfig(Strict):
 class DataSourceConfig(Strict):
     source: str = Field(
         "arithmetic", description="arithmetic: seeded math word problems; code_gen: seeded function-writing tasks "
-                                  "with visible and hidden tests; humaneval: the 164 HumanEval problems; qa_world: "
+                                  "with visible and hidden tests; code_docs: the same functions under invented "
+                                  "names, each task's documentation entry among others' (data.world.context_docs "
+                                  "of them); humaneval: the 164 HumanEval problems; qa_world: "
                                   "seeded multi-hop questions over `data.world`'s corpus; episodes: seeds for an "
                                   "environment's episodes (workflow env); file: JSONL or Parquet; or your own "
                                   "'module:function' (data/sources.py)")
@@ -61,8 +63,9 @@ class DataSourceConfig(Strict):
     path: str | None = Field(None, description="JSONL or Parquet file (source: file)")
     n: int | None = Field(None, ge=1, description="number of tasks (generators) or first n rows (file, humaneval)")
     seed: int = 0
-    levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen 1-2, "
-                                                                       "qa_world 1 one-hop, 2 two-hop, 3 comparison")
+    levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen "
+                                                                       "and code_docs 1-2, qa_world 1 one-hop, 2 "
+                                                                       "two-hop, 3 comparison")
     options: dict[str, Any] = Field(default_factory=dict, description="keyword options of your own source")
 
     @model_validator(mode="after")
@@ -78,7 +81,8 @@ class WorldConfig(Strict):
     docs: int = Field(300, ge=12, description="entities (one document each): people, cities, organisations")
     seed: int = 0
     context_docs: int = Field(0, ge=0, le=64, description="passages given with each question (meta.context): its "
-                              "supporting documents among same-kind distractors, for the reading workflows; 0: none")
+                              "supporting documents among same-kind distractors, for the reading workflows; 0: none. "
+                              "Source code_docs reads it too: documentation entries a task shows (at least 2)")
     dir: str | None = Field(None, description="where its corpus.jsonl is written (default: $MASRL_CACHE_DIR or "
                                               "~/.cache/masrl, under qa_world/)")
 

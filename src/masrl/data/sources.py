@@ -1,6 +1,6 @@
 """Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
 
-Built-ins: the seeded generators (``arithmetic``, ``code_gen``, ``qa_world``, ``episodes``),
+Built-ins: the seeded generators (``arithmetic``, ``code_gen``, ``code_docs``, ``qa_world``, ``episodes``),
 ``humaneval`` and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is
 ``source: 'module:function'``: a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows
 it returns as dicts are read like a file's rows of ``kind`` (the same field aliases, the same
@@ -61,6 +61,17 @@ def _code_gen(s: SourceSpec) -> list[Task]:
     return code_gen.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
 
 
+def _code_docs(s: SourceSpec) -> list[Task]:
+    from masrl.data import code_docs
+
+    if s.world.context_docs < 2:
+        raise ConfigError(f"data.world.context_docs: source 'code_docs' shows each task's function among others' "
+                          f"documentation entries and needs at least 2 of them a task (24 in the shipped configs); "
+                          f"got {s.world.context_docs}")
+    return code_docs.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), docs=s.world.context_docs,
+                              exclude=set(s.exclude))
+
+
 def _qa_world(s: SourceSpec) -> list[Task]:
     from masrl.data.qa_tasks import world_tasks
 
@@ -89,6 +100,8 @@ SOURCES: dict[str, Source] = {
     "arithmetic": Source(_arithmetic, levels=(1, 2, 3, 4)),
     "code_gen": Source(_code_gen, levels=(1, 2), more="code_gen's function families hold about 440 distinct tasks at "
                                                      "levels 1-2"),
+    "code_docs": Source(_code_docs, levels=(1, 2), more="code_docs invents a new function name for every task: "
+                                                        "raise n"),
     "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from masrl.config.loading import load_object
 from masrl.errors import ConfigError
+from masrl.workflows.code_docs import CodeDocsAgent, CodeDocsTeam
 from masrl.workflows.code_team import CodeSolver, CodeTeam
 from masrl.workflows.debate import Debate
 from masrl.workflows.env import EnvWorkflow
@@ -19,6 +20,7 @@ from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
             "math_checked": MathChecked, "code_team": CodeTeam, "code_solver": CodeSolver,
+            "code_docs_team": CodeDocsTeam, "code_docs_agent": CodeDocsAgent,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
             "reading_team": ReadingTeam, "reading_agent": ReadingAgent,
             "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,

@@ -58,6 +58,7 @@
 #   code_docs_team                    3 readers of 8 name the asked function's entry, the coder writes it from the 3
 #                                     picks (4 calls)
 #   code_docs_agent                   one coder call reads all 24 entries (the team coder's prompt and examples)
+#   code_docs_agent_ds                the same with dynamic sampling (2 refill rounds for groups whose rewards are equal)
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -153,6 +154,7 @@ for a in ${ARMS:-team_roles solver}; do
     reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;
     code_docs_team) arm code_docs_team configs/code_docs_team.yaml $(math 4) ;;
     code_docs_agent) arm code_docs_agent configs/code_docs_agent.yaml $(math 1) ;;
+    code_docs_agent_ds) arm code_docs_agent_ds configs/code_docs_agent.yaml $(math 1) rollout.dynamic_sampling=2 ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac

@@ -181,3 +181,28 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     assert "torch said: CUDA out of memory. Tried to allocate 46.00 MiB" in msg and "more torch text" not in msg
     assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
     asyncio.run(tr.rt.controller.aclose())
+
+
+@pytest.mark.parametrize("said, stops", [
+    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+    ("Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true", False),
+    ("shape '[4, 8]' is invalid for input of size 30", False)])
+def test_an_update_that_cublas_cannot_allocate_for_says_so_and_other_errors_stay_themselves(said, stops, tmp_path,
+                                                                                            monkeypatch):
+    """cuBLAS's words for an empty device get the memory message; a cuDNN failure only on a nearly full
+    device (this CPU run has none, so it stays torch's error), and any other error is left as it was."""
+    import masrl.worker.updating as updating
+
+    def fails(*args, **kwargs):
+        raise RuntimeError(said)
+
+    tr = Trainer(load_config(data=tiny_config("math_solver", tmp_path, steps=1)), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    monkeypatch.setattr(updating, "train_policy", fails)
+    with pytest.raises(MasrlError if stops else RuntimeError) as info:
+        asyncio.run(tr.train_step())
+    if stops:
+        assert "ran out of GPU memory" in str(info.value) and "CUBLAS_STATUS_ALLOC_FAILED" in str(info.value)
+    else:
+        assert not isinstance(info.value, MasrlError) and str(info.value) == said
+    asyncio.run(tr.rt.controller.aclose())

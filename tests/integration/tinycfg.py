@@ -11,6 +11,25 @@ ROOT = Path(__file__).resolve().parents[2]
 TEAM = ["solver", "verifier", "refiner", "finalizer"]
 
 
+def _tiny_data(data: dict) -> dict:
+    """A config's ``data`` section shrunk: 40 training and 3 held-out tasks of the kind its workflow needs."""
+    source = data.get("train", {}).get("source", "arithmetic")
+    if source == "code_gen":  # code workflows keep code tasks and their own (credit) rewards
+        return {"train": {"source": "code_gen", "n": 40, "seed": 1, "levels": [1, 2]},
+                "eval": {"source": "code_gen", "n": 3, "seed": 2, "levels": [1, 2]}}
+    if source == "code_docs":  # code from documentation: 8 entries a task keep tiny prompts short
+        return {"world": {"context_docs": 8}, "train": {"source": "code_docs", "n": 40, "seed": 1, "levels": [1, 2]},
+                "eval": {"source": "code_docs", "n": 3, "seed": 2, "levels": [1, 2]}}
+    if source == "episodes":  # environments: seeded episodes
+        return {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
+    if source == "qa_world":  # search workflows: questions about a small world, searched locally
+        world = {"docs": 40, "seed": 0, "context_docs": data.get("world", {}).get("context_docs", 0)}
+        levels = {"levels": data["train"]["levels"]} if "levels" in data["train"] else {}
+        return {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1, **levels},  # (two-hop
+                "eval": {"source": "qa_world", "n": 3, "seed": 2, **levels}}  # workflows need level 2)
+    return {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+
+
 def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = None, *, steps: int = 2,
                 hash_agents: list[str] | None = None, **overrides) -> dict:
     """A shipped config (by name) or a dict, shrunk to run in seconds on ``tiny-random``."""
@@ -23,24 +42,7 @@ def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = No
         p.pop("model", None)
     for a in data["agents"].values():
         a["max_new_tokens"] = 6
-    source = data.get("data", {}).get("train", {}).get("source", "arithmetic")
-    if source == "code_gen":  # code workflows keep code tasks and their own (credit) rewards
-        data["data"] = {"train": {"source": "code_gen", "n": 40, "seed": 1, "levels": [1, 2]},
-                        "eval": {"source": "code_gen", "n": 3, "seed": 2, "levels": [1, 2]}}
-    elif source == "code_docs":  # code from documentation: 8 entries a task keep tiny prompts short
-        data["data"] = {"world": {"context_docs": 8},
-                        "train": {"source": "code_docs", "n": 40, "seed": 1, "levels": [1, 2]},
-                        "eval": {"source": "code_docs", "n": 3, "seed": 2, "levels": [1, 2]}}
-    elif source == "episodes":  # environments: seeded episodes
-        data["data"] = {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
-    elif source == "qa_world":  # search workflows: questions about a small world, searched locally
-        world = {"docs": 40, "seed": 0, "context_docs": data["data"].get("world", {}).get("context_docs", 0)}
-        levels = {"levels": data["data"]["train"]["levels"]} if "levels" in data["data"]["train"] else {}
-        data["data"] = {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1, **levels},  # (two-hop
-                        "eval": {"source": "qa_world", "n": 3, "seed": 2, **levels}}  # workflows need level 2)
-    else:
-        data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1},
-                        "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+    data["data"] = _tiny_data(data.get("data", {}))
     # the config's own rewards (credit, say) stay; the outcome reward always pays
     rewards = [{"type": "outcome"}] + [r for r in data.get("rewards", [{"type": "format", "weight": 0.5}])
                                        if r["type"] != "outcome"]

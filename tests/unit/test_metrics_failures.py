@@ -28,3 +28,16 @@ def test_other_failures_get_no_memory_hint_and_few_failures_do_not_stop():
         check_failures({"traces": 4, "failed": 2}, _traces(errors), 0.25, "step 3", "x")
     assert "GPU memory" not in str(info.value)
     check_failures({"traces": 4, "failed": 1}, _traces(errors[:1] + [None] * 3), 0.25, "step 3", "x")  # 1 of 4: no stop
+
+
+def test_what_counts_as_running_out_of_gpu_memory():
+    from masrl.worker.memory import memory_failure
+
+    gib = 2**30
+    cudnn = "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true"
+    assert memory_failure("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert memory_failure("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+    assert memory_failure(cudnn, free=2 * gib, total=140 * gib)  # the H200 with 2 GiB left: cuDNN's workspace
+    assert not memory_failure(cudnn, free=60 * gib, total=140 * gib)  # room to spare: some other cuDNN failure
+    assert not memory_failure(cudnn)  # nothing known of the device
+    assert not memory_failure("shape '[4, 8]' is invalid for input of size 30", free=0, total=140 * gib)

@@ -96,6 +96,23 @@ def host_rows(host) -> list[dict]:
     return rows
 
 
+# what torch, cuBLAS and cuDNN say when a device has no memory left for them
+OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY", "CUDNN_STATUS_ALLOC_FAILED")
+# what cuDNN says when a kernel it planned cannot run: its workspace not allocated is one cause among others
+_CUDNN_FAILED = ("mha_graph.execute", "CUDNN_STATUS_EXECUTION_FAILED", "CUDNN_STATUS_INTERNAL_ERROR")
+NEARLY_FULL = 0.05  # a device with less than this share free counts as full
+
+
+def memory_failure(detail: str, free: int = 0, total: int = 0) -> bool:
+    """Whether an error's text ``detail`` is the device running out of memory: torch's, cuBLAS's or cuDNN's
+    words for it, or a cuDNN kernel that failed while the device had under ``NEARLY_FULL`` of its ``total``
+    bytes ``free`` (cuDNN's attention says only that its graph did not run when its workspace found no memory:
+    on the H200, nine runs side by side failed so)."""
+    if any(m in detail for m in OUT_OF_MEMORY):
+        return True
+    return total > 0 and free < NEARLY_FULL * total and any(m in detail for m in _CUDNN_FAILED)
+
+
 def update_oom_message(policy: str, algo, *, device: str, held: int, free: int, total: int,
                        earlier_extra_gib: float | None, detail: str) -> str:
     """What a user reads when policy ``policy``'s update ran out of GPU memory: what the run held, what

@@ -51,6 +51,11 @@ def update_policy(w, name: str, samples: list[Sample], n_shared: int) -> dict[st
                          critic=w.critics.get(name), dp=w.dp)
     except torch.OutOfMemoryError as e:
         raise MasrlError(_oom_message(w, name, held_before, e)) from e
+    except RuntimeError as e:  # cuBLAS and cuDNN run out in their own words
+        free, total = _device_memory(w)
+        if not memory.memory_failure(str(e), free, total):
+            raise
+        raise MasrlError(_oom_message(w, name, held_before, e)) from e
     m["update_s"] = time.perf_counter() - t0
     m["shared_calls"] = float(n_shared)
     if w.host.ref_stash.moved_s > ref_moved:
@@ -73,10 +78,15 @@ def update_policy(w, name: str, samples: list[Sample], n_shared: int) -> dict[st
     return m
 
 
-def _oom_message(w, name: str, held_before: int, e: Exception) -> str:
-    free = total = 0
+def _device_memory(w) -> tuple[int, int]:
+    """(free, total) bytes of the worker's GPU; (0, 0) on a CPU or a device past answering."""
     if w.device.startswith("cuda"):
-        with contextlib.suppress(Exception):  # the device may be past answering
-            free, total = torch.cuda.mem_get_info(w.device)
+        with contextlib.suppress(Exception):
+            return torch.cuda.mem_get_info(w.device)
+    return 0, 0
+
+
+def _oom_message(w, name: str, held_before: int, e: Exception) -> str:
+    free, total = _device_memory(w)
     return memory.update_oom_message(name, w.algo, device=w.device, held=held_before, free=free, total=total,
                                      earlier_extra_gib=w.update_extra.get(name), detail=str(e))

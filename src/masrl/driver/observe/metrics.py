@@ -257,14 +257,12 @@ def check_failures(roll: dict, traces, limit: float, what: str, consequence: str
                          + "".join(f"\n  - {e}" for e in errors) + memory_hint(errors))
 
 
-# what torch and cuBLAS say when a device has no memory left for them
-_OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDA_ERROR_OUT_OF_MEMORY")
-
-
 def memory_hint(errors) -> str:
     """A line for failures that are the GPU running out of memory (another run on the device, or this
     run's own update, took it): the settings that bound a run's memory. Empty for any other failure."""
-    if not any(e and any(m in e for m in _OUT_OF_MEMORY) for e in errors):
+    from masrl.worker.memory import memory_failure  # (torch: imported only once traces failed)
+
+    if not any(e and memory_failure(e) for e in errors):
         return ""
     return ("\n  These are GPU memory failures: the device had no memory left when the engine needed it (other "
             "processes on it, or this run's own update). Lower algorithm.micro_batch_tokens or "

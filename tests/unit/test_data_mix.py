@@ -3,8 +3,11 @@ ones, and how often a training task comes back."""
 
 from __future__ import annotations
 
+import random
+
 from masrl.config import DataSourceConfig
-from masrl.data.mix import data_report, kind_of, mix, shift
+from masrl.data.code_docs import generate
+from masrl.data.mix import data_report, kind_of, mix, sampling_shift, shift
 from masrl.data.qa_tasks import world_tasks
 from masrl.data.sources import more_tasks_hint
 from masrl.data.tasks import Task
@@ -46,7 +49,7 @@ def test_a_short_held_out_split_and_a_kind_missing_from_training_are_named():
                         draws=0)
     assert lines[0] == "data: 10 training tasks (a 100%), 5 held-out (b 100%)"
     assert "warning: data.eval.n asks for 8 tasks; the source gives 5. Set data.eval.n: 5" in lines[1]
-    assert "(100% of tasks would have to change kind)" in lines[2]
+    assert "(100% of tasks would have to change kind, where drawing 5 held-out tasks" in lines[2]
 
 
 def test_a_task_kind_falls_back_to_its_type_then_its_level():
@@ -61,3 +64,28 @@ def test_held_out_figures_are_broken_down_by_kind_when_there_are_several():
     line = eval_line({"outcome": 0.5, "reward": 0.5, "failed": 0,
                       "by_kind": {"born": {"outcome": 0.75, "traces": 4}, "mayor": {"outcome": 0.25, "traces": 4}}})
     assert line.splitlines()[1] == "  by kind: born 0.750 (4), mayor 0.250 (4)"
+
+
+def test_a_small_held_out_set_of_many_kinds_is_not_called_unlike_its_own_source():
+    """code_docs draws both splits alike from twenty kinds: 120 held-out tasks differ from 1,936 training ones by
+    about what sampling gives, and the run says nothing; the QA world's real shift (above) still warns."""
+    held_out = generate(120, seed=2, levels=[1, 2])
+    train = generate(1936, seed=1, levels=[1, 2], exclude={t.question for t in held_out})
+    a, b = mix(train), mix(held_out)
+    assert len(a) == 20 and shift(a, b) > 0.10  # past the flat threshold...
+    assert shift(a, b) < 2 * sampling_shift(a, 120)  # ...but within what drawing 120 tasks gives
+    lines = data_report(train=train, held_out=held_out, validation=[], train_n=1936, eval_n=120, draws=100)
+    assert not any("mixed unlike" in x for x in lines)
+
+
+def test_the_expected_sampling_shift_matches_drawing_the_tasks():
+    rng = random.Random(0)
+    m = {"a": 0.5, "b": 0.3, "c": 0.2}
+    draws = [mix(_tasks(dict(zip(m, _counts(rng.choices(list(m), weights=list(m.values()), k=100)))))) for _ in range(400)]
+    measured = sum(shift(m, d) for d in draws) / len(draws)
+    assert abs(measured - sampling_shift(m, 100)) < 0.15 * sampling_shift(m, 100)
+    assert sampling_shift(m, 0) == 0.0 and sampling_shift(m, 400) < sampling_shift(m, 100)
+
+
+def _counts(picks: list[str]) -> list[int]:
+    return [picks.count(k) for k in ("a", "b", "c")]

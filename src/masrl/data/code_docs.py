@@ -13,9 +13,8 @@ from __future__ import annotations
 import random
 import re
 
-from masrl.data.code_gen import _families, _params
+from masrl.data.code_gen import call_tests, families, params_of
 from masrl.data.tasks import Task
-from masrl.data.test_spec import TestSpec
 
 _ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gl", "kr", "pl", "st",
            "tr", "sk"]
@@ -71,28 +70,20 @@ def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,
                 names.append(name)
         name = names[0]
         level = rng.choice(list(levels))
-        fn, text, ref, draw = rng.choice(_families(rng, level))
+        fn, text, ref, draw = rng.choice(families(rng, level))
         sample = draw(rng)
-        question = f"Write the Python function `{name}({_params(sample)})` that the documentation describes."
+        question = f"Write the Python function `{name}({params_of(sample)})` that the documentation describes."
         if question in seen:
             continue
         seen.add(question)
-        cases, keys = [], set()
-        while len(cases) < visible + hidden and len(keys) < 200:
-            args = draw(rng)
-            keys.add(repr(args))
-            if any(repr(c["args"]) == repr(args) for c in cases):
-                continue
-            cases.append({"args": args, "expected": ref(*args)})
+        spec, shown = call_tests(rng, name, ref, draw, visible, hidden)
         example = draw(rng)
-        entries = [entry(name, text, _params(sample), example, ref(*example), _notes(rng))]
+        entries = [entry(name, text, params_of(sample), example, ref(*example), _notes(rng))]
         for other in names[1:]:  # the others: any family of the task's levels, their own constants
-            _, o_text, o_ref, o_draw = rng.choice(_families(rng, rng.choice(list(levels))))
+            _, o_text, o_ref, o_draw = rng.choice(families(rng, rng.choice(list(levels))))
             o_args = o_draw(rng)
-            entries.append(entry(other, o_text, _params(o_args), o_args, o_ref(*o_args), _notes(rng)))
+            entries.append(entry(other, o_text, params_of(o_args), o_args, o_ref(*o_args), _notes(rng)))
         rng.shuffle(entries)
-        spec = TestSpec("call", tuple(cases), fn_name=name)
-        shown = TestSpec("call", tuple(cases[:visible]), fn_name=name)
         tasks.append(Task(f"code-docs-{seed}-{len(tasks)}", question, spec,
                           meta={"fn_name": name, "visible_tests": shown, "level": level, "kind": family_kind(fn),
                                 "context": entries, "data_source": "code_docs"}))

@@ -18,7 +18,7 @@ from masrl.data.test_spec import TestSpec
 Family = tuple[str, str, Callable[..., object], Callable[[random.Random], list]]  # fn, text, reference, args
 
 
-def _families(rng: random.Random, level: int) -> list[Family]:
+def families(rng: random.Random, level: int) -> list[Family]:
     """The task families of ``level``, with their constants drawn from ``rng``. The constants
     (``k``, ``c``) vary the question text itself, so a seed's held-out questions leave thousands
     of others to train on (tasks that repeated a question with other tests left none)."""
@@ -59,13 +59,28 @@ def _families(rng: random.Random, level: int) -> list[Family]:
     ]
 
 
-def _params(args: list) -> str:
+def params_of(args: list) -> str:
     """The parameter names the task text uses for these arguments."""
     if isinstance(args[0], list):
         return "xs"
     if isinstance(args[0], str):
         return "s"
     return "x" if len(args) == 1 else "a, b"
+
+
+def call_tests(rng: random.Random, fn_name: str, ref: Callable[..., object], draw: Callable[[random.Random], list],
+               visible: int, hidden: int) -> tuple[TestSpec, TestSpec]:
+    """``visible + hidden`` call tests of ``fn_name`` on distinct drawn arguments (fewer when ``draw`` has
+    fewer to give), their expected values from ``ref``; and the visible ones alone."""
+    cases, keys = [], set()
+    while len(cases) < visible + hidden and len(keys) < 200:
+        args = draw(rng)
+        key = repr(args)
+        keys.add(key)
+        if any(repr(c["args"]) == key for c in cases):
+            continue
+        cases.append({"args": args, "expected": ref(*args)})
+    return TestSpec("call", tuple(cases), fn_name=fn_name), TestSpec("call", tuple(cases[:visible]), fn_name=fn_name)
 
 
 def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,), visible: int = 2, hidden: int = 4,
@@ -78,22 +93,13 @@ def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,
     while len(tasks) < n and tries < n * 50:
         tries += 1
         level = rng.choice(list(levels))
-        fn_name, text, ref, draw = rng.choice(_families(rng, level))
+        fn_name, text, ref, draw = rng.choice(families(rng, level))
         sample = draw(rng)
-        question = f"Write a Python function `{fn_name}({_params(sample)})` that {text}."
+        question = f"Write a Python function `{fn_name}({params_of(sample)})` that {text}."
         if question in seen:
             continue
         seen.add(question)
-        cases, keys = [], set()
-        while len(cases) < visible + hidden and len(keys) < 200:
-            args = draw(rng)
-            key = repr(args)
-            keys.add(key)
-            if any(repr(c["args"]) == key for c in cases):
-                continue
-            cases.append({"args": args, "expected": ref(*args)})
-        spec = TestSpec("call", tuple(cases), fn_name=fn_name)
-        shown = TestSpec("call", tuple(cases[:visible]), fn_name=fn_name)
+        spec, shown = call_tests(rng, fn_name, ref, draw, visible, hidden)
         tasks.append(Task(f"code-{seed}-{len(tasks)}", question, spec,
                           meta={"fn_name": fn_name, "visible_tests": shown, "level": level, "data_source": "code_gen"}))
     return tasks

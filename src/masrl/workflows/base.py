@@ -48,3 +48,9 @@ class Workflow(Protocol):
     async def run(self, task: Task, ctx: Context) -> None: ...
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]: ...
+
+
+def state_means(trace: Trace, names: dict[str, str]) -> dict[str, float]:
+    """Metrics from lists a workflow left in ``trace.state`` (``ctx.finish(grounded=[1.0, 0.0])``): each
+    ``names`` key's list averaged under its metric name; empty or missing lists give no metric."""
+    return {name: sum(xs) / len(xs) for key, name in names.items() if (xs := trace.state.get(key) or [])}

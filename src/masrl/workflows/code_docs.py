@@ -29,6 +29,7 @@ from masrl.data.tasks import Task
 from masrl.errors import DataError
 from masrl.tools.base import Tool
 from masrl.trace import Trace
+from masrl.workflows.base import state_means
 from masrl.workflows.code_roles import code_tools, parse_code
 from masrl.workflows.code_team import coder_turns
 from masrl.workflows.prompting import few_shot
@@ -86,11 +87,7 @@ def _score(trace: Trace) -> dict[str, float]:
     rate = (trace.state.get("rates") or [0.0])[-1]
     out = {"outcome": rate, "pass_rate": rate, "all_passed": float(rate >= 1.0), "coder/pass_rate": rate,
            "coder/accuracy": float(rate >= 1.0)}
-    for key, name in (("grounded", "reader/accuracy"), ("covered", "coder/covered")):
-        xs = trace.state.get(key) or []
-        if xs:
-            out[name] = sum(xs) / len(xs)
-    return out
+    return out | state_means(trace, {"grounded": "reader/accuracy", "covered": "coder/covered"})
 
 
 class CodeDocsTeam:

@@ -56,6 +56,7 @@ from masrl.data.tasks import Task
 from masrl.errors import DataError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
 from masrl.trace import Trace
+from masrl.workflows.base import state_means
 from masrl.workflows.prompting import few_shot, numbered
 from masrl.workflows.search_roles import (
     ANSWERER_SYSTEM,
@@ -281,11 +282,8 @@ class ReadingTeam:
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)
         out["answerer/accuracy"] = out["em"]
-        for key, name in (("grounded", "reader/accuracy"), ("quiet", "reader/quiet"), ("quoted", "reader/quoted"),
-                          ("chosen", "answerer/chosen"), ("covered", "answerer/covered")):
-            xs = trace.state.get(key) or []
-            if xs:
-                out[name] = sum(xs) / len(xs)
+        out |= state_means(trace, {"grounded": "reader/accuracy", "quiet": "reader/quiet", "quoted": "reader/quoted",
+                                   "chosen": "answerer/chosen", "covered": "answerer/covered"})
         if trace.state.get("notes") is not None:
             out["answerer/notes"] = trace.state["notes"]
         return out

@@ -43,6 +43,7 @@ from masrl.data.tasks import Task
 from masrl.errors import DataError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
 from masrl.trace import Trace
+from masrl.workflows.base import state_means
 from masrl.workflows.prompting import few_shot
 from masrl.workflows.reading import (
     _C1,
@@ -195,11 +196,8 @@ class ReadingHops:
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         out = answer_scores(trace.final_answer, task)
-        for key, name in (("hop1", "hop1/accuracy"), ("hop2", "hop2/accuracy"), ("bridge", "bridge/f1"),
-                          ("covered", "answerer/covered")):
-            xs = trace.state.get(key) or []
-            if xs:
-                out[name] = sum(xs) / len(xs)
+        out |= state_means(trace, {"hop1": "hop1/accuracy", "hop2": "hop2/accuracy", "bridge": "bridge/f1",
+                                   "covered": "answerer/covered"})
         return out
 
 

@@ -72,13 +72,14 @@ def generate(n: int, *, seed: int = 0, levels: list[int] | tuple[int, ...] = (1,
         level = rng.choice(list(levels))
         fn, text, ref, draw = rng.choice(families(rng, level))
         sample = draw(rng)
-        question = f"Write the Python function `{name}({params_of(sample)})` that the documentation describes."
+        params = params_of(sample)
+        question = f"Write the Python function `{name}({params})` that the documentation describes."
         if question in seen:
             continue
         seen.add(question)
         spec, shown = call_tests(rng, name, ref, draw, visible, hidden)
         example = draw(rng)
-        entries = [entry(name, text, params_of(sample), example, ref(*example), _notes(rng))]
+        entries = [entry(name, text, params, example, ref(*example), _notes(rng))]
         for other in names[1:]:  # the others: any family of the task's levels, their own constants
             _, o_text, o_ref, o_draw = rng.choice(families(rng, rng.choice(list(levels))))
             o_args = o_draw(rng)

@@ -71,9 +71,9 @@ def data_report(*, train: list[Task], held_out: list[Task], validation: list[Tas
         if asked is not None and got < asked:
             lines.append(f"warning: {key} asks for {asked:,} tasks; the source gives {got:,}{why}"
                          f"{'. ' + hint if hint else ''}. Set {key}: {got} to say so, or give the source more tasks")
-    noise = sampling_shift(a, len(held_out))
-    if a and b and shift(a, b) > max(SHIFT_WARN, NOISE_TIMES * noise):
-        lines.append(f"warning: the training tasks are mixed unlike the held-out ones ({shift(a, b):.0%} of tasks "
+    apart, noise = shift(a, b), sampling_shift(a, len(held_out))
+    if a and b and apart > max(SHIFT_WARN, NOISE_TIMES * noise):
+        lines.append(f"warning: the training tasks are mixed unlike the held-out ones ({apart:.0%} of tasks "
                      f"would have to change kind, where drawing {len(held_out)} held-out tasks from the training mix "
                      f"gives about {noise:.0%}): training {_shares(a)}; held-out {_shares(b)}. Held-out figures "
                      f"average over the held-out mix; compare runs on the same held-out set"

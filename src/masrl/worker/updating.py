@@ -49,13 +49,13 @@ def update_policy(w, name: str, samples: list[Sample], n_shared: int) -> dict[st
         m = train_policy(w.host, name, samples, opt, w.algo, spec.optim.grad_clip, w.pad_id,
                          seed=w.seed + w.step, reward_stats=w.reward_stats.setdefault(name, RunningMoments()),
                          critic=w.critics.get(name), dp=w.dp)
-    except torch.OutOfMemoryError as e:
-        raise MasrlError(_oom_message(w, name, held_before, e)) from e
-    except RuntimeError as e:  # cuBLAS and cuDNN run out in their own words
+    except RuntimeError as e:  # torch's OutOfMemoryError, or cuBLAS and cuDNN running out in their own words
         free, total = _device_memory(w)
-        if not memory.memory_failure(str(e), free, total):
+        if not isinstance(e, torch.OutOfMemoryError) and not memory.memory_failure(str(e), free, total):
             raise
-        raise MasrlError(_oom_message(w, name, held_before, e)) from e
+        raise MasrlError(memory.update_oom_message(name, w.algo, device=w.device, held=held_before, free=free,
+                                                   total=total, earlier_extra_gib=w.update_extra.get(name),
+                                                   detail=str(e))) from e
     m["update_s"] = time.perf_counter() - t0
     m["shared_calls"] = float(n_shared)
     if w.host.ref_stash.moved_s > ref_moved:
@@ -85,8 +85,3 @@ def _device_memory(w) -> tuple[int, int]:
             return torch.cuda.mem_get_info(w.device)
     return 0, 0
 
-
-def _oom_message(w, name: str, held_before: int, e: Exception) -> str:
-    free, total = _device_memory(w)
-    return memory.update_oom_message(name, w.algo, device=w.device, held=held_before, free=free, total=total,
-                                     earlier_extra_gib=w.update_extra.get(name), detail=str(e))

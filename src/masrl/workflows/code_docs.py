@@ -31,7 +31,7 @@ from masrl.tools.base import Tool
 from masrl.trace import Trace
 from masrl.workflows.base import state_means
 from masrl.workflows.code_roles import code_tools, parse_code
-from masrl.workflows.code_team import coder_turns
+from masrl.workflows.code_team import coder_turns, rate_metrics
 from masrl.workflows.prompting import few_shot
 from masrl.workflows.reading import parse_doc, picked
 
@@ -45,9 +45,8 @@ _E = {
               "returns 2. It logs nothing.",
 }
 _Q = "Write the Python function `{}` that the documentation describes."
-_CODE = {"pomet": "def pomet(x):\n    return x * 7", "sarvik": "def sarvik(xs):\n    return sum(xs)",
-         "dulo": "def dulo(a, b):\n    return a - b", "kenbra": "def kenbra(s):\n    return s.count('e')"}
-_SIG = {"pomet": "pomet(x)", "sarvik": "sarvik(xs)", "dulo": "dulo(a, b)", "kenbra": "kenbra(s)"}
+_CODE = {"pomet": "def pomet(x):\n    return x * 7", "dulo": "def dulo(a, b):\n    return a - b"}
+_SIG = {name: e.split(":")[0] for name, e in _E.items()}  # "pomet(x)": an entry starts with its signature
 
 
 def docs_prompt(entries: list[str], question: str) -> str:
@@ -84,9 +83,9 @@ def _coder_role() -> AgentRole:
 
 
 def _score(trace: Trace) -> dict[str, float]:
-    rate = (trace.state.get("rates") or [0.0])[-1]
-    out = {"outcome": rate, "pass_rate": rate, "all_passed": float(rate >= 1.0), "coder/pass_rate": rate,
-           "coder/accuracy": float(rate >= 1.0)}
+    """The single coder's metrics (one turn: no turns to count), and the readers' where they ran."""
+    out = rate_metrics(trace.state.get("rates") or [0.0], 1)
+    del out["pass_rate_turn0"], out["turns_to_success"]
     return out | state_means(trace, {"grounded": "reader/accuracy", "covered": "coder/covered"})
 
 
@@ -112,17 +111,16 @@ class CodeDocsTeam:
         readers = list(await asyncio.gather(*[
             ctx.call("reader", few_shot(READER_SYSTEM, READER_EXAMPLES, docs_prompt(c, task.question))) for c in chunks]))
         picks = [picked(r, c) for r, c in zip(readers, chunks)]
+        right = [float(p is not None and holds(p, task)) for p in picks]
         held = [any(holds(e, task) for e in c) for c in chunks]
-        grounded = [float(p is not None and holds(p, task)) for p, h in zip(picks, held) if h]
         notes = [p for p in picks if p is not None]
         code, rates = await coder_turns(ctx, task, docs_prompt(notes, task.question), CODER_EXAMPLES, 1, review=False)
-        found = iter(grounded)
-        for r, h in zip(readers, held):
+        for r, ok, h in zip(readers, right, held):
             if not self.found_credit:
                 r.credit = rates[-1]
-            elif h:
-                r.credit = next(found)
-        ctx.finish(code, rates=rates, grounded=grounded, covered=[float(any(holds(p, task) for p in notes))])
+            elif h:  # a reader whose chunk lacks the entry gets no credit: its pick cannot matter
+                r.credit = ok
+        ctx.finish(code, rates=rates, grounded=[ok for ok, h in zip(right, held) if h], covered=[max(right)])
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         return _score(trace)

@@ -59,6 +59,11 @@
 #                                     picks (4 calls)
 #   code_docs_agent                   one coder call reads all 24 entries (the team coder's prompt and examples)
 #   code_docs_agent_ds                the same with dynamic sampling (2 refill rounds for groups whose rewards are equal)
+# chained math (source math_chain: 3 or 4 events on one count a problem, 3.5 calls a task on average for the
+#   stepping arms; CALLS a multiple of 28, e.g. 280, for equal calls):
+#   chain_team                        one stepper per event, each from the count so far, the calculator computes each
+#   chain_agent                       one solver writes one expression for the whole chain (1 call)
+#   chain_stepwise                    one solver works through the events in one conversation, a turn per event
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
@@ -155,6 +160,11 @@ for a in ${ARMS:-team_roles solver}; do
     code_docs_team) arm code_docs_team configs/code_docs_team.yaml $(math 4) ;;
     code_docs_agent) arm code_docs_agent configs/code_docs_agent.yaml $(math 1) ;;
     code_docs_agent_ds) arm code_docs_agent_ds configs/code_docs_agent.yaml $(math 1) rollout.dynamic_sampling=2 ;;
+    chain_team) arm chain_team configs/math_chain_team.yaml "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
+      rollout.samples_per_task=8 ;;
+    chain_agent) arm chain_agent configs/math_chain_agent.yaml $(math 1) ;;
+    chain_stepwise) arm chain_stepwise configs/math_chain_stepwise.yaml "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
+      rollout.samples_per_task=8 ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
@@ -162,7 +172,7 @@ done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver*|code_docs_agent*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
+    case $name in solver*|code_solver*|code_docs_agent*|chain_agent*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
     for s in $SEEDS; do
       "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \

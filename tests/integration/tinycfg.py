@@ -20,6 +20,9 @@ def _tiny_data(data: dict) -> dict:
     if source == "code_docs":  # code from documentation: 8 entries a task keep tiny prompts short
         return {"world": {"context_docs": 8}, "train": {"source": "code_docs", "n": 40, "seed": 1, "levels": [1, 2]},
                 "eval": {"source": "code_docs", "n": 3, "seed": 2, "levels": [1, 2]}}
+    if source == "math_chain":  # chained problems: the stepping workflows need their events in meta
+        return {"train": {"source": "math_chain", "n": 40, "seed": 1, "levels": [2, 3]},
+                "eval": {"source": "math_chain", "n": 3, "seed": 2, "levels": [2, 3]}}
     if source == "episodes":  # environments: seeded episodes
         return {"train": {"source": "episodes", "n": 40, "seed": 1}, "eval": {"source": "episodes", "n": 3, "seed": 2}}
     if source == "qa_world":  # search workflows: questions about a small world, searched locally

@@ -50,10 +50,11 @@ class WorkflowConfig(Strict):
 
 class DataSourceConfig(Strict):
     source: str = Field(
-        "arithmetic", description="arithmetic: seeded math word problems; code_gen: seeded function-writing tasks "
-                                  "with visible and hidden tests; code_docs: the same functions under invented "
-                                  "names, each task's documentation entry among others' (data.world.context_docs "
-                                  "of them); humaneval: the 164 HumanEval problems; qa_world: "
+        "arithmetic", description="arithmetic: seeded math word problems; math_chain: seeded problems that chain "
+                                  "2-5 events on one count (levels: the number of events); code_gen: seeded "
+                                  "function-writing tasks with visible and hidden tests; code_docs: the same "
+                                  "functions under invented names, each task's documentation entry among "
+                                  "others' (data.world.context_docs of them); humaneval: the 164 HumanEval problems; qa_world: "
                                   "seeded multi-hop questions over `data.world`'s corpus; episodes: seeds for an "
                                   "environment's episodes (workflow env); file: JSONL or Parquet; or your own "
                                   "'module:function' (data/sources.py)")

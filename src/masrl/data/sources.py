@@ -1,6 +1,6 @@
 """Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
 
-Built-ins: the seeded generators (``arithmetic``, ``code_gen``, ``code_docs``, ``qa_world``, ``episodes``),
+Built-ins: the seeded generators (``arithmetic``, ``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``, ``episodes``),
 ``humaneval`` and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is
 ``source: 'module:function'``: a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows
 it returns as dicts are read like a file's rows of ``kind`` (the same field aliases, the same
@@ -72,6 +72,12 @@ def _code_docs(s: SourceSpec) -> list[Task]:
                               exclude=set(s.exclude))
 
 
+def _math_chain(s: SourceSpec) -> list[Task]:
+    from masrl.data import chain
+
+    return chain.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
+
+
 def _qa_world(s: SourceSpec) -> list[Task]:
     from masrl.data.qa_tasks import world_tasks
 
@@ -102,6 +108,7 @@ SOURCES: dict[str, Source] = {
                                                      "levels 1-2"),
     "code_docs": Source(_code_docs, levels=(1, 2), more="code_docs invents a new function name for every task: "
                                                         "raise n"),
+    "math_chain": Source(_math_chain, levels=(2, 3, 4, 5)),
     "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),

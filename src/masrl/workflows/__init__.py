@@ -10,6 +10,7 @@ from masrl.workflows.debate import Debate
 from masrl.workflows.env import EnvWorkflow
 from masrl.workflows.external import External
 from masrl.workflows.graph import Graph
+from masrl.workflows.math_chain import MathChainAgent, MathChainTeam
 from masrl.workflows.math_checked import MathChecked
 from masrl.workflows.math_solver import MathSolver
 from masrl.workflows.math_team import MathTeam
@@ -19,7 +20,8 @@ from masrl.workflows.reading_hops import ReadingHops, ReadingHopsAgent
 from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
-            "math_checked": MathChecked, "code_team": CodeTeam, "code_solver": CodeSolver,
+            "math_checked": MathChecked, "math_chain_team": MathChainTeam, "math_chain_agent": MathChainAgent,
+            "code_team": CodeTeam, "code_solver": CodeSolver,
             "code_docs_team": CodeDocsTeam, "code_docs_agent": CodeDocsAgent,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
             "reading_team": ReadingTeam, "reading_agent": ReadingAgent,

@@ -1,23 +1,28 @@
-"""`make demo`: the search team against one search agent with the same search tool on a CPU,
-SmolLM2-135M-Instruct, about equal training calls, then both side by side on the same held-out
-questions.
+"""`make demo`: a team against its single agent with the same tool on a CPU, SmolLM2-135M-Instruct, about
+equal training calls, then both side by side on the same held-out tasks.
 
-    .venv/bin/python scripts/cpu_team_vs_agent.py [--seed 0] [--steps 6] [--out runs/cpu-team-vs-agent]
-        [--side-by-side auto|on|off] [KEY=VALUE ...]
+    .venv/bin/python scripts/cpu_team_vs_agent.py [--family chain|search] [--seed 0] [--steps 8]
+        [--out runs/cpu-team-vs-agent] [--side-by-side auto|on|off] [KEY=VALUE ...]
 
-The team (planner, searcher, summarizer, updater, answerer on one model; 6 calls a question) trains
-on 2 questions x 4 samples a step; the agent (one model that calls `search` itself, up to 3 calls,
-about 1.8 on average; its prompt shows a worked example of each kind of question) on 6 x 4, so both
-spend about the same model calls in training (the table prints them). KEY=VALUE overrides go to both
-arms. Both are scored (token F1 against the gold answers, greedy) on 32 held-out questions before
-and after. A run that finished is not run again. `--precision auto` (the default) trains in bf16 (fp32 master
-weights) where the CPU has bf16 units, about 1.6x faster a step, else in fp32. What it showed (docs/results.md): in 6 CPU steps
-the team is not ahead (seeds 0-2); on a GPU, 100 steps, the two end level.
+``--family chain`` (the default): problems that chain 3-4 events on one count ("Ana has 14 apples. Then Ana
+buys 3 packs with 5 in each pack. Then Ana gives away 9. ..."). The team (configs/math_chain_team.yaml) is one
+stepper per event, each shown only the count so far and its event, the calculator computing each step; the
+single agent (configs/math_chain_agent.yaml) writes one expression for the whole chain, with the same
+calculator and a worked chain of every kind of event in its prompt. Team 3 problems x 4 samples a step (3.5
+calls a problem), the agent 11 x 4, so both spend about the same model calls (the table prints them). Both
+are scored on 32 held-out problems (accuracy, greedy) before and after.
 
-`--side-by-side auto` (the default) trains the two arms at once where the machine has at least 2 cores,
-each in its own process on half the cores (`threads=`), its lines prefixed with the arm's name and kept
-in the run's `train.log`: on 2 cores the demo took 12.8 minutes instead of 16.3 one arm after the other
-(docs/benchmarks.md). Each arm's minutes are then its own wall-clock while sharing the machine.
+``--family search``: the search team (planner, searcher, summarizer, updater, answerer; 6 calls a question)
+against one search agent with the same BM25 tool, 6 steps unless ``--steps`` says otherwise, token F1 on 32
+held-out questions; there the team is not ahead after 6 CPU steps, and on a GPU the two end level
+(docs/results.md).
+
+KEY=VALUE overrides go to both arms. A run that finished is not run again. ``--precision auto`` (the default)
+trains in bf16 (fp32 master weights) where the CPU has bf16 units, about 1.6x faster a step, else in fp32.
+``--side-by-side auto`` (the default) trains the two arms at once where the machine has at least 2 cores,
+each in its own process on half the cores (``threads=``), its lines prefixed with the arm's name and kept
+in the run's ``train.log`` (1.28x faster than one after the other on 2 cores, docs/benchmarks.md). Each
+arm's minutes are then its own wall-clock while sharing the machine.
 """
 
 from __future__ import annotations
@@ -35,9 +40,17 @@ from masrl.worker.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ARMS = {
-    "search team": ("configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
-    "one search agent": ("configs/search_agent.yaml", ["rollout.tasks_per_step=6"]),
+# each family: its two arms (name: config, own overrides; the team first), what is scored, the default steps
+FAMILIES = {
+    "chain": {"arms": {"chained-math team": ("configs/math_chain_team.yaml", ["rollout.tasks_per_step=3"]),
+                       "one solver": ("configs/math_chain_agent.yaml", ["rollout.tasks_per_step=11"])},
+              "scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8,
+              "gpu": "docs/results.md has the GPU runs and the single agent that walks the events itself"},
+    "search": {"arms": {"search team": ("configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
+                        "one search agent": ("configs/search_agent.yaml", ["rollout.tasks_per_step=6"])},
+               "scored": "token F1 of the final answer (greedy)", "tasks": "questions", "steps": 6,
+               "gpu": "on a GPU, `make gpu-demo` runs this comparison for 100 steps and 3 seeds; there the two "
+                      "end level (docs/results.md)"},
 }
 
 
@@ -85,6 +98,11 @@ def run_side_by_side(arms: dict[str, tuple[str, list[str], Path]]) -> dict[str, 
     return took
 
 
+def folder(name: str, seed: int) -> str:
+    """An arm's output folder: ``team-seed0`` for the team (listed first), ``agent-seed0`` for the single agent."""
+    return f"{name}-seed{seed}"
+
+
 def summary(out: Path) -> dict:
     before, after = (json.loads((out / f"eval_{k}.json").read_text()) for k in ("before", "after"))
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
@@ -96,8 +114,10 @@ def summary(out: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="chain",
+                    help="chain: chained math problems (the default); search: the search team and one search agent")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=None, help="training steps (default: the family's, 8 or 6)")
     ap.add_argument("--out", default="runs/cpu-team-vs-agent")
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="auto: bf16 where this CPU has bf16 units (avx512_bf16 / amx_bf16: ~1.6x faster), else fp32")
@@ -105,6 +125,8 @@ def main() -> None:
                     help="train both arms at once, each on half the cores (auto: where there are at least 2)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides for both arms")
     a = ap.parse_args()
+    fam = FAMILIES[a.family]
+    a.steps = a.steps or fam["steps"]
     precision = a.precision if a.precision != "auto" else ("bf16" if cpu_bf16_units() else "fp32")
     print(f"[demo] precision={precision} (bf16 weights with fp32 master weights where the CPU computes bf16 natively; "
           f"--precision fp32 for the fp32 figures)", flush=True)
@@ -113,8 +135,8 @@ def main() -> None:
     together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
               *([f"threads={threads}"] if together else []), *a.overrides]
-    arms = {name: (config, [*common, *own], ROOT / a.out / f"{name.split()[-1]}-seed{a.seed}")
-            for name, (config, own) in ARMS.items()}
+    arms = {name: (config, [*common, *own], ROOT / a.out / folder(kind, a.seed))
+            for kind, (name, (config, own)) in zip(("team", "agent"), fam["arms"].items())}
     todo = {name: arm for name, arm in arms.items() if not (arm[2] / "eval_after.json").is_file()}  # not run again
     took = dict.fromkeys(arms, 0.0)
     if together:
@@ -124,21 +146,23 @@ def main() -> None:
     else:
         took.update({name: run_arm(*arm) for name, arm in todo.items()})
     rows = {name: summary(out) for name, (_, _, out) in arms.items()}
-    n = rows["search team"]["questions"]
-    print(f"\nheld-out: {n} questions never trained on, token F1 of the final answer (greedy), seed {a.seed}, "
+    team_name, agent_name = fam["arms"]
+    n, tasks = rows[team_name]["questions"], fam["tasks"]
+    print(f"\nheld-out: {n} {tasks} never trained on, {fam['scored']}, seed {a.seed}, "
           f"{a.steps} training steps on this CPU, precision {precision}")
     minutes = "minutes (side by side)" if together else "minutes"
-    print(f"| arm | F1 before -> after | exact match after | training calls | calls per question | {minutes} |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    em = a.family == "search"  # F1 families also show exact match; accuracy is exact already
+    print(f"| arm | before -> after |{' exact match after |' * em} training calls | calls per {tasks[:-1]} | {minutes} |")
+    print("| --- | --- |" + " --- |" * (3 + em))
     for name, r in rows.items():
         mins = f"{took[name] / 60:.1f}" if took[name] else "(done before)"
-        print(f"| {name} | {r['before']:.3f} -> **{r['after']:.3f}** | {r['em']:.3f} | {r['train_calls']} | "
+        exact = f" {r['em']:.3f} |" if em else ""
+        print(f"| {name} | {r['before']:.3f} -> **{r['after']:.3f}** |{exact} {r['train_calls']} | "
               f"{r['per_question']:.1f} | {mins} |")
-    team, agent = rows["search team"]["after"], rows["one search agent"]["after"]
+    team, agent = rows[team_name]["after"], rows[agent_name]["after"]
     verdict = "ahead of" if team > agent else "not ahead of"
     print(f"\nThe trained team is {verdict} the trained single agent ({team:.3f} vs {agent:.3f}) after {a.steps} steps. "
-          f"Seeds differ by about 0.1 here: compare over seeds (`--seed 1`, `--seed 2`). On a GPU, `make gpu-demo` "
-          f"runs this comparison for 100 steps and 3 seeds; there the two end level (docs/results.md).")
+          f"Seeds differ by about 0.1 here: compare over seeds (`--seed 1`, `--seed 2`); {fam['gpu']}.")
 
 
 if __name__ == "__main__":

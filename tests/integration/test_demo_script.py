@@ -20,8 +20,8 @@ SMALL = ["model=tiny-random", "data.eval.n=2", "rollout.samples_per_task=2", "al
 def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path):
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--seed", "3", "--steps", "1",
-           "--out", str(out), *SMALL]
+    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--family", "search", "--seed", "3",
+           "--steps", "1", "--out", str(out), *SMALL]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {m.group(1): m for m in re.finditer(r"^\| (search team|one search agent) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
@@ -51,11 +51,29 @@ def test_an_arm_that_fails_stops_the_demo_with_its_name_and_log_while_the_other_
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     # an option only the team's workflow takes: the single agent's config is rejected, the team's is not
-    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--seed", "3", "--steps", "1",
-           "--side-by-side", "on", "--out", str(out), *SMALL, "workflow.options.max_turns=1"]
+    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--family", "search", "--seed", "3",
+           "--steps", "1", "--side-by-side", "on", "--out", str(out), *SMALL, "workflow.options.max_turns=1"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
     assert "one search agent exited with" in r.stderr and str(out / "agent-seed3" / "train.log") in r.stderr
     assert "max_turns" in (out / "agent-seed3" / "train.log").read_text()  # the arm's own error, kept
     assert (out / "team-seed3" / "eval_after.json").is_file()  # the other arm was not cut short
     assert "search team exited" not in r.stderr
+
+
+def test_the_default_demo_is_the_chained_math_team_against_one_solver_at_about_equal_calls(tmp_path):
+    out = tmp_path / "demo"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--seed", "3", "--steps", "1",
+           "--out", str(out), *SMALL]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {m.group(1): m for m in re.finditer(r"^\| (chained-math team|one solver) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
+                                               r"(\d+) \| ([\d.]+) \|", r.stdout, re.M)}
+    assert set(rows) == {"chained-math team", "one solver"}, r.stdout[-2000:]
+    assert "problems never trained on, accuracy" in r.stdout and "exact match" not in r.stdout
+    for arm, folder in (("chained-math team", "team-seed3"), ("one solver", "agent-seed3")):
+        assert float(rows[arm].group(3)) == round(json.loads((out / folder / "eval_after.json").read_text())["outcome"], 3)
+        assert (out / folder / "config.yaml").read_text().count("math_chain") >= 2  # its workflow and its source
+    # tiny-random's expressions rarely compute, which ends a chain early: a stepper per event reached, 1-4
+    assert 1 <= float(rows["chained-math team"].group(5)) <= 4 and float(rows["one solver"].group(5)) == 1.0

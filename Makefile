@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Does a team beat one agent? Train the search team and one search agent (the same search tool, about equal
-# training calls) on SmolLM2-135M-Instruct and print both side by side on held-out questions.
-# SEED picks the seed; ARGS are overrides for both arms (e.g. ARGS="train.steps=8").
+# Does a team beat one agent? Train a team of steppers (one call per event) and one solver with the same
+# calculator on chained math problems, about equal training calls, SmolLM2-135M-Instruct, and print both side
+# by side on held-out problems. SEED picks the seed; ARGS go to scripts/cpu_team_vs_agent.py (e.g.
+# ARGS="--family chain-stepwise" for the single agent that takes a turn per event, ARGS="train.steps=12").
 SEED ?= 0
 demo: $(STAMP)
 	$(PY) scripts/cpu_team_vs_agent.py --seed $(SEED) --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)

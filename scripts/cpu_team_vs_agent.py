@@ -1,7 +1,7 @@
 """`make demo`: a team against its single agent with the same tool on a CPU, SmolLM2-135M-Instruct, about
 equal training calls, then both side by side on the same held-out tasks.
 
-    .venv/bin/python scripts/cpu_team_vs_agent.py [--family chain|search] [--seed 0] [--steps 8]
+    .venv/bin/python scripts/cpu_team_vs_agent.py [--family chain|chain-stepwise|search] [--seed 0] [--steps 8]
         [--out runs/cpu-team-vs-agent] [--side-by-side auto|on|off] [KEY=VALUE ...]
 
 ``--family chain`` (the default): problems that chain 3-4 events on one count ("Ana has 14 apples. Then Ana
@@ -11,6 +11,11 @@ single agent (configs/math_chain_agent.yaml) writes one expression for the whole
 calculator and a worked chain of every kind of event in its prompt. Team 3 problems x 4 samples a step (3.5
 calls a problem), the agent 11 x 4, so both spend about the same model calls (the table prints them). Both
 are scored on 32 held-out problems (accuracy, greedy) before and after.
+
+``--family chain-stepwise``: the same team against the stronger control, one solver that works through the
+same events in one conversation (configs/math_chain_stepwise.yaml), a turn and a calculator call per event, 3
+problems a step (the team's calls). Given the same ``--out`` as a ``--family chain`` run, the team's folder is
+reused and only this agent trains.
 
 ``--family search``: the search team (planner, searcher, summarizer, updater, answerer; 6 calls a question)
 against one search agent with the same BM25 tool, 6 steps unless ``--steps`` says otherwise, token F1 on 32
@@ -40,16 +45,24 @@ from masrl.worker.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# each family: its two arms (name: config, own overrides; the team first), what is scored, the default steps
+# each family: its two arms (name: folder, config, own overrides; the team first), what is scored, the default
+# steps. An arm's folder is ``<folder>-seed<S>``: the chain families share the team's, so running
+# ``--family chain-stepwise`` into the same ``--out`` after ``--family chain`` trains only the new single agent.
+_CHAIN_TEAM = ("team", "configs/math_chain_team.yaml", ["rollout.tasks_per_step=3"])
 FAMILIES = {
-    "chain": {"arms": {"chained-math team": ("configs/math_chain_team.yaml", ["rollout.tasks_per_step=3"]),
-                       "one solver": ("configs/math_chain_agent.yaml", ["rollout.tasks_per_step=11"])},
+    "chain": {"arms": {"chained-math team": _CHAIN_TEAM,
+                       "one solver": ("agent", "configs/math_chain_agent.yaml", ["rollout.tasks_per_step=11"])},
               "scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8,
-              "gpu": "docs/results.md has the GPU runs and the single agent that walks the events itself"},
-    "search": {"arms": {"search team": ("configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
-                        "one search agent": ("configs/search_agent.yaml", ["rollout.tasks_per_step=6"])},
+              "more": "`--family chain-stepwise` runs the single agent that walks the events itself (docs/results.md)"},
+    "chain-stepwise": {"arms": {"chained-math team": _CHAIN_TEAM,
+                                "one solver, a turn per event": ("stepwise", "configs/math_chain_stepwise.yaml",
+                                                                 ["rollout.tasks_per_step=3"])},
+                       "scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8,
+                       "more": "docs/results.md has these runs over seeds"},
+    "search": {"arms": {"search team": ("team", "configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
+                        "one search agent": ("agent", "configs/search_agent.yaml", ["rollout.tasks_per_step=6"])},
                "scored": "token F1 of the final answer (greedy)", "tasks": "questions", "steps": 6,
-               "gpu": "on a GPU, `make gpu-demo` runs this comparison for 100 steps and 3 seeds; there the two "
+               "more": "on a GPU, `make gpu-demo` runs this comparison for 100 steps and 3 seeds; there the two "
                       "end level (docs/results.md)"},
 }
 
@@ -98,9 +111,10 @@ def run_side_by_side(arms: dict[str, tuple[str, list[str], Path]]) -> dict[str, 
     return took
 
 
-def folder(name: str, seed: int) -> str:
-    """An arm's output folder: ``team-seed0`` for the team (listed first), ``agent-seed0`` for the single agent."""
-    return f"{name}-seed{seed}"
+def folder(kind: str, seed: int) -> str:
+    """An arm's output folder: ``team-seed0`` for the team, ``agent-seed0`` (or ``stepwise-seed0``) for the
+    single agent."""
+    return f"{kind}-seed{seed}"
 
 
 def summary(out: Path) -> dict:
@@ -115,7 +129,9 @@ def summary(out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", choices=sorted(FAMILIES), default="chain",
-                    help="chain: chained math problems (the default); search: the search team and one search agent")
+                    help="chain: chained math problems, the team against one solver writing one expression (the "
+                         "default); chain-stepwise: the same team against one solver taking a turn per event; "
+                         "search: the search team and one search agent")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None, help="training steps (default: the family's, 8 or 6)")
     ap.add_argument("--out", default="runs/cpu-team-vs-agent")
@@ -136,7 +152,7 @@ def main() -> None:
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
               *([f"threads={threads}"] if together else []), *a.overrides]
     arms = {name: (config, [*common, *own], ROOT / a.out / folder(kind, a.seed))
-            for kind, (name, (config, own)) in zip(("team", "agent"), fam["arms"].items())}
+            for name, (kind, config, own) in fam["arms"].items()}
     todo = {name: arm for name, arm in arms.items() if not (arm[2] / "eval_after.json").is_file()}  # not run again
     took = dict.fromkeys(arms, 0.0)
     if together:
@@ -162,7 +178,7 @@ def main() -> None:
     team, agent = rows[team_name]["after"], rows[agent_name]["after"]
     verdict = "ahead of" if team > agent else "not ahead of"
     print(f"\nThe trained team is {verdict} the trained single agent ({team:.3f} vs {agent:.3f}) after {a.steps} steps. "
-          f"Seeds differ by about 0.1 here: compare over seeds (`--seed 1`, `--seed 2`); {fam['gpu']}.")
+          f"Seeds differ by about 0.1 here: compare over seeds (`--seed 1`, `--seed 2`); {fam['more']}.")
 
 
 if __name__ == "__main__":

@@ -77,3 +77,15 @@ def test_the_default_demo_is_the_chained_math_team_against_one_solver_at_about_e
         assert (out / folder / "config.yaml").read_text().count("math_chain") >= 2  # its workflow and its source
     # tiny-random's expressions rarely compute, which ends a chain early: a stepper per event reached, 1-4
     assert 1 <= float(rows["chained-math team"].group(5)) <= 4 and float(rows["one solver"].group(5)) == 1.0
+    # the stronger control into the same folder: the team's run is reused, only the stepping solver trains
+    cmd[cmd.index("--seed"):cmd.index("--seed")] = ["--family", "chain-stepwise"]
+    team_log = (out / "team-seed3" / "train.log").read_text()
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = re.search(r"^\| chained-math team \| [\d.]+ -> \*\*([\d.]+)\*\* \| \d+ \| [\d.]+ \| \(done before\) \|", r.stdout, re.M)
+    assert row and float(row.group(1)) == float(rows["chained-math team"].group(3))
+    assert (out / "team-seed3" / "train.log").read_text() == team_log
+    step = re.search(r"^\| one solver, a turn per event \| [\d.]+ -> \*\*([\d.]+)\*\* \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)
+    assert step, r.stdout[-2000:]
+    assert "stepwise: true" in (out / "stepwise-seed3" / "config.yaml").read_text()
+    assert float(step.group(1)) == round(json.loads((out / "stepwise-seed3" / "eval_after.json").read_text())["outcome"], 3)

@@ -10,7 +10,9 @@ stepper per event, each shown only the count so far and its event, the calculato
 single agent (configs/math_chain_agent.yaml) writes one expression for the whole chain, with the same
 calculator and a worked chain of every kind of event in its prompt. Team 3 problems x 4 samples a step (3.5
 calls a problem), the agent 11 x 4, so both spend about the same model calls (the table prints them). Both
-are scored on 32 held-out problems (accuracy, greedy) before and after.
+are scored on 32 held-out problems (accuracy, greedy) before and after training, and at the best checkpoint
+chosen fairly (``train.keep_best``: 32 training problems held back from training score the weights every 2
+steps; the held-out set never chooses), printed beside the last step's.
 
 ``--family chain-stepwise``: the same team against the stronger control, one solver that works through the
 same events in one conversation (configs/math_chain_stepwise.yaml), a turn and a calculator call per event, 3
@@ -44,6 +46,7 @@ from pathlib import Path
 from masrl.worker.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
+KEEP_N, KEEP_EVERY = 32, 2  # train.keep_best: validation tasks (from the training distribution) and how often
 
 # each family: its two arms (name: folder, config, own overrides; the team first), what is scored, the default
 # steps. An arm's folder is ``<folder>-seed<S>``: the chain families share the team's, so running
@@ -119,11 +122,14 @@ def folder(kind: str, seed: int) -> str:
 
 def summary(out: Path) -> dict:
     before, after = (json.loads((out / f"eval_{k}.json").read_text()) for k in ("before", "after"))
+    best_file = out / "eval_best.json"  # train.keep_best: the held-out figures at the best-by-validation weights
+    best = json.loads(best_file.read_text()) if best_file.is_file() else None
     steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
     train_calls = sum(a["calls"] for r in steps for a in r["rollout"]["agents"].values())
     per_question = sum(a["calls"] for a in after["agents"].values()) / max(1, after["traces"])
     return {"before": before["outcome"], "after": after["outcome"], "em": after.get("em", 0.0), "train_calls": train_calls,
-            "per_question": per_question, "questions": after["traces"], "steps": len(steps)}
+            "per_question": per_question, "questions": after["traces"], "steps": len(steps),
+            "best": None if best is None else (best["outcome"], best["best_step"])}
 
 
 def main() -> None:
@@ -149,7 +155,10 @@ def main() -> None:
     cores = os.cpu_count() or 1
     threads = max(1, cores // 2)
     together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
+    # the best checkpoint, chosen fairly: 32 training tasks held back, scored every KEEP_EVERY steps; the held-out
+    # set is scored at the weights they pick beside the last step's
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
+              f"train.keep_best.n={KEEP_N}", f"train.keep_best.every={KEEP_EVERY}",
               *([f"threads={threads}"] if together else []), *a.overrides]
     arms = {name: (config, [*common, *own], ROOT / a.out / folder(kind, a.seed))
             for name, (kind, config, own) in fam["arms"].items()}
@@ -168,12 +177,14 @@ def main() -> None:
           f"{a.steps} training steps on this CPU, precision {precision}")
     minutes = "minutes (side by side)" if together else "minutes"
     em = a.family == "search"  # F1 families also show exact match; accuracy is exact already
-    print(f"| arm | before -> after |{' exact match after |' * em} training calls | calls per {tasks[:-1]} | {minutes} |")
-    print("| --- | --- |" + " --- |" * (3 + em))
+    print(f"| arm | before -> after |{' exact match after |' * em} best-by-validation (its step) | training calls | "
+          f"calls per {tasks[:-1]} | {minutes} |")
+    print("| --- | --- |" + " --- |" * (4 + em))
     for name, r in rows.items():
         mins = f"{took[name] / 60:.1f}" if took[name] else "(done before)"
         exact = f" {r['em']:.3f} |" if em else ""
-        print(f"| {name} | {r['before']:.3f} -> **{r['after']:.3f}** |{exact} {r['train_calls']} | "
+        best = f"{r['best'][0]:.3f} ({r['best'][1]})" if r["best"] else "(not kept)"
+        print(f"| {name} | {r['before']:.3f} -> **{r['after']:.3f}** |{exact} {best} | {r['train_calls']} | "
               f"{r['per_question']:.1f} | {mins} |")
     team, agent = rows[team_name]["after"], rows[agent_name]["after"]
     verdict = "ahead of" if team > agent else "not ahead of"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["model=tiny-random", "data.eval.n=2", "rollout.samples_per_task=2", "algorithm.micro_batch_size=4",
-         "data.world.docs=40", "data.train.n=40"]
+         "data.world.docs=40", "data.train.n=40", "train.keep_best.n=4"]
+BEST = r"([\d.]+) \((\d+)\)"  # the best-by-validation column: held-out score (its step)
 
 
 def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path):
@@ -25,16 +26,18 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {m.group(1): m for m in re.finditer(r"^\| (search team|one search agent) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
-                                               r"[\d.]+ \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)}
+                                               r"[\d.]+ \| " + BEST + r" \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)}
     assert set(rows) == {"search team", "one search agent"}, r.stdout[-2000:]
     for arm, folder in (("search team", "team-seed3"), ("one search agent", "agent-seed3")):
         after = json.loads((out / folder / "eval_after.json").read_text())
         assert float(rows[arm].group(3)) == round(after["outcome"], 3)
+        best = json.loads((out / folder / "eval_best.json").read_text())  # validated at the last step: its weights
+        assert float(rows[arm].group(4)) == round(best["outcome"], 3) and int(rows[arm].group(5)) == best["best_step"] == 1
         steps = [json.loads(x) for x in (out / folder / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
         assert len(steps) == 1
         calls = sum(a["calls"] for a in steps[0]["rollout"]["agents"].values())
-        assert int(rows[arm].group(4)) == calls > 0
-    team_calls = float(rows["search team"].group(5))
+        assert int(rows[arm].group(6)) == calls > 0
+    team_calls = float(rows["search team"].group(7))
     assert 2 < team_calls <= 6  # the team: planner and answerer, then searcher, summarizer, updater per turn
     assert "The trained team is" in r.stdout and "single agent" in r.stdout
     # on 2+ cores the arms train at once, each on half of them: every line shown with its arm's name, and kept
@@ -69,23 +72,30 @@ def test_the_default_demo_is_the_chained_math_team_against_one_solver_at_about_e
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {m.group(1): m for m in re.finditer(r"^\| (chained-math team|one solver) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
-                                               r"(\d+) \| ([\d.]+) \|", r.stdout, re.M)}
+                                               + BEST + r" \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)}
     assert set(rows) == {"chained-math team", "one solver"}, r.stdout[-2000:]
     assert "problems never trained on, accuracy" in r.stdout and "exact match" not in r.stdout
     for arm, folder in (("chained-math team", "team-seed3"), ("one solver", "agent-seed3")):
         assert float(rows[arm].group(3)) == round(json.loads((out / folder / "eval_after.json").read_text())["outcome"], 3)
         assert (out / folder / "config.yaml").read_text().count("math_chain") >= 2  # its workflow and its source
     # tiny-random's expressions rarely compute, which ends a chain early: a stepper per event reached, 1-4
-    assert 1 <= float(rows["chained-math team"].group(5)) <= 4 and float(rows["one solver"].group(5)) == 1.0
+    assert 1 <= float(rows["chained-math team"].group(7)) <= 4 and float(rows["one solver"].group(7)) == 1.0
+    for arm, folder in (("chained-math team", "team-seed3"), ("one solver", "agent-seed3")):
+        config = (out / folder / "config.yaml").read_text()
+        assert "keep_best" in config and "n: 4" in config  # the script keeps the best; an override sets its size
+        best = json.loads((out / folder / "eval_best.json").read_text())
+        assert float(rows[arm].group(4)) == round(best["outcome"], 3) and int(rows[arm].group(5)) == best["best_step"] == 1
     # the stronger control into the same folder: the team's run is reused, only the stepping solver trains
     cmd[cmd.index("--seed"):cmd.index("--seed")] = ["--family", "chain-stepwise"]
     team_log = (out / "team-seed3" / "train.log").read_text()
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    row = re.search(r"^\| chained-math team \| [\d.]+ -> \*\*([\d.]+)\*\* \| \d+ \| [\d.]+ \| \(done before\) \|", r.stdout, re.M)
+    row = re.search(r"^\| chained-math team \| [\d.]+ -> \*\*([\d.]+)\*\* \| " + BEST
+                    + r" \| \d+ \| [\d.]+ \| \(done before\) \|", r.stdout, re.M)
     assert row and float(row.group(1)) == float(rows["chained-math team"].group(3))
     assert (out / "team-seed3" / "train.log").read_text() == team_log
-    step = re.search(r"^\| one solver, a turn per event \| [\d.]+ -> \*\*([\d.]+)\*\* \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)
+    step = re.search(r"^\| one solver, a turn per event \| [\d.]+ -> \*\*([\d.]+)\*\* \| " + BEST
+                     + r" \| (\d+) \| ([\d.]+) \|", r.stdout, re.M)
     assert step, r.stdout[-2000:]
     assert "stepwise: true" in (out / "stepwise-seed3" / "config.yaml").read_text()
     assert float(step.group(1)) == round(json.loads((out / "stepwise-seed3" / "eval_after.json").read_text())["outcome"], 3)

@@ -51,7 +51,7 @@ class WorkflowConfig(Strict):
 class DataSourceConfig(Strict):
     source: str = Field(
         "arithmetic", description="arithmetic: seeded math word problems; math_chain: seeded problems that chain "
-                                  "2-5 events on one count (levels: the number of events); code_gen: seeded "
+                                  "2-8 events on one count (levels: the number of events); code_gen: seeded "
                                   "function-writing tasks with visible and hidden tests; code_docs: the same "
                                   "functions under invented names, each task's documentation entry among "
                                   "others' (data.world.context_docs of them); humaneval: the 164 HumanEval problems; qa_world: "

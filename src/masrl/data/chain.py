@@ -10,7 +10,7 @@ splits into equal piles and keeps one (``split``: exact division), doubles or tr
 expression for the whole chain needs brackets ((14 + 3 * 5 - 9) / 4); one event at a time is a one- or
 two-step problem of ``arithmetic``'s kind. ``meta`` keeps what the workflows score steps by: ``start``,
 ``events`` (each ``{"text", "op", "args"}``, the sentence without its "Then") and ``values`` (the count
-after each event). Levels 2-5: the number of events. The same (seed, levels, n) gives the same tasks.
+after each event). Levels 2-8: the number of events. The same (seed, levels, n) gives the same tasks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import random
 from masrl.data.arithmetic import ITEMS, NAMES
 from masrl.data.tasks import Task
 
-LEVELS = (2, 3, 4, 5)
+LEVELS = tuple(range(2, 9))  # 2-8 events; the shipped configs train on 3-4 and longer chains test length
 MAX_COUNT = 200  # no count past this: small numbers, as in arithmetic's problems
 
 

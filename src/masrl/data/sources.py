@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from masrl.config import DataSourceConfig, RunConfig, WorldConfig
 from masrl.config.loading import load_object
-from masrl.data import arithmetic, code_gen
+from masrl.data import arithmetic, chain, code_gen
 from masrl.data.loader import RowTask, math_task, read_rows, tasks_from_rows
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
@@ -73,8 +73,6 @@ def _code_docs(s: SourceSpec) -> list[Task]:
 
 
 def _math_chain(s: SourceSpec) -> list[Task]:
-    from masrl.data import chain
-
     return chain.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
 
 
@@ -108,7 +106,7 @@ SOURCES: dict[str, Source] = {
                                                      "levels 1-2"),
     "code_docs": Source(_code_docs, levels=(1, 2), more="code_docs invents a new function name for every task: "
                                                         "raise n"),
-    "math_chain": Source(_math_chain, levels=(2, 3, 4, 5)),
+    "math_chain": Source(_math_chain, levels=chain.LEVELS),
     "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),

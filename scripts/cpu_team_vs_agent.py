@@ -46,22 +46,24 @@ from pathlib import Path
 from masrl.worker.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
-KEEP_N, KEEP_EVERY = 32, 2  # train.keep_best: validation tasks (from the training distribution) and how often
+# train.keep_best for every arm: validation tasks held back from training, and how often they score the weights;
+# the held-out set is scored at the weights they pick beside the last step's
+KEEP_N, KEEP_EVERY = 32, 2
 
 # each family: its two arms (name: folder, config, own overrides; the team first), what is scored, the default
 # steps. An arm's folder is ``<folder>-seed<S>``: the chain families share the team's, so running
 # ``--family chain-stepwise`` into the same ``--out`` after ``--family chain`` trains only the new single agent.
 _CHAIN_TEAM = ("team", "configs/math_chain_team.yaml", ["rollout.tasks_per_step=3"])
+_CHAIN = {"scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8}
 FAMILIES = {
     "chain": {"arms": {"chained-math team": _CHAIN_TEAM,
                        "one solver": ("agent", "configs/math_chain_agent.yaml", ["rollout.tasks_per_step=11"])},
-              "scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8,
+              **_CHAIN,
               "more": "`--family chain-stepwise` runs the single agent that walks the events itself (docs/results.md)"},
     "chain-stepwise": {"arms": {"chained-math team": _CHAIN_TEAM,
                                 "one solver, a turn per event": ("stepwise", "configs/math_chain_stepwise.yaml",
                                                                  ["rollout.tasks_per_step=3"])},
-                       "scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8,
-                       "more": "docs/results.md has these runs over seeds"},
+                       **_CHAIN, "more": "docs/results.md has these runs over seeds"},
     "search": {"arms": {"search team": ("team", "configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
                         "one search agent": ("agent", "configs/search_agent.yaml", ["rollout.tasks_per_step=6"])},
                "scored": "token F1 of the final answer (greedy)", "tasks": "questions", "steps": 6,
@@ -155,8 +157,6 @@ def main() -> None:
     cores = os.cpu_count() or 1
     threads = max(1, cores // 2)
     together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
-    # the best checkpoint, chosen fairly: 32 training tasks held back, scored every KEEP_EVERY steps; the held-out
-    # set is scored at the weights they pick beside the last step's
     common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
               f"train.keep_best.n={KEEP_N}", f"train.keep_best.every={KEEP_EVERY}",
               *([f"threads={threads}"] if together else []), *a.overrides]

@@ -14,6 +14,7 @@ from masrl.config import SamplingParams
 from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
+from masrl.engines.paged_prefill import layout
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenRequest
@@ -71,6 +72,19 @@ def test_pool_reuses_blocks_and_runs_dry():
     with pytest.raises(AssertionError):
         pool.release([t1_block for t1_block in [1]])  # released twice
     assert block_hash(b"", [1, 2]) != block_hash(b"", [2, 1])
+
+
+def test_a_prefill_layout_puts_each_token_in_its_row_and_its_blocks_slot():
+    """``paged_prefill.layout``: rows of different pasts and new tokens, blocks of 4 scattered in the pool."""
+    a = Sequence(prompt=[11, 12, 13, 14, 15, 16], max_new=4, table=[5, 2])  # tokens 3..5 new (3 cached)
+    b = Sequence(prompt=[21, 22], max_new=4, table=[7])  # a fresh prompt: both tokens new
+    lay = layout([(a, 3, 6), (b, 0, 2)], block_size=4, pad_id=0)
+    assert lay.ids.tolist() == [[14, 15, 16], [21, 22, 0]]
+    assert lay.pos.tolist() == [[3, 4, 5], [0, 1, 0]]
+    assert lay.valid.tolist() == [[True, True, True, True, True, True], [False, False, False, True, True, False]]
+    assert lay.past_idx.tolist() == [[20, 21, 22], [0, 0, 0]]  # token t of a: block table[t // 4], slot t % 4
+    assert lay.slots.tolist() == [23, 8, 9, 28, 29, 0]  # a's tokens 3, 4, 5, b's 0, 1, b's pad to the scratch block
+    assert lay.n.tolist() == [3, 2]
 
 
 # -- the scheduler -------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ take their leader's last-position logits and a copy of its partial last block. T
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from masrl.engines.scheduler import Sequence
@@ -17,14 +20,54 @@ from masrl.modeling.lean import LlamaForward, causal_mask
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def _fits(rows: list[Sequence], budget: int) -> bool:
-    """Whether ``rows`` prefill in one forward: padded new tokens (rows x most new) within ``budget``, keys
-    attended (rows x longest) within 4 x ``budget`` (a next turn's few new tokens over a long past batch
-    widely), and attention scores (rows x most new x longest) within ``budget``**2, one long prompt's."""
-    new = max(s.length - s.cached for s in rows)
-    width = max(s.length for s in rows)
-    n = len(rows)
+def _fits(n: int, new: int, width: int, budget: int) -> bool:
+    """Whether ``n`` rows of at most ``new`` new tokens and ``width`` tokens in all prefill in one forward:
+    padded new tokens (rows x most new) within ``budget``, keys attended (rows x longest) within 4 x
+    ``budget`` (a next turn's few new tokens over a long past batch widely), and attention scores
+    (rows x most new x longest) within ``budget``**2, one long prompt's."""
     return n * new <= budget and n * width <= 4 * budget and n * new * width <= budget * budget
+
+
+@dataclass
+class Layout:
+    """A prefill's index arrays (numpy, built on the host in a few vectorised operations whatever the rows):
+    ``ids``/``pos`` ``[B, N]`` (new tokens, pad after each row's own), ``valid`` ``[B, C + N]`` (the past's
+    slots then the new ones), ``past_idx`` ``[B, C]`` (each past token's slot in the pool, 0 past a row's
+    own) and ``slots`` ``[B * N]``: where each position's keys and values go in the pool, row by row, a
+    pad's to slot 0 (the scratch block's), so one copy a layer writes them all."""
+
+    ids: np.ndarray
+    pos: np.ndarray
+    valid: np.ndarray
+    past_idx: np.ndarray
+    slots: np.ndarray
+    n: np.ndarray  # [B] new tokens of each row
+
+
+def layout(spans: list[tuple[Sequence, int, int]], block_size: int, pad_id: int) -> Layout:
+    """``Layout`` for computing tokens ``[start, end)`` of each span's sequence over its blocks."""
+    B = len(spans)
+    c = np.fromiter((a for _, a, _ in spans), dtype=np.int64, count=B)
+    e = np.fromiter((b for _, _, b in spans), dtype=np.int64, count=B)
+    n = e - c
+    C, N = int(c.max()), int(n.max())
+    width = max(len(s.table) for s, _, _ in spans)
+    table = np.zeros((B, width), dtype=np.int64)
+    for b, (s, _, _) in enumerate(spans):
+        table[b, : len(s.table)] = s.table
+    cols = np.arange(N)
+    new = cols[None, :] < n[:, None]  # [B, N]
+    ids = np.full((B, N), pad_id, dtype=np.int64)
+    ids[new] = np.fromiter((t for s, a, b in spans for t in s.tokens[a:b]), dtype=np.int64, count=int(n.sum()))
+    pos = np.where(new, c[:, None] + cols[None, :], 0)
+    t_past = np.arange(C)
+    past = t_past[None, :] < c[:, None]
+    valid = np.concatenate([past, new], axis=1)
+    past_idx = np.where(past, table[:, t_past // block_size] * block_size + t_past % block_size, 0) if C else \
+        np.zeros((B, 0), dtype=np.int64)
+    t_new = np.where(new, c[:, None] + cols[None, :], 0)
+    slot_new = np.take_along_axis(table, t_new // block_size, axis=1) * block_size + t_new % block_size
+    return Layout(ids, pos, valid, past_idx, np.where(new, slot_new, 0).reshape(-1), n)
 
 
 class _PastGather:
@@ -55,6 +98,7 @@ class PoolPrefill:
         budget = self.budget
         order = sorted((i for i, s in enumerate(seqs) if s.fork_of is None), key=lambda i: seqs[i].length - seqs[i].cached)
         chunk: list[int] = []
+        new = width = 0  # the chunk's most new tokens and longest row
         for i in order + [None]:
             if i is not None:
                 s = seqs[i]
@@ -63,12 +107,15 @@ class PoolPrefill:
                         end = min(s.length, start + budget)
                         self.rows([(s, start, end)], logits, [i] if end == s.length else None, kv)
                     continue
-                if not chunk or _fits([seqs[j] for j in chunk] + [s], budget):
+                more = max(new, s.length - s.cached), max(width, s.length)
+                if not chunk or _fits(len(chunk) + 1, *more, budget):
                     chunk.append(i)
+                    new, width = more
                     continue
             if chunk:
                 self.rows([(seqs[j], seqs[j].cached, seqs[j].length) for j in chunk], logits, chunk, kv)
             chunk = [] if i is None else [i]
+            new, width = (0, 0) if i is None else (seqs[i].length - seqs[i].cached, seqs[i].length)
         self._copy_forks(seqs, logits, kv)
         return logits
 
@@ -102,43 +149,21 @@ class PoolPrefill:
         """Compute tokens ``[start, end)`` of each sequence over its keys and values before ``start``
         (in its blocks), write theirs into its blocks, and (``where``) put the last position's logits
         in those rows of ``logits``."""
-        dev, bs = self.dev, self.block_size
-        B = len(spans)
-        C = max(a for _, a, _ in spans)
-        N = max(e - a for _, a, e in spans)
-        ids = torch.full((B, N), self.pad_id, dtype=torch.long)
-        pos = torch.zeros((B, N), dtype=torch.long)
-        valid = torch.zeros((B, C + N), dtype=torch.bool)
-        past_idx = torch.zeros((B, C), dtype=torch.long)
-        new_slots, new_rows, new_cols = [], [], []
-        for b, (s, c, end) in enumerate(spans):
-            toks = s.tokens
-            n = end - c
-            ids[b, :n] = torch.tensor(toks[c:end], dtype=torch.long)
-            pos[b, :n] = torch.arange(c, end)
-            valid[b, :c] = True
-            valid[b, C : C + n] = True
-            t = torch.arange(end)
-            table = torch.tensor(s.table, dtype=torch.long)
-            slot = table[t // bs] * bs + t % bs
-            past_idx[b, :c] = slot[:c]
-            new_slots.append(slot[c:])
-            new_rows += [b] * n
-            new_cols += range(n)
+        dev = self.dev
+        lay = layout(spans, self.block_size, self.pad_id)
+        B, C, N = len(spans), lay.past_idx.shape[1], lay.ids.shape[1]
+        for s, _, end in spans:
             s.kv_len = end
-        ids, pos, valid = ids.to(dev), pos.to(dev), valid.to(dev)
-        past_idx = past_idx.to(dev)
+        ids, pos, valid, past_idx = (torch.from_numpy(a).to(dev) for a in (lay.ids, lay.pos, lay.valid, lay.past_idx))
         past = _PastGather(kv, past_idx) if C > 0 else None
         adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
         mask = causal_mask(valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
-        slots = torch.cat(new_slots).to(dev)
-        rows = torch.tensor(new_rows, dtype=torch.long, device=dev)
-        cols = torch.tensor(new_cols, dtype=torch.long, device=dev)
-        for (kf, vf), (k, v) in zip(kv, new_kv):  # k, v [B, Hkv, N, D]
-            kf.index_copy_(0, slots, k[rows, :, cols].to(kf.dtype))
-            vf.index_copy_(0, slots, v[rows, :, cols].to(vf.dtype))
+        slots = torch.from_numpy(lay.slots).to(dev)
+        for (kf, vf), (k, v) in zip(kv, new_kv):  # k, v [B, Hkv, N, D]: a view of [B, N, Hkv, D]
+            kf.index_copy_(0, slots, k.transpose(1, 2).reshape(B * N, *kf.shape[1:]).to(kf.dtype))
+            vf.index_copy_(0, slots, v.transpose(1, 2).reshape(B * N, *vf.shape[1:]).to(vf.dtype))
         if where is not None:
-            last = torch.tensor([e - a - 1 for _, a, e in spans], dtype=torch.long, device=dev)
+            last = torch.from_numpy(lay.n - 1).to(dev)
             hl = h[torch.arange(B, device=dev), last]
             logits[torch.tensor(where, device=dev)] = self.fwd.head_last(hl).to(self.dtype)

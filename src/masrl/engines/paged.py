@@ -85,6 +85,7 @@ class PagedEngine(GraphDecoder):
                            "peak_blocks": 0, "joined": 0, "forks": 0,
                            "swaps_mid_call": 0})
         self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
+        self._last_sampling = None  # (ids of the calls, _sampling's result, the calls) of the last chunk
 
     # -- Engine interface (adapters: GraphDecoder) ---------------------------------------------------
     def weights_updated(self, policies: list[str] | None = None) -> None:
@@ -149,6 +150,7 @@ class PagedEngine(GraphDecoder):
         self._release(("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index"))
         self.kv = []
         self.pool = self.sched = None
+        self._last_sampling = None
         self.rows_cap = self.width_cap = 0
 
     def generate(self, requests: list[GenRequest],
@@ -247,10 +249,17 @@ class PagedEngine(GraphDecoder):
         return self._take(seqs, sp, [[t] for t in tokens.tolist()], [[x] for x in lps.tolist()], decoded=False)
 
     def _sampling(self, seqs: list[Sequence]) -> tuple[list, torch.Tensor, torch.Tensor, BatchFlags]:
+        """The calls' sampling settings and their device tensors; the last ones again while the same calls
+        decode (most chunks: the running set changes only when a call joins or leaves)."""
+        key = tuple(map(id, seqs))
+        if self._last_sampling is not None and self._last_sampling[0] == key:
+            return self._last_sampling[1]
         sp = [s.payload.request.sampling for s in seqs]
         temps, top_ps = [p.temperature for p in sp], [p.top_p for p in sp]
-        return (sp, torch.tensor(temps, device=self.dev), torch.tensor(top_ps, device=self.dev),
-                BatchFlags.of(temps, top_ps))
+        out = (sp, torch.tensor(temps, device=self.dev), torch.tensor(top_ps, device=self.dev),
+               BatchFlags.of(temps, top_ps))
+        self._last_sampling = (key, out, list(seqs))  # the calls kept alive, so their ids are not reused
+        return out
 
     # -- the pool and the buffers --------------------------------------------------------------------
     def _build(self) -> None:

@@ -20,12 +20,15 @@ from masrl.modeling.lean import LlamaForward, causal_mask
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+KEYS_PER_TOKEN = 4  # keys a forward may attend per token of the prefill budget
+
+
 def _fits(n: int, new: int, width: int, budget: int) -> bool:
     """Whether ``n`` rows of at most ``new`` new tokens and ``width`` tokens in all prefill in one forward:
     padded new tokens (rows x most new) within ``budget``, keys attended (rows x longest) within 4 x
     ``budget`` (a next turn's few new tokens over a long past batch widely), and attention scores
     (rows x most new x longest) within ``budget``**2, one long prompt's."""
-    return n * new <= budget and n * width <= 4 * budget and n * new * width <= budget * budget
+    return n * new <= budget and n * width <= KEYS_PER_TOKEN * budget and n * new * width <= budget * budget
 
 
 @dataclass

@@ -25,8 +25,8 @@ KEYS_PER_TOKEN = 4  # keys a forward may attend per token of the prefill budget
 
 def _fits(n: int, new: int, width: int, budget: int) -> bool:
     """Whether ``n`` rows of at most ``new`` new tokens and ``width`` tokens in all prefill in one forward:
-    padded new tokens (rows x most new) within ``budget``, keys attended (rows x longest) within 4 x
-    ``budget`` (a next turn's few new tokens over a long past batch widely), and attention scores
+    padded new tokens (rows x most new) within ``budget``, keys attended (rows x longest) within
+    ``KEYS_PER_TOKEN`` x ``budget`` (a next turn's few new tokens over a long past batch widely), and attention scores
     (rows x most new x longest) within ``budget``**2, one long prompt's."""
     return n * new <= budget and n * width <= KEYS_PER_TOKEN * budget and n * new * width <= budget * budget
 
@@ -58,19 +58,17 @@ def layout(spans: list[tuple[Sequence, int, int]], block_size: int, pad_id: int)
     table = np.zeros((B, width), dtype=np.int64)
     for b, (s, _, _) in enumerate(spans):
         table[b, : len(s.table)] = s.table
-    cols = np.arange(N)
-    new = cols[None, :] < n[:, None]  # [B, N]
+
+    def slot(t: np.ndarray, keep: np.ndarray) -> np.ndarray:  # token positions [B, K] -> pool slots (0 where not kept)
+        return np.where(keep, np.take_along_axis(table, t // block_size, axis=1) * block_size + t % block_size, 0)
+
+    new = np.arange(N)[None, :] < n[:, None]  # [B, N]
     ids = np.full((B, N), pad_id, dtype=np.int64)
     ids[new] = np.fromiter((t for s, a, b in spans for t in s.tokens[a:b]), dtype=np.int64, count=int(n.sum()))
-    pos = np.where(new, c[:, None] + cols[None, :], 0)
-    t_past = np.arange(C)
-    past = t_past[None, :] < c[:, None]
-    valid = np.concatenate([past, new], axis=1)
-    past_idx = np.where(past, table[:, t_past // block_size] * block_size + t_past % block_size, 0) if C else \
-        np.zeros((B, 0), dtype=np.int64)
-    t_new = np.where(new, c[:, None] + cols[None, :], 0)
-    slot_new = np.take_along_axis(table, t_new // block_size, axis=1) * block_size + t_new % block_size
-    return Layout(ids, pos, valid, past_idx, np.where(new, slot_new, 0).reshape(-1), n)
+    pos = np.where(new, c[:, None] + np.arange(N)[None, :], 0)
+    t_past = np.broadcast_to(np.arange(C), (B, C))
+    past = t_past < c[:, None]
+    return Layout(ids, pos, np.concatenate([past, new], axis=1), slot(t_past, past), slot(pos, new).reshape(-1), n)
 
 
 class _PastGather:

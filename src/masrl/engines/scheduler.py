@@ -170,12 +170,11 @@ class Scheduler:
         """Every running sequence gets the slots for its next tokens (at most ``lookahead``, at most what
         its limit leaves); pre-empt the newest while one cannot."""
         pool = self.pool
-        bs = pool.block_size
         i = 0
         while i < len(self.running):
             seq = self.running[i]
             need = seq.kv_len + max(1, min(lookahead, seq.max_new - len(seq.generated)))
-            if -(-need // bs) <= len(seq.table):  # its blocks hold the chunk already (most chunks)
+            if blocks_for(need, pool.block_size) <= len(seq.table):  # its blocks hold the chunk already (most chunks)
                 i += 1
                 continue
             while not pool.can_grow(seq.table, need):

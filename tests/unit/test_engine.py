@@ -10,6 +10,7 @@ from helpers import adapter_logprobs, full_logprobs
 
 from masrl.config import SamplingParams
 from masrl.engines.hf import HFEngine
+from masrl.engines.paged import PagedEngine
 from masrl.engines.static import StaticEngine
 from masrl.messages import GenRequest
 from masrl.models import stop_token_ids
@@ -24,6 +25,9 @@ def req(prompt, temperature=1.0, max_new_tokens=8, stop=(), adapter=None, ignore
 def make(kind, model, tok, stops, **kw):
     if kind == "static":
         return StaticEngine(model, tok, stops, device="cpu", seed=kw.pop("seed", 0), **kw)
+    if kind.startswith("paged"):  # paged-rows: prefills as token rows of the decode step
+        return PagedEngine(model, tok, stops, device="cpu", seed=kw.pop("seed", 0), kv_blocks=512, block_size=4,
+                           graph_prefill=kind == "paged-rows", **kw)
     return HFEngine(model, tok, stops, fast_path=kind != "hf-forward", **kw)
 
 
@@ -120,7 +124,7 @@ def _lora_model(tiny):
     return pm, tok
 
 
-@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+@pytest.mark.parametrize("kind", ["hf-lean", "static", "paged", "paged-rows"])
 def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
     pm, tok = _lora_model(tiny)
     prompts = prompts_with_shared_prefix(tok, 4) + prompts_with_shared_prefix(tok, 2)

@@ -13,6 +13,7 @@ from helpers import full_logprobs
 from masrl.config import SamplingParams
 from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
+from masrl.engines import paged
 from masrl.engines.paged import PagedEngine
 from masrl.engines.paged_prefill import layout
 from masrl.engines.scheduler import Scheduler, Sequence
@@ -288,6 +289,35 @@ def test_next_turns_with_a_long_past_and_few_new_tokens_prefill_together(tiny, m
     outs = eng.generate(turn2)
     assert sum(passes) == len(turn2) and len(passes) <= 3, passes
     assert [o.completion_ids for o in outs] == [o.completion_ids for o in HFEngine(model, tok, [2]).generate(turn2)]
+
+
+def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny, monkeypatch):
+    """``graph_prefill`` (on wherever CUDA graphs are): a prefill's new tokens are rows of the decode step,
+    each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
+    holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
+    their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""
+    monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 8)
+    model, tok = tiny
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, graph_prefill=True)
+    forward, real = [], eng.prefill.rows
+    monkeypatch.setattr(eng.prefill, "rows", lambda *a: forward.append(len(a[0])) or real(*a))
+    firsts = [req(p, max_new_tokens=6) for p in prompts(tok)]
+    outs = eng.generate(firsts)
+    eager = HFEngine(model, tok, [2])
+    assert [o.completion_ids for o in outs] == [o.completion_ids for o in eager.generate(firsts)]
+    group = [req(prompts(tok)[2], temperature=1.0, max_new_tokens=5, seed=40 + i) for i in range(4)]
+    more = tok(" And then? Tell me.", add_special_tokens=False)["input_ids"]
+    turn2 = [req(r.prompt_ids + o.completion_ids + more, max_new_tokens=5) for r, o in zip(firsts, outs)]
+    for r, o in zip(group + turn2, eng.generate(group + turn2)):
+        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+        assert torch.allclose(ref, torch.tensor(o.logprobs), atol=1e-4)
+    assert [o.completion_ids for o in eng.generate(turn2)] == [o.completion_ids for o in eager.generate(turn2)]
+    assert eng.stats["forks"] >= 3 and eng.stats["cached_tokens"] > 0
+    assert eng.stats["row_prefills"] > 0 and eng.stats["forward_prefills"] == 0 and not forward
+    # rows that would read too many keys take the lean forward
+    monkeypatch.setattr(paged, "ROWS_PREFILL_KEYS", 0)
+    eng.generate(firsts[:2])
+    assert eng.stats["forward_prefills"] > 0 and forward
 
 
 def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):

@@ -54,8 +54,9 @@ class GraphDecoder:
         rot = self.core.model.rotary_emb
         self.inv_freq = rot.inv_freq
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.graphs: dict[tuple[int, int], tuple] = {}
+        self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = None
+        self.variant = ""  # a third part of a graph's key: an engine's other kind of step over the same buffers
         self.stats = {"graphs_captured": 0, "decode_steps": 0,
                       "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
 
@@ -167,11 +168,11 @@ class GraphDecoder:
         """Buffers a step advances, put back after the warm-up run before a capture."""
         return [self.pos_buf]
 
-    def _decode(self, B: int, S: int) -> torch.Tensor:
-        self.stats["decode_steps"] += 1
+    def _decode(self, B: int, S: int, *, count: bool = True) -> torch.Tensor:
+        self.stats["decode_steps"] += count
         if not self.use_graphs:
             return self._decode_body(B, S)
-        key = (B, S)
+        key = (B, S, self.variant)
         if key not in self.graphs:
             self.graphs[key] = self._capture(B, S)
         graph, logits = self.graphs[key]

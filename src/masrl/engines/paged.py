@@ -47,6 +47,16 @@ from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling.sizes import tensor_bytes
 
+# A prefill whose calls' new tokens read at most ROWS_PREFILL_KEYS keys in all (new tokens x their past, each
+# row reading its own) runs as token rows through the decode graphs, ROWS_PREFILL_BATCH rows a replay
+ROWS_PREFILL_KEYS = 1 << 21
+ROWS_PREFILL_BATCH = 512
+
+
+def rows_bucket(n: int) -> int:
+    """The rows of a prefill replay's graph: a power of two from 16 (few graphs; pads are cheap there)."""
+    return max(16, 1 << (n - 1).bit_length())
+
 
 @dataclass
 class _Job:
@@ -63,9 +73,10 @@ class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 **_ignored):
+                 graph_prefill: bool | None = None, **_ignored):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
+        self.graph_prefill = self.use_graphs if graph_prefill is None else graph_prefill  # _prefill_rows
         self.block_size = block_size
         self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)
         self.max_batch_size = max_batch_size
@@ -82,7 +93,7 @@ class PagedEngine(GraphDecoder):
         self._runner: int | None = None
         self._boundary: list[_Job] = []  # at_boundary jobs waiting for the next step boundary
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                           "peak_blocks": 0, "joined": 0, "forks": 0,
+                           "peak_blocks": 0, "joined": 0, "forks": 0, "row_prefills": 0, "forward_prefills": 0,
                            "swaps_mid_call": 0})
         self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
         self._last_sampling = None  # (ids of the calls, _sampling's result, the calls) of the last chunk
@@ -230,7 +241,7 @@ class PagedEngine(GraphDecoder):
         pool = self.sched.pool
         self.stats["peak_blocks"] = max(self.stats["peak_blocks"], pool.used())
         if step.kind == "prefill":
-            logits = self.prefill.run(step.seqs, self.kv)
+            logits = self._prefill(step.seqs)
             for s in step.seqs:
                 self.sched.registered(s)
             finished = self._sample(step.seqs, logits)
@@ -240,6 +251,63 @@ class PagedEngine(GraphDecoder):
         for k in ("preemptions", "prefill_tokens", "cached_tokens", "forks"):
             self.stats[k] = st[k]
         return finished
+
+    # -- prefill: the calls' new tokens into their blocks, the logits after each call's last ----------------
+    def _prefill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Token rows through the decode step's graphs (``_prefill_rows``) when they are on and the rows read
+        few keys in all (next turns: a few new tokens over a cached past); else the lean forward
+        (``PoolPrefill.run``: long prompts, where its attention reads each key once for all new tokens)."""
+        lead = [s for s in seqs if s.fork_of is None]
+        n = np.array([s.length - s.cached for s in lead], dtype=np.int64)
+        c = np.array([s.cached for s in lead], dtype=np.int64)
+        if not self.graph_prefill or int((n * c + n * (n + 1) // 2).sum()) > ROWS_PREFILL_KEYS:
+            self.stats["forward_prefills"] += 1
+            return self.prefill.run(seqs, self.kv)
+        self.stats["row_prefills"] += 1
+        return self._prefill_rows(seqs, lead, n, c)
+
+    def _prefill_rows(self, seqs: list[Sequence], lead: list[Sequence], n: np.ndarray, c: np.ndarray) -> torch.Tensor:
+        """A prefill as decode steps whose rows are tokens: row ``t`` of call ``s`` is the token at position
+        ``cached + t`` over ``s``'s block table. Every layer writes all rows' keys and values into their
+        slots before any row attends, so a row sees its call's earlier new tokens as it would its cached
+        past: one replay of a captured decode graph computes up to ``ROWS_PREFILL_BATCH`` new tokens of any
+        number of calls, where the lean forward pads every call to the longest and launches each kernel
+        from Python. Leaders' logits come from their last token's row; forks copy them (``PoolPrefill``)."""
+        dev, bs, pk = self.dev, self.block_size, paged_kernels
+        logits = torch.empty((len(seqs), self.core.lm_head.weight.shape[0]), dtype=self.dtype, device=dev)
+        T = int(n.sum())
+        row_of = np.repeat(np.arange(len(lead)), n)  # each token row's call
+        first = np.cumsum(n) - n
+        pos = c[row_of] + np.arange(T) - first[row_of]
+        toks = torch.from_numpy(np.fromiter((t for s in lead for t in s.tokens[s.cached : s.length]), dtype=np.int64,
+                                            count=T))
+        last = first + n - 1
+        into = np.array([i for i, s in enumerate(seqs) if s.fork_of is None], dtype=np.int64)
+        width = max(len(s.table) for s in lead)
+        tables = np.zeros((len(lead), width), dtype=np.int32)
+        for b, s in enumerate(lead):
+            tables[b, : len(s.table)] = s.table
+        keys = [s.key for s in lead]
+        self.variant = "rows"
+        try:
+            for a in range(0, T, ROWS_PREFILL_BATCH):
+                b = min(T, a + ROWS_PREFILL_BATCH)
+                Bb = rows_bucket(b - a)
+                top = int(pos[a:b].max()) + 1
+                S = pk.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)
+                self._ensure(Bb, max(width, -(-max(S, 1) // bs)) + 1)
+                who = row_of[a:b]
+                self._load(Bb, tables[who], pos[a:b], toks[a:b], [keys[j] for j in who])
+                out = self._decode(Bb, S, count=False)
+                done = np.nonzero((last >= a) & (last < b))[0]
+                if len(done):
+                    logits[torch.from_numpy(into[done]).to(dev)] = out[torch.from_numpy(last[done] - a).to(dev)]
+        finally:
+            self.variant = ""
+        for s in lead:
+            s.kv_len = s.length
+        self.prefill.copy_forks(seqs, logits, self.kv)
+        return logits
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> bool:
         """Each just-prefilled call's next token, from the prefill's logits."""
@@ -324,18 +392,26 @@ class PagedEngine(GraphDecoder):
 
     def _load_rows(self, seqs: list[Sequence], Bb: int, kv: np.ndarray) -> None:
         """The chunk's inputs into the device buffers: block tables, positions, last tokens, adapters."""
-        B = len(seqs)
+        width = max(len(s.table) for s in seqs)
+        tables = np.zeros((len(seqs), width), dtype=np.int32)
+        for b, s in enumerate(seqs):
+            tables[b, : len(s.table)] = s.table
+        self._load(Bb, tables, kv, torch.tensor([s.generated[-1] for s in seqs]), [s.key for s in seqs])
+
+    def _load(self, Bb: int, tables: np.ndarray, pos: np.ndarray, toks: torch.Tensor, keys: list) -> None:
+        """Rows ``[0, B)`` of the step's device buffers: each row's block table, position, token and adapter
+        (``keys``); rows ``[B, Bb)`` are pads (block table of zeros, position 0: they write the scratch block)."""
+        B, w = tables.shape
         bt = self.bt_host
         bt[:Bb] = 0
-        for b, s in enumerate(seqs):
-            bt[b, : len(s.table)] = s.table
-        pos = np.zeros(Bb, dtype=np.int64)
-        pos[:B] = kv
+        bt[:B, :w] = tables
+        p = np.zeros(Bb, dtype=np.int64)
+        p[:B] = pos
         self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
-        self.pos_buf[:Bb].copy_(torch.from_numpy(pos))
-        self.tok_buf[:B].copy_(torch.tensor([s.generated[-1] for s in seqs]))
+        self.pos_buf[:Bb].copy_(torch.from_numpy(p))
+        self.tok_buf[:B].copy_(toks)
         if self.is_peft:
-            ad = [self.slot_of.get(s.key, -1) for s in seqs] + [-1] * (Bb - B)
+            ad = [self.slot_of.get(k, -1) for k in keys] + [-1] * (Bb - B)
             self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
@@ -357,8 +433,10 @@ class PagedEngine(GraphDecoder):
     def _attention(self, li, qkv, cos, sin, B, S):
         f, fwd, pk = self.fused, self.fwd, paged_kernels
         kf, vf = self.kv[li]
-        if f.get("paged_rope_attention") and S < pk.PAGED_LONG_KEYS:  # pk.PAGED_FUSED_ROPE: the two below as one
-            # (slower than the two kernels at long lengths; benchmarks/kernel_sweep.py)
+        if f.get("paged_rope_attention") and S < pk.PAGED_LONG_KEYS and self.variant != "rows":
+            # pk.PAGED_FUSED_ROPE: the two below as one (slower than the two kernels at long lengths;
+            # benchmarks/kernel_sweep.py). Not for a prefill's token rows: a row reads keys that other rows of
+            # its call write in the same launch, so every row's keys must be written before any row attends
             return pk.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B],
                                            fwd.n_heads, fwd.n_kv, fwd.head_dim, S, self.block_size, fwd.scale)
         rope = pk.rope_and_cache_paged if f.get("rope_and_cache_paged") else pk.rope_and_cache_paged_ref

@@ -117,10 +117,10 @@ class PoolPrefill:
                 self.rows([(seqs[j], seqs[j].cached, seqs[j].length) for j in chunk], logits, chunk, kv)
             chunk = [] if i is None else [i]
             new, width = (0, 0) if i is None else (seqs[i].length - seqs[i].cached, seqs[i].length)
-        self._copy_forks(seqs, logits, kv)
+        self.copy_forks(seqs, logits, kv)
         return logits
 
-    def _copy_forks(self, seqs: list[Sequence], logits: torch.Tensor, kv: KV) -> None:
+    def copy_forks(self, seqs: list[Sequence], logits: torch.Tensor, kv: KV) -> None:
         """Each fork takes its leader's last-position logits and a copy of the slots of its leader's
         partial last block (the full blocks it already shares)."""
         forks = [(i, s) for i, s in enumerate(seqs) if s.fork_of is not None]

@@ -67,3 +67,34 @@ def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
         ref = adapter_logprobs(pm, r.adapter, r.prompt_ids, m.completion_ids)
         gaps += (ref - torch.tensor(m.logprobs)).abs().tolist()
     assert report("paged LoRA mixed batch vs per-adapter HF forward, fp32", gaps).max() < 2e-3
+
+
+def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
+    """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
+    token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
+    forward's prefill (fp32): the same greedy tokens, logprobs within 1e-3 of a full forward."""
+    from masrl.engines import paged
+    from masrl.engines.paged import PagedEngine
+    from masrl.models import load_model
+
+    monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 16)
+    model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
+    rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512)
+    fwd = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=False)
+    ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
+    firsts = [req(p, temperature=0.0, max_new_tokens=6 + 3 * i) for i, p in enumerate(ps)]
+    a, b = rows.generate(firsts), fwd.generate(firsts)
+    assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
+    more = tok(" And then? Tell me more about it.", add_special_tokens=False)["input_ids"]
+    turn2 = [req(r.prompt_ids + o.completion_ids + more, temperature=0.0, max_new_tokens=7) for r, o in zip(firsts, a)]
+    group = [req(ps[1], temperature=1.0, max_new_tokens=6, seed=70 + i) for i in range(4)]
+    a2, b2 = rows.generate(turn2 + group), fwd.generate(turn2 + group)
+    assert [o.completion_ids for o in a2] == [o.completion_ids for o in b2]
+    gaps = []
+    for r, o in zip(turn2 + group, a2):
+        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+        gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
+    assert report("paged token-row prefill vs HF forward, fp32", gaps).max() < 1e-3
+    assert rows.stats["row_prefills"] > 0 and rows.stats["forward_prefills"] == 0
+    assert fwd.stats["row_prefills"] == 0 and rows.stats["cached_tokens"] > 0
+    print(f"[gpu] token-row prefill stats: {rows.stats}")

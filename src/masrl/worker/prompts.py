@@ -38,6 +38,7 @@ class PromptRenderer:
         self.pending: dict[str, str] = {}  # call id -> its prompt text, until its completion is known
         self.keep = keep
         self.stats = {"continued": 0, "retokenized": 0}
+        self._special = frozenset(getattr(tokenizer, "all_special_ids", None) or [])
 
     def text(self, messages: list[dict], template_kwargs: dict | None, tools: list[dict] | None,
              generation_prompt: bool = True) -> str:
@@ -127,12 +128,16 @@ class PromptRenderer:
     def _continue(self, turn: Turn, text: str) -> tuple[list[int], str] | None:
         """The earlier prompt and sampled ids, and the new text after them; None where ``text`` does not
         begin with the earlier prompt and completion."""
-        head = turn.prompt_ids + turn.completion_ids
-        for covered in (self.tok.decode(turn.completion_ids, skip_special_tokens=False),
-                        self.tok.decode(turn.completion_ids, skip_special_tokens=True)):
-            if text.startswith(turn.text + covered):
-                return head, text[len(turn.text) + len(covered):]
-        return None
+        if not text.startswith(turn.text):
+            return None
+        head, rest = turn.prompt_ids + turn.completion_ids, text[len(turn.text):]
+        covered = self.tok.decode(turn.completion_ids, skip_special_tokens=False)
+        if rest.startswith(covered):
+            return head, rest[len(covered):]
+        if self._special.isdisjoint(turn.completion_ids):  # decoding without them would give the same text
+            return None
+        covered = self.tok.decode(turn.completion_ids, skip_special_tokens=True)
+        return (head, rest[len(covered):]) if rest.startswith(covered) else None
 
     def remember(self, call_id: str, prompt_ids: list[int], completion_ids: list[int], text: str | None = None) -> None:
         """Keep a finished call's turn; its prompt text is the one ``render`` was given for it."""

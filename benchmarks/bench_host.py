@@ -11,6 +11,10 @@ widths of 56 and a 512-token vocabulary. Three parts, each timed around the engi
   (index arrays, copies to the device, the new keys and values written into the pool), and the ATen
   operations the whole step dispatches that do work on the device (no views): on a GPU each is a kernel
   launch or a copy, and their count does not depend on the machine.
+* the same step with 16 new tokens a row (a next turn's new message), both ways: the lean forward's
+  prefill as above, and token rows of the decode step (``PagedEngine._prefill_rows``, the path where CUDA
+  graphs run): host ms and operations outside the graph replays, each replay stood in for by a ready
+  tensor of final hidden states (the output head on each call's last row is counted).
 * chunk: the paged engine's bookkeeping per decode chunk of 8 steps at 256 rows (schedule, the rows'
   buffers, sampling settings, random numbers, keeping the tokens: the functions' time over the run,
   a prefill's share included, over the chunks), outside the decode steps and the sampler.
@@ -107,7 +111,7 @@ class OpCount(TorchDispatchMode):
         return out
 
 
-def prefill_ms(model, tok, rows: int, count: bool = False) -> tuple[float, int, int]:
+def prefill_ms(model, tok, rows: int, count: bool = False, new: int = 61) -> tuple[float, int, int]:
     """One next-turn prefill step of ``rows`` rows: the host's milliseconds in it outside the model's
     forwards, the forwards it took (the engine's prefill budget splits a wide batch) and, with ``count``
     (timed apart: counting slows the step), the operations ``OpCount`` counts over the whole step."""
@@ -115,7 +119,7 @@ def prefill_ms(model, tok, rows: int, count: bool = False) -> tuple[float, int, 
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384)
     first = [[rng.randrange(3, 512) for _ in range(rng.randrange(128, 305))] for _ in range(rows)]
     outs = eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(first)])  # fills the prefix cache
-    nxt = [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(61)] for p, o in zip(first, outs)]
+    nxt = [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(new)] for p, o in zip(first, outs)]
     t = Timers()
     t.wrap(paged_prefill.PoolPrefill, "rows")
     t.wrap(eng.fwd, "hidden")
@@ -133,6 +137,38 @@ def prefill_ms(model, tok, rows: int, count: bool = False) -> tuple[float, int, 
         t.undo()
         paged_prefill.PoolPrefill.run = run
     return 1e3 * (t.s["rows"] - t.s["hidden"]), t.n["hidden"], ops.n
+
+
+def rows_prefill_ms(model, tok, rows: int, count: bool = False, new: int = 15) -> tuple[float, int, int]:
+    """The same next-turn step (``new`` + 1 new tokens a row) as token rows of the decode step
+    (``PagedEngine._prefill_rows``, as on a GPU with CUDA graphs): the host's milliseconds outside the
+    replays, the replays, and the operations dispatched outside them. Each replay is stood in for by a
+    ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not computed: host
+    work only."""
+    rng = random.Random(rows)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384, graph_prefill=True)
+    first = [[rng.randrange(3, 512) for _ in range(rng.randrange(128, 305))] for _ in range(rows)]
+    outs = eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(first)])
+    nxt = [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(new)] for p, o in zip(first, outs)]
+    ready = torch.zeros((paged_mod.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
+    t = Timers()
+    t.wrap(paged_mod.PagedEngine, "_prefill_rows")
+    ops = OpCount()
+    run = paged_mod.PagedEngine._prefill_rows
+    replays = [0]
+    eng._decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
+    if count:
+        def counted(self, *a):
+            with ops:
+                return run(self, *a)
+
+        paged_mod.PagedEngine._prefill_rows = counted
+    try:
+        eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
+    finally:
+        t.undo()
+        paged_mod.PagedEngine._prefill_rows = run
+    return 1e3 * t.s["_prefill_rows"], replays[0], ops.n
 
 
 def chunk_ms(model, tok, rows: int = 256) -> float:
@@ -187,6 +223,14 @@ def main() -> None:
         got = [prefill_ms(model, tok, b) for _ in range(a.repeat)]
         rows.append((f"prefill step, {b} rows in {got[0][1]} forwards (ms outside them)", med(g[0] for g in got)))
         rows.append((f"prefill step, {b} rows: operations dispatched (not views)", prefill_ms(model, tok, b, count=True)[2]))
+    for b in (32, 128, 256):  # a next turn of 16 new tokens a row: the lean forward's prefill, then token rows
+        got = [prefill_ms(model, tok, b, new=15) for _ in range(a.repeat)]
+        rows.append((f"+16 tokens a row, {b} rows, lean forward: {got[0][1]} forwards (ms outside them)", med(g[0] for g in got)))
+        rows.append((f"+16 tokens a row, {b} rows, lean forward: operations dispatched", prefill_ms(model, tok, b, True, 15)[2]))
+        got = [rows_prefill_ms(model, tok, b) for _ in range(a.repeat)]
+        rows.append((f"+16 tokens a row, {b} rows, token rows: {got[0][1]} replays (ms outside them)", med(g[0] for g in got)))
+        rows.append((f"+16 tokens a row, {b} rows, token rows: operations dispatched outside the replays",
+                     rows_prefill_ms(model, tok, b, True)[2]))
     rows.append(("decode chunk bookkeeping, 256 rows (ms a chunk)", med(chunk_ms(model, tok) for _ in range(a.repeat))))
     prep = [prepare_us(tok) for _ in range(a.repeat)]
     for k in range(len(prep[0])):

@@ -56,7 +56,10 @@ class GraphDecoder:
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = None
-        self.variant = ""  # a third part of a graph's key: an engine's other kind of step over the same buffers
+        # a third part of a graph's key: "rows" is a prefill's token rows (engines/paged.py), a step that writes
+        # every row's keys and values before any row attends and returns the final hidden states, not logits
+        # (the caller runs the output head on the rows it needs: each call's last)
+        self.variant = ""
         self.stats = {"graphs_captured": 0, "decode_steps": 0,
                       "fused_kernels": sorted(n for n, on in self.fused.items() if on)}
 
@@ -155,10 +158,16 @@ class GraphDecoder:
             h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)
-        head = self.core.lm_head
-        logits = F.linear(h, head.weight, getattr(head, "bias", None))
+        if self.variant == "rows":
+            return h
+        logits = self._head(h)
         self.pos_buf[:B].add_(1)
         return logits
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head over final hidden states (as ``_layers`` runs it)."""
+        head = self.core.lm_head
+        return F.linear(h, head.weight, getattr(head, "bias", None))
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:
         """One step (what a CUDA graph captures): the engine's own bookkeeping around ``_layers``."""

@@ -272,7 +272,8 @@ class PagedEngine(GraphDecoder):
         slots before any row attends, so a row sees its call's earlier new tokens as it would its cached
         past: one replay of a captured decode graph computes up to ``ROWS_PREFILL_BATCH`` new tokens of any
         number of calls, where the lean forward pads every call to the longest and launches each kernel
-        from Python. Leaders' logits come from their last token's row; forks copy them (``PoolPrefill``)."""
+        from Python. The graph stops before the output head (variant "rows"); the head runs on each leader's
+        last row; forks copy its logits (``PoolPrefill``)."""
         dev, bs, pk = self.dev, self.block_size, paged_kernels
         logits = torch.empty((len(seqs), self.core.lm_head.weight.shape[0]), dtype=self.dtype, device=dev)
         T = int(n.sum())
@@ -298,10 +299,10 @@ class PagedEngine(GraphDecoder):
                 self._ensure(Bb, max(width, -(-max(S, 1) // bs)) + 1)
                 who = row_of[a:b]
                 self._load(Bb, tables[who], pos[a:b], toks[a:b], [keys[j] for j in who])
-                out = self._decode(Bb, S, count=False)
+                h = self._decode(Bb, S, count=False)  # final hidden states of the rows
                 done = np.nonzero((last >= a) & (last < b))[0]
                 if len(done):
-                    logits[torch.from_numpy(into[done]).to(dev)] = out[torch.from_numpy(last[done] - a).to(dev)]
+                    logits[torch.from_numpy(into[done]).to(dev)] = self._head(h[torch.from_numpy(last[done] - a).to(dev)])
         finally:
             self.variant = ""
         for s in lead:

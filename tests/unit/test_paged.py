@@ -11,9 +11,9 @@ import torch
 from helpers import full_logprobs
 
 from masrl.config import SamplingParams
+from masrl.engines import paged
 from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
-from masrl.engines import paged
 from masrl.engines.paged import PagedEngine
 from masrl.engines.paged_prefill import layout
 from masrl.engines.scheduler import Scheduler, Sequence

@@ -79,7 +79,7 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
 
     monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 16)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
-    rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512)
+    rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=True)
     fwd = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=False)
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     firsts = [req(p, temperature=0.0, max_new_tokens=6 + 3 * i) for i, p in enumerate(ps)]

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import platform
 import random
@@ -111,31 +112,46 @@ class OpCount(TorchDispatchMode):
         return out
 
 
-def prefill_ms(model, tok, rows: int, count: bool = False, new: int = 61) -> tuple[float, int, int]:
-    """One next-turn prefill step of ``rows`` rows: the host's milliseconds in it outside the model's
-    forwards, the forwards it took (the engine's prefill budget splits a wide batch) and, with ``count``
-    (timed apart: counting slows the step), the operations ``OpCount`` counts over the whole step."""
+def next_turn(model, tok, rows: int, new: int, **engine_kw) -> tuple[PagedEngine, list[list[int]]]:
+    """An engine whose prefix cache holds ``rows`` first turns (128-304 tokens each), and their next turns'
+    prompts (each first turn, its sampled token and ``new`` more)."""
     rng = random.Random(rows)
-    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384, **engine_kw)
     first = [[rng.randrange(3, 512) for _ in range(rng.randrange(128, 305))] for _ in range(rows)]
     outs = eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(first)])  # fills the prefix cache
-    nxt = [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(new)] for p, o in zip(first, outs)]
-    t = Timers()
-    t.wrap(paged_prefill.PoolPrefill, "rows")
-    t.wrap(eng.fwd, "hidden")
-    ops = OpCount()
-    run = paged_prefill.PoolPrefill.run
-    if count:
+    return eng, [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(new)] for p, o in zip(first, outs)]
+
+
+@contextlib.contextmanager
+def counting(owner, attr: str, ops: OpCount | None):
+    """With ``ops``: every call of ``owner.attr`` runs under it (its operations counted); else nothing."""
+    run = getattr(owner, attr)
+    if ops is not None:
         def counted(self, *a):
             with ops:
                 return run(self, *a)
 
-        paged_prefill.PoolPrefill.run = counted
+        setattr(owner, attr, counted)
     try:
-        eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
+        yield
+    finally:
+        setattr(owner, attr, run)
+
+
+def prefill_ms(model, tok, rows: int, count: bool = False, new: int = 61) -> tuple[float, int, int]:
+    """One next-turn prefill step of ``rows`` rows: the host's milliseconds in it outside the model's
+    forwards, the forwards it took (the engine's prefill budget splits a wide batch) and, with ``count``
+    (timed apart: counting slows the step), the operations ``OpCount`` counts over the whole step."""
+    eng, nxt = next_turn(model, tok, rows, new)
+    t = Timers()
+    t.wrap(paged_prefill.PoolPrefill, "rows")
+    t.wrap(eng.fwd, "hidden")
+    ops = OpCount()
+    try:
+        with counting(paged_prefill.PoolPrefill, "run", ops if count else None):
+            eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
     finally:
         t.undo()
-        paged_prefill.PoolPrefill.run = run
     return 1e3 * (t.s["rows"] - t.s["hidden"]), t.n["hidden"], ops.n
 
 
@@ -143,31 +159,20 @@ def rows_prefill_ms(model, tok, rows: int, count: bool = False, new: int = 15) -
     """The same next-turn step (``new`` + 1 new tokens a row) as token rows of the decode step
     (``PagedEngine._prefill_rows``, as on a GPU with CUDA graphs): the host's milliseconds outside the
     replays, the replays, and the operations dispatched outside them. Each replay is stood in for by a
-    ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not computed: host
-    work only."""
-    rng = random.Random(rows)
-    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384, graph_prefill=True)
-    first = [[rng.randrange(3, 512) for _ in range(rng.randrange(128, 305))] for _ in range(rows)]
-    outs = eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(first)])
-    nxt = [p + o.completion_ids + [rng.randrange(3, 512) for _ in range(new)] for p, o in zip(first, outs)]
+    ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not
+    computed: host work only."""
+    eng, nxt = next_turn(model, tok, rows, new, graph_prefill=True)
     ready = torch.zeros((paged_mod.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
+    replays = [0]
+    eng._decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
     t = Timers()
     t.wrap(paged_mod.PagedEngine, "_prefill_rows")
     ops = OpCount()
-    run = paged_mod.PagedEngine._prefill_rows
-    replays = [0]
-    eng._decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
-    if count:
-        def counted(self, *a):
-            with ops:
-                return run(self, *a)
-
-        paged_mod.PagedEngine._prefill_rows = counted
     try:
-        eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
+        with counting(paged_mod.PagedEngine, "_prefill_rows", ops if count else None):
+            eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
     finally:
         t.undo()
-        paged_mod.PagedEngine._prefill_rows = run
     return 1e3 * t.s["_prefill_rows"], replays[0], ops.n
 
 

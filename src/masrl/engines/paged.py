@@ -53,6 +53,14 @@ ROWS_PREFILL_KEYS = 1 << 21
 ROWS_PREFILL_BATCH = 512
 
 
+def block_tables(seqs: list[Sequence]) -> np.ndarray:
+    """``[rows, longest table]`` int32: each sequence's block table, zeros after it (the scratch block)."""
+    tables = np.zeros((len(seqs), max(len(s.table) for s in seqs)), dtype=np.int32)
+    for b, s in enumerate(seqs):
+        tables[b, : len(s.table)] = s.table
+    return tables
+
+
 def rows_bucket(n: int) -> int:
     """The rows of a prefill replay's graph: a power of two from 16 (few graphs; pads are cheap there)."""
     return max(16, 1 << (n - 1).bit_length())
@@ -285,10 +293,8 @@ class PagedEngine(GraphDecoder):
                                             count=T))
         last = first + n - 1
         into = np.array([i for i, s in enumerate(seqs) if s.fork_of is None], dtype=np.int64)
-        width = max(len(s.table) for s in lead)
-        tables = np.zeros((len(lead), width), dtype=np.int32)
-        for b, s in enumerate(lead):
-            tables[b, : len(s.table)] = s.table
+        tables = block_tables(lead)
+        width = tables.shape[1]
         keys = [s.key for s in lead]
         self.variant = "rows"
         try:
@@ -394,11 +400,7 @@ class PagedEngine(GraphDecoder):
 
     def _load_rows(self, seqs: list[Sequence], Bb: int, kv: np.ndarray) -> None:
         """The chunk's inputs into the device buffers: block tables, positions, last tokens, adapters."""
-        width = max(len(s.table) for s in seqs)
-        tables = np.zeros((len(seqs), width), dtype=np.int32)
-        for b, s in enumerate(seqs):
-            tables[b, : len(s.table)] = s.table
-        self._load(Bb, tables, kv, torch.tensor([s.generated[-1] for s in seqs]), [s.key for s in seqs])
+        self._load(Bb, block_tables(seqs), kv, torch.tensor([s.generated[-1] for s in seqs]), [s.key for s in seqs])
 
     def _load(self, Bb: int, tables: np.ndarray, pos: np.ndarray, toks: torch.Tensor, keys: list) -> None:
         """Rows ``[0, B)`` of the step's device buffers: each row's block table, position, token and adapter

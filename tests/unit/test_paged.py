@@ -6,6 +6,7 @@ running decode from another thread, and with one call too big for the budget bes
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 from helpers import full_logprobs
@@ -15,7 +16,7 @@ from masrl.engines import paged
 from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
-from masrl.engines.paged_prefill import layout
+from masrl.engines.paged_prefill import layout, token_rows
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenRequest
@@ -291,8 +292,17 @@ def test_next_turns_with_a_long_past_and_few_new_tokens_prefill_together(tiny, m
     assert [o.completion_ids for o in outs] == [o.completion_ids for o in HFEngine(model, tok, [2]).generate(turn2)]
 
 
+def test_token_rows_lay_calls_end_to_end_at_their_positions():
+    """Three calls with 2, 0 and 3 new tokens after 5, 9 and 0 cached ones: rows 0-1 are call 0 at positions
+    5-6, rows 2-4 call 2 at 0-2; a call with no new tokens has no row (its last row is the row before)."""
+    row_of, pos, last = token_rows(np.array([2, 0, 3]), np.array([5, 9, 0]))
+    assert row_of.tolist() == [0, 0, 2, 2, 2]
+    assert pos.tolist() == [5, 6, 0, 1, 2]
+    assert last.tolist() == [1, 1, 4]
+
+
 def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny, monkeypatch):
-    """``graph_prefill`` (on wherever CUDA graphs are): a prefill's new tokens are rows of the decode step,
+    """``graph_prefill`` (off by default until measured on a GPU): a prefill's new tokens are rows of the decode step,
     each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
     holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
     their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""

@@ -40,7 +40,7 @@ from masrl.engines import kv_pool, paged_calls, paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
-from masrl.engines.paged_prefill import PoolPrefill
+from masrl.engines.paged_prefill import PoolPrefill, token_rows
 from masrl.engines.sampling import BatchFlags, counter_uniforms
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
@@ -285,13 +285,10 @@ class PagedEngine(GraphDecoder):
         last row; forks copy its logits (``PoolPrefill``)."""
         dev, bs, pk = self.dev, self.block_size, paged_kernels
         logits = torch.empty((len(seqs), self.core.lm_head.weight.shape[0]), dtype=self.dtype, device=dev)
-        T = int(n.sum())
-        row_of = np.repeat(np.arange(len(lead)), n)  # each token row's call
-        first = np.cumsum(n) - n
-        pos = c[row_of] + np.arange(T) - first[row_of]
+        row_of, pos, last = token_rows(n, c)
+        T = len(row_of)
         toks = torch.from_numpy(np.fromiter((t for s in lead for t in s.tokens[s.cached : s.length]), dtype=np.int64,
                                             count=T))
-        last = first + n - 1
         into = np.array([i for i, s in enumerate(seqs) if s.fork_of is None], dtype=np.int64)
         tables = block_tables(lead)
         width = tables.shape[1]

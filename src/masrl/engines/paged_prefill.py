@@ -71,6 +71,15 @@ def layout(spans: list[tuple[Sequence, int, int]], block_size: int, pad_id: int)
     return Layout(ids, pos, np.concatenate([past, new], axis=1), slot(t_past, past), slot(pos, new).reshape(-1), n)
 
 
+def token_rows(n: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A prefill as token rows (the paged engine's ``_prefill_rows``): calls with ``n[i]`` new tokens after
+    ``c[i]`` cached ones, laid end to end. Returns each row's call, each row's position in its call, and
+    each call's last row (where its logits come from)."""
+    row_of = np.repeat(np.arange(len(n)), n)
+    first = np.cumsum(n) - n
+    return row_of, c[row_of] + np.arange(len(row_of)) - first[row_of], first + n - 1
+
+
 class _PastGather:
     """A prefill's keys and values before its new tokens, layer by layer: the lean forward reads
     ``past[layer]`` as it reaches the layer, so only one layer's copy out of the pool is alive at a time."""

@@ -81,15 +81,16 @@ def centered_advantage(batch, scale: float = 1.0):
 @dataclass
 class HalfFlatReward:
     """Tasks whose id hashes even get one reward for every call (flat: no advantage anywhere);
-    the others a text hash (groups with variance). For dynamic sampling's tests."""
+    the others their sample's index plus a text hash below 1 (groups whose samples always differ: a
+    hash alone gave two samples equal rewards one time in 97). For dynamic sampling's tests."""
 
     weight: float = 1.0
     name: str = "half_flat"
 
     def allocate(self, trace, task):
         flat = is_flat_task(task.id)
-        return [RewardAssignment(c.call_id, 0.5 if flat else (zlib.crc32(f"{task.id}|{c.completion}|{c.call_id}".encode())
-                                                               % 97) / 97.0, self.name) for c in trace.calls]
+        return [RewardAssignment(c.call_id, 0.5 if flat else trace.sample_idx + (zlib.crc32(
+            f"{task.id}|{c.completion}|{c.call_id}".encode()) % 97) / 97.0, self.name) for c in trace.calls]
 
 
 def is_flat_task(task_id: str) -> bool:

@@ -105,7 +105,7 @@ def child(a, mode: str) -> dict:
         from masrl.engines import sample_kernel
 
         sample_kernel.check = lambda device, dtype: {"sample": "off: torch's sampler asked for (bench_async)"}
-    tr = Trainer(load_config(data=config(a, mode)), run_dir=Path(a.run_dir) / mode)
+    tr = Trainer(load_config(data=config(a, mode), overrides=a.set), run_dir=Path(a.run_dir) / mode)
     tr.prepare(resume=False)
 
     async def go():
@@ -227,6 +227,8 @@ def main() -> None:
     ap.add_argument("--modes", default="sync,async,async-turns")
     ap.add_argument("--switch-ms", type=float, default=0.0,
                     help="sys.setswitchinterval in each mode's process, in ms (Python's default is 5)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every mode (rollout.graph_prefill=true), as the CLI takes them")
     ap.add_argument("--child")
     ap.add_argument("--run-dir")
     ap.add_argument("--json")

@@ -154,7 +154,11 @@ class RolloutConfig(Strict):
                                          "Qwen2.5-7B")
     kv_block_size: int = Field(16, ge=1, le=1024, description="paged engine: token slots per KV block (the unit of "
                                                                "allocation and of prefix sharing)")
-    cuda_graphs: bool = Field(True, description="static engine on CUDA: replay decode steps as CUDA graphs")
+    cuda_graphs: bool = Field(True, description="static and paged engines on CUDA: replay decode steps as CUDA graphs")
+    graph_prefill: bool = Field(False, description="paged engine: a prefill whose new tokens read few keys (next turns "
+                                                   "over a cached past) runs as token rows of the decode step, through "
+                                                   "its CUDA graphs, not as eager forwards; off until measured on a "
+                                                   "GPU (docs/design.md)")
     sync_every: int = Field(8, ge=1, le=256, description="static and paged engines: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)

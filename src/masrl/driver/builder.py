@@ -65,7 +65,8 @@ def engine_options(r, device: str) -> dict:
     kind = auto_kind(device) if r.engine == "auto" else r.engine
     if kind == "paged":
         return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size, "sync_every": r.sync_every,
-                "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size}
+                "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size,
+                "graph_prefill": r.graph_prefill}
     if kind == "static":
         return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     return {}

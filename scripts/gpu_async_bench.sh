@@ -4,7 +4,9 @@
 #   PARTS: any of solver, solver2 (engine on a second GPU), long_tail, long_calls (the long tail with
 #   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the static engine as the
 #   baseline, the paged one streaming each call back as it ends), ray (two policies in two Ray actors on
-#   two GPUs; needs scripts/gpu_ray_install.sh first); default: those the host can run.
+#   two GPUs; needs scripts/gpu_ray_install.sh first), graph_prefill (the long tail's sync@paged with
+#   rollout.graph_prefill off and on, alternated ROUNDS times, default 2: issue 28's token-row prefill);
+#   default: those the host can run.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -23,6 +25,10 @@ for part in $PARTS; do
     long_calls) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
                   --tokens 64 --max-turns 8 --long-every 8 --steps 3 --modes sync@static,sync@paged,async@static,async@paged \
                   --json "$OUT/long_calls.json" ;;
+    graph_prefill) for r in $(seq "${ROUNDS:-2}"); do for gp in false true; do
+                     python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 \
+                       --samples 8 --tokens 64 --max-turns 8 --steps 3 --modes sync@paged --set rollout.graph_prefill=$gp \
+                       --json "$OUT/graph_prefill-$r-$gp.json"; done; done ;;
     ray) python3 benchmarks/bench_async.py "${common[@]}" --workload team_two --placement ray --device cuda --tasks 16 \
            --samples 8 --tokens 128 --steps 3 --modes sync,async --json "$OUT/ray.json" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

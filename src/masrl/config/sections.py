@@ -157,8 +157,9 @@ class RolloutConfig(Strict):
     cuda_graphs: bool = Field(True, description="static and paged engines on CUDA: replay decode steps as CUDA graphs")
     graph_prefill: bool = Field(False, description="paged engine: a prefill whose new tokens read few keys (next turns "
                                                    "over a cached past) runs as token rows of the decode step, through "
-                                                   "its CUDA graphs, not as eager forwards; off until measured on a "
-                                                   "GPU (docs/design.md)")
+                                                   "its CUDA graphs, not as eager forwards (one H100 run: rollout 0.70x "
+                                                   "on issue 28's long tail); off until its GPU test has passed "
+                                                   "(docs/benchmarks.md)")
     sync_every: int = Field(8, ge=1, le=256, description="static and paged engines: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)

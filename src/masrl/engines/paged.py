@@ -84,7 +84,7 @@ class PagedEngine(GraphDecoder):
                  graph_prefill: bool = False, **_ignored):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
-        # _prefill_rows (rollout.graph_prefill): off until measured on a GPU (CPU tests only so far)
+        # _prefill_rows (rollout.graph_prefill): off by default until its GPU test passes (docs/benchmarks.md)
         self.graph_prefill = graph_prefill
         self.block_size = block_size
         self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)

@@ -19,12 +19,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # helpers
 from helpers import adapter_logprobs, full_logprobs, update_held_open  # noqa: E402
 
 
-def req(prompt, temperature=1.0, max_new_tokens=8, adapter=None, **kw):
+def req(prompt, temperature=1.0, max_new_tokens=8, adapter=None, seed=None, **kw):
     from masrl.config import SamplingParams
     from masrl.messages import GenRequest
 
     return GenRequest(list(prompt), SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, **kw),
-                      adapter=adapter)
+                      adapter=adapter, seed=seed)
 
 
 def prompts(tok, n, shared=True):

@@ -73,10 +73,8 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
     forward's prefill (fp32): the same greedy tokens, logprobs within 1e-3 of a full forward."""
-    from masrl.config import SamplingParams
     from masrl.engines import paged
     from masrl.engines.paged import PagedEngine
-    from masrl.messages import GenRequest
     from masrl.models import load_model
 
     monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 16)
@@ -89,7 +87,7 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
     more = tok(" And then? Tell me more about it.", add_special_tokens=False)["input_ids"]
     turn2 = [req(r.prompt_ids + o.completion_ids + more, temperature=0.0, max_new_tokens=7) for r, o in zip(firsts, a)]
-    group = [GenRequest(list(ps[1]), SamplingParams(temperature=1.0, max_new_tokens=6), seed=70 + i) for i in range(4)]
+    group = [req(ps[1], temperature=1.0, max_new_tokens=6, seed=70 + i) for i in range(4)]
     a2, b2 = rows.generate(turn2 + group), fwd.generate(turn2 + group)
     assert [o.completion_ids for o in a2] == [o.completion_ids for o in b2]
     gaps = []

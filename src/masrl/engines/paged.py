@@ -40,7 +40,7 @@ from masrl.engines import kv_pool, paged_calls, paged_kernels
 from masrl.engines.blocks import BlockPool
 from masrl.engines.decode_weights import DecodeWeights, batch_bucket, slot_bucket
 from masrl.engines.decoder import GraphDecoder
-from masrl.engines.paged_prefill import PoolPrefill, token_rows
+from masrl.engines.paged_prefill import PoolPrefill, block_tables, rows_bucket, token_rows
 from masrl.engines.sampling import BatchFlags, counter_uniforms
 from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
@@ -51,19 +51,6 @@ from masrl.modeling.sizes import tensor_bytes
 # row reading its own) runs as token rows through the decode graphs, ROWS_PREFILL_BATCH rows a replay
 ROWS_PREFILL_KEYS = 1 << 21
 ROWS_PREFILL_BATCH = 512
-
-
-def block_tables(seqs: list[Sequence]) -> np.ndarray:
-    """``[rows, longest table]`` int32: each sequence's block table, zeros after it (the scratch block)."""
-    tables = np.zeros((len(seqs), max(len(s.table) for s in seqs)), dtype=np.int32)
-    for b, s in enumerate(seqs):
-        tables[b, : len(s.table)] = s.table
-    return tables
-
-
-def rows_bucket(n: int) -> int:
-    """The rows of a prefill replay's graph: a power of two from 16 (few graphs; pads are cheap there)."""
-    return max(16, 1 << (n - 1).bit_length())
 
 
 @dataclass

@@ -80,6 +80,19 @@ def token_rows(n: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np
     return row_of, c[row_of] + np.arange(len(row_of)) - first[row_of], first + n - 1
 
 
+def block_tables(seqs: list[Sequence]) -> np.ndarray:
+    """``[rows, longest table]`` int32: each sequence's block table, zeros after it (the scratch block)."""
+    tables = np.zeros((len(seqs), max(len(s.table) for s in seqs)), dtype=np.int32)
+    for b, s in enumerate(seqs):
+        tables[b, : len(s.table)] = s.table
+    return tables
+
+
+def rows_bucket(n: int) -> int:
+    """The rows of a prefill replay's graph: a power of two from 16 (few graphs; pads are cheap there)."""
+    return max(16, 1 << (n - 1).bit_length())
+
+
 class _PastGather:
     """A prefill's keys and values before its new tokens, layer by layer: the lean forward reads
     ``past[layer]`` as it reaches the layer, so only one layer's copy out of the pool is alive at a time."""

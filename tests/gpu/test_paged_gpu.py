@@ -72,7 +72,7 @@ def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
 def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
-    forward's prefill (fp32): the same greedy tokens, logprobs within 1e-3 of a full forward."""
+    forward's prefill (fp32): the same greedy tokens, each path's logprobs within 1e-3 of a full forward."""
     from masrl.engines import paged
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
@@ -89,12 +89,17 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     turn2 = [req(r.prompt_ids + o.completion_ids + more, temperature=0.0, max_new_tokens=7) for r, o in zip(firsts, a)]
     group = [req(ps[1], temperature=1.0, max_new_tokens=6, seed=70 + i) for i in range(4)]
     a2, b2 = rows.generate(turn2 + group), fwd.generate(turn2 + group)
-    assert [o.completion_ids for o in a2] == [o.completion_ids for o in b2]
-    gaps = []
-    for r, o in zip(turn2 + group, a2):
-        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
-        gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
-    assert report("paged token-row prefill vs HF forward, fp32", gaps).max() < 1e-3
-    assert rows.stats["row_prefills"] > 0 and rows.stats["forward_prefills"] == 0
+    # greedy tokens must agree; sampled ones need not: the random model's next-token distribution at T=1 is
+    # near flat over 49k tokens, so a 1e-6 change in the logits moves a CDF boundary across the same uniform
+    # (seen on an H100: one of the 4 samples took another token at its 4th step, both paths within 2e-6 of HF)
+    assert [o.completion_ids for o in a2[: len(turn2)]] == [o.completion_ids for o in b2[: len(turn2)]]
+    assert len({tuple(o.completion_ids) for o in a2[len(turn2):]}) == len(group)  # forks drew their own tokens
+    for name, outs in (("token-row", a2), ("lean forward", b2)):
+        gaps = []
+        for r, o in zip(turn2 + group, outs):
+            ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+            gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
+        assert report(f"paged {name} prefill vs HF forward, fp32", gaps).max() < 1e-3
+    assert rows.stats["row_prefills"] > 0 and rows.stats["forward_prefills"] == 0 and rows.stats["forks"] > 0
     assert fwd.stats["row_prefills"] == 0 and rows.stats["cached_tokens"] > 0
     print(f"[gpu] token-row prefill stats: {rows.stats}")

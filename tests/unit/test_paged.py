@@ -302,12 +302,13 @@ def test_token_rows_lay_calls_end_to_end_at_their_positions():
 
 
 def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny, monkeypatch):
-    """``graph_prefill`` (off by default until measured on a GPU): a prefill's new tokens are rows of the decode step,
+    """``graph_prefill`` (by default on only where CUDA graphs replay, so off here): a prefill's new tokens are rows of the decode step,
     each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
     holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
     their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""
     monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 8)
     model, tok = tiny
+    assert not PagedEngine(model, tok, [2], device="cpu", kv_blocks=8).graph_prefill  # the default: no graphs on a CPU
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, graph_prefill=True)
     forward, real = [], eng.prefill.rows
     monkeypatch.setattr(eng.prefill, "rows", lambda *a: forward.append(len(a[0])) or real(*a))

@@ -155,11 +155,13 @@ class RolloutConfig(Strict):
     kv_block_size: int = Field(16, ge=1, le=1024, description="paged engine: token slots per KV block (the unit of "
                                                                "allocation and of prefix sharing)")
     cuda_graphs: bool = Field(True, description="static and paged engines on CUDA: replay decode steps as CUDA graphs")
-    graph_prefill: bool = Field(False, description="paged engine: a prefill whose new tokens read few keys (next turns "
-                                                   "over a cached past) runs as token rows of the decode step, through "
-                                                   "its CUDA graphs, not as eager forwards (one H100 run: rollout 0.70x "
-                                                   "on issue 28's long tail); off until its GPU test has passed "
-                                                   "(docs/benchmarks.md)")
+    graph_prefill: bool | None = Field(None, description="paged engine: a prefill whose new tokens read few keys "
+                                                          "(next turns over a cached past, short prompts) runs as "
+                                                          "token rows of the decode step, through its CUDA graphs, not "
+                                                          "as eager forwards; null (default): on where the decode step "
+                                                          "replays CUDA graphs, true/false: always/never (long-tail "
+                                                          "sync@paged on an H100, 3 runs each: 1.21x calls/s, "
+                                                          "docs/benchmarks.md)")
     sync_every: int = Field(8, ge=1, le=256, description="static and paged engines: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)

@@ -68,11 +68,12 @@ class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 graph_prefill: bool = False, **_ignored):
+                 graph_prefill: bool | None = None, **_ignored):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
-        # _prefill_rows (rollout.graph_prefill): off by default until its GPU test passes (docs/benchmarks.md)
-        self.graph_prefill = graph_prefill
+        # _prefill_rows (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
+        # the rows save no launches there; docs/benchmarks.md has the GPU figures)
+        self.graph_prefill = self.use_graphs if graph_prefill is None else graph_prefill
         self.block_size = block_size
         self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)
         self.max_batch_size = max_batch_size

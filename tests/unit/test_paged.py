@@ -302,7 +302,8 @@ def test_token_rows_lay_calls_end_to_end_at_their_positions():
 
 
 def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny, monkeypatch):
-    """``graph_prefill`` (by default on only where CUDA graphs replay, so off here): a prefill's new tokens are rows of the decode step,
+    """``graph_prefill`` (default: on only where CUDA graphs replay, so off here): a prefill's new tokens are
+    rows of the decode step,
     each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
     holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
     their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""

@@ -102,6 +102,7 @@ def test_auto_engine_is_paged_on_cuda_and_its_options_follow():
     on_gpu = engine_options(r, "cuda:0")
     assert on_gpu["gpu_memory_utilization"] == 0.07 and on_gpu["block_size"] == 32 and on_gpu["graph_prefill"]
     assert engine_options(RolloutConfig(), "cuda:0")["graph_prefill"] is None  # the engine decides: where graphs are
+    assert engine_options(RolloutConfig(overlap_chunks=False), "cuda:0")["overlap_chunks"] is False
     assert engine_options(r, "cpu") == {}
     static = engine_options(RolloutConfig(engine="static"), "cuda")
     assert "gpu_memory_utilization" not in static and static["sync_every"] == 8

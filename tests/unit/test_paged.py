@@ -207,14 +207,15 @@ def test_a_group_prefills_once_and_a_seed_gives_the_same_tokens_in_any_company(t
     assert len({tuple(o.completion_ids) for o in outs}) > 1  # different seeds, different samples
 
 
-def test_a_tight_budget_preempts_and_changes_no_token(tiny):
+@pytest.mark.parametrize("overlap", [False, True], ids=["chunk-by-chunk", "overlapped"])
+def test_a_tight_budget_preempts_and_changes_no_token(tiny, overlap):
     model, tok = tiny
     reqs = [req(p, max_new_tokens=24) for p in prompts(tok)]
     roomy = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4).generate(reqs)
     need = max(len(r.prompt_ids) + 24 for r in reqs)
-    tight = PagedEngine(model, tok, [2], device="cpu", kv_blocks=need // 4 + 6, block_size=4)
+    tight = PagedEngine(model, tok, [2], device="cpu", kv_blocks=need // 4 + 6, block_size=4, overlap_chunks=overlap)
     outs = tight.generate(reqs)
-    assert tight.stats["preemptions"] > 0
+    assert tight.stats["preemptions"] > 0 and (tight.stats["overlapped_chunks"] > 0) == overlap
     assert tight.stats["peak_blocks"] <= need // 4 + 5
     for a, b in zip(roomy, outs):
         assert a.completion_ids == b.completion_ids
@@ -350,16 +351,18 @@ def test_stop_strings_and_eos_end_a_call_inside_a_decode_chunk(tiny):
     assert a.completion_ids == b.completion_ids and b.finish_reason == "stop"
 
 
-def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_of_the_cache():
+@pytest.mark.parametrize("overlap", [False, True], ids=["chunk-by-chunk", "overlapped"])
+def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_of_the_cache(overlap):
     """at_boundary (AReaL's interruptible generation): a weight change requested while a call decodes
-    runs at the next step boundary; the call goes on with the new weights (its tokens change from
-    there), and its blocks, computed partly under the old weights, never join the prefix cache."""
+    runs at the next step boundary (overlapped: once the chunk in flight is taken); the call goes on with
+    the new weights (its tokens change from there), and its blocks, computed partly under the old
+    weights, never join the prefix cache."""
     from masrl.models import load_model
 
     model, tok = load_model("tiny-random", seed=0)  # its own copy: the test changes its weights
     p = prompts(tok)[0]
     call = [req(p, max_new_tokens=40)]
-    eng = PagedEngine(model, tok, [], device="cpu", kv_blocks=512, block_size=4, sync_every=2)
+    eng = PagedEngine(model, tok, [], device="cpu", kv_blocks=512, block_size=4, sync_every=2, overlap_chunks=overlap)
     before = eng.generate(call)[0].completion_ids
     assert eng.generate(call)[0].completion_ids == before  # greedy: the same tokens run to run
 
@@ -385,7 +388,7 @@ def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_
     eng._step = step
     same = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(after))
     print(f"tokens before the change: {same} of {len(after)}; swaps mid-call {eng.stats['swaps_mid_call']}")
-    assert eng.stats["swaps_mid_call"] == 1
+    assert eng.stats["swaps_mid_call"] == 1 and (eng.stats["overlapped_chunks"] > 0) == overlap
     assert 1 <= same < len(after)  # the first tokens are the old weights', the rest the new ones'
     cached = eng.stats["cached_tokens"]
     eng.generate(call)
@@ -434,19 +437,21 @@ def test_decode_graphs_of_long_rows_get_their_own_length_class_and_launch():
     assert pk.PAGED_LAUNCH["lowp"]["BLOCK"] != 1
 
 
-def test_a_short_call_is_told_before_the_long_call_of_its_batch_ends(tiny):
+@pytest.mark.parametrize("overlap", [False, True], ids=["chunk-by-chunk", "overlapped"])
+def test_a_short_call_is_told_before_the_long_call_of_its_batch_ends(tiny, overlap):
     """``on_done``: each call is handed back as it finishes, with the output the list ends with, so a
-    short call of a batch need not wait for the batch's longest."""
+    short call of a batch need not wait for the batch's longest (overlapped: the next chunk is queued
+    before the host takes a chunk's tokens, so a call is told one chunk of steps later)."""
     model, tok = tiny
     ps = prompts(tok)
-    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, overlap_chunks=overlap)
     calls = [req(ps[0], max_new_tokens=80), req(ps[1], max_new_tokens=2), req(ps[2], max_new_tokens=5)]
     told: list[tuple[int, int, object]] = []  # (index, decode steps run when told, output)
 
     outs = eng.generate(calls, on_done=lambda i, o: told.append((i, eng.stats["decode_steps"], o)))
     assert [i for i, _, _ in told] == [1, 2, 0]  # in the order they finished
     steps = {i: n for i, n, _ in told}
-    assert steps[1] <= steps[2] < steps[0] and steps[2] <= 8  # the short ones within the first decode chunk
+    assert steps[1] <= steps[2] < steps[0] and steps[2] <= 8 * (1 + overlap)  # the short ones in the first chunk
     for i, _, o in told:
         assert o.completion_ids == outs[i].completion_ids and o.logprobs == outs[i].logprobs
 
@@ -514,3 +519,33 @@ def test_callers_arriving_at_a_fresh_engine_at_once_build_one_pool(tiny, monkeyp
         t.join(timeout=120)
     assert len(built) == 2 * model.config.num_hidden_layers  # one key and one value tensor a layer, once
     assert sorted(outs) == [0, 1, 2, 3] and all(len(o[0].completion_ids) == 4 for o in outs.values())
+
+
+def test_overlapped_chunks_give_the_tokens_of_chunks_taken_one_by_one(tiny):
+    """``overlap_chunks``: the next decode chunk is queued from the device's last tokens and positions before
+    the host takes the chunk in flight. Greedy and seeded calls of several lengths, stop strings, a
+    group that forks and calls that join from another thread: the same tokens and logprobs as chunk by
+    chunk, at several chunk lengths, and chunks did overlap."""
+    model, tok = tiny
+    ps = prompts(tok)
+    text = tok.decode(HFEngine(model, tok, [2]).generate([req(ps[1], max_new_tokens=12)])[0].completion_ids[:7])
+    calls = ([req(p, max_new_tokens=5 + 6 * i) for i, p in enumerate(ps)]
+             + [req(ps[0], temperature=1.0, max_new_tokens=17, seed=40 + i) for i in range(3)]
+             + [req(ps[1], max_new_tokens=20, stop=[text[-3:]])])
+    late = [req(ps[2], temperature=1.0, max_new_tokens=9, seed=7), req(ps[3], max_new_tokens=4)]
+    for sync_every in (1, 3, 8):
+        got, lps = {}, {}
+        for overlap in (False, True):
+            eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, sync_every=sync_every,
+                              overlap_chunks=overlap)
+            side: list = []
+            t = threading.Thread(target=lambda e=eng, out=side: (time.sleep(0.05), out.extend(e.generate(late))))
+            t.start()
+            outs = eng.generate(calls)
+            t.join(60)
+            got[overlap] = [(o.completion_ids, o.finish_reason) for o in outs + side]
+            lps[overlap] = [o.logprobs for o in outs + side]
+            assert (eng.stats["overlapped_chunks"] > 0) == overlap
+        assert got[True] == got[False] and len(got[True]) == len(calls) + len(late)
+        assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(lps[False], lps[True]))
+        assert any(reason == "stop" for _, reason in got[True])

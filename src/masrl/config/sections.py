@@ -162,6 +162,11 @@ class RolloutConfig(Strict):
                                                           "replays CUDA graphs, true/false: always/never (long-tail "
                                                           "sync@paged on an H100, 3 runs each: 1.21x calls/s, "
                                                           "docs/benchmarks.md)")
+    overlap_chunks: bool | None = Field(None, description="paged engine: queue the next decode chunk (the same calls, "
+                                                           "from the device's last tokens) before the host takes "
+                                                           "the tokens of the one in flight, so the device decodes "
+                                                           "while the host keeps tokens and tells callers; null "
+                                                           "(default): on a GPU; the tokens are the same either way")
     sync_every: int = Field(8, ge=1, le=256, description="static and paged engines: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)

@@ -66,7 +66,7 @@ def engine_options(r, device: str) -> dict:
     if kind == "paged":
         return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size, "sync_every": r.sync_every,
                 "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size,
-                "graph_prefill": r.graph_prefill}
+                "graph_prefill": r.graph_prefill, "overlap_chunks": r.overlap_chunks}
     if kind == "static":
         return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     return {}

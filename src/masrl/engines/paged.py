@@ -68,12 +68,16 @@ class PagedEngine(GraphDecoder):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 graph_prefill: bool | None = None, **_ignored):
+                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None, **_ignored):
         super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
                          fused_kernels=fused_kernels)
         # _prefill_rows (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
         # the rows save no launches there; docs/benchmarks.md has the GPU figures)
         self.graph_prefill = self.use_graphs if graph_prefill is None else graph_prefill
+        # rollout.overlap_chunks: the next decode chunk is queued before the host takes the last one's tokens
+        # (None: on a GPU, where the host's bookkeeping then runs while the device decodes)
+        self.overlap_chunks = self.dev.type == "cuda" if overlap_chunks is None else overlap_chunks
+        self._inflight: paged_calls.Chunk | None = None  # a chunk on the device whose tokens are not taken yet
         self.block_size = block_size
         self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)
         self.max_batch_size = max_batch_size
@@ -91,7 +95,7 @@ class PagedEngine(GraphDecoder):
         self._boundary: list[_Job] = []  # at_boundary jobs waiting for the next step boundary
         self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
                            "peak_blocks": 0, "joined": 0, "forks": 0, "row_prefills": 0, "forward_prefills": 0,
-                           "swaps_mid_call": 0})
+                           "swaps_mid_call": 0, "overlapped_chunks": 0})
         self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
         self._last_sampling = None  # (ids of the calls, _sampling's result, the calls) of the last chunk
 
@@ -158,7 +162,7 @@ class PagedEngine(GraphDecoder):
         self._release(("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index"))
         self.kv = []
         self.pool = self.sched = None
-        self._last_sampling = None
+        self._last_sampling = self._inflight = None
         self.rows_cap = self.width_cap = 0
 
     def generate(self, requests: list[GenRequest],
@@ -217,21 +221,34 @@ class PagedEngine(GraphDecoder):
             for s in self._inbox:
                 self.sched.add(s)
             self._inbox.clear()
-            self._cv.release()
-            try:
-                with self._kernels(), torch.inference_mode():
-                    finished = self._step()
-            except BaseException as exc:  # the engine failed: every call it holds fails with it
-                self._cv.acquire()
-                for s in self.sched.drop_all():
-                    s.error = exc
-                raise
-            self._cv.acquire()
+            finished = self._unlocked(self._step)
+            if self._boundary and self._inflight is not None:  # a weight change waits for the chunk in flight
+                finished |= self._unlocked(self._take_inflight)
             self._run_boundary()
             if finished:
                 self._cv.notify_all()
+        if self._inflight is not None:  # other callers' calls: the next runner starts with none in flight
+            if self._unlocked(self._take_inflight):
+                self._cv.notify_all()
+
+    def _unlocked(self, work: Callable[[], bool]) -> bool:
+        """``work()`` with the condition released (other callers may queue calls meanwhile)."""
+        self._cv.release()
+        try:
+            with self._kernels(), torch.inference_mode():
+                out = work()
+        except BaseException as exc:  # the engine failed: every call it holds fails with it
+            self._cv.acquire()
+            self._inflight = None
+            for s in self.sched.drop_all():
+                s.error = exc
+            raise
+        self._cv.acquire()
+        return out
 
     def _step(self) -> bool:
+        if self._inflight is not None:
+            return self._take_inflight(follow=not self.sched.waiting and not self._boundary)
         step = self.sched.schedule(lookahead=self.sync_every)
         if step is None:
             raise RuntimeError("paged engine: calls are waiting but none can be scheduled (a bug: please report it)")
@@ -359,20 +376,57 @@ class PagedEngine(GraphDecoder):
     def _decode_chunk(self, seqs: list[Sequence]) -> bool:
         """Up to ``sync_every`` decode steps for every running call, the sampled tokens kept on the
         device and read back once; a call that finishes inside the chunk rides along to its end (its
-        extra tokens dropped; writes past its blocks land in the scratch block). Returns whether a
+        extra tokens dropped; writes past its blocks land in the scratch block). With ``overlap_chunks``
+        the tokens are taken at the next step, after the chunk that follows is queued. Returns whether a
         call finished."""
+        k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
+        chunk = self._launch(seqs, k)
+        if self.overlap_chunks:
+            self._inflight = chunk
+            return False
+        return self._take(seqs, chunk.sp, *chunk.results())
+
+    def _take_inflight(self, follow: bool = False) -> bool:
+        """Take the tokens of the chunk in flight; first, when ``follow`` and its calls can go on
+        (``paged_calls.continuation_steps``), queue the chunk that follows it from the device's state, so the
+        device decodes while the host keeps tokens and tells callers."""
+        c, self._inflight = self._inflight, None
+        k = paged_calls.continuation_steps(c, self.sched.running, self.sched.pool, self.sync_every) if follow else 0
+        if k:
+            self._inflight = self._launch(c.seqs, k, ahead=c.k)
+            if self._inflight is not None:
+                self.sched.stats["decodes"] += 1
+                self.stats["overlapped_chunks"] += 1
+        T, L = c.results()
+        live = [i for i, s in enumerate(c.seqs) if s.finish is None and s.error is None]
+        return self._take([c.seqs[i] for i in live], [c.sp[i] for i in live], [T[i] for i in live],
+                          [L[i] for i in live])
+
+    def _launch(self, seqs: list[Sequence], k: int, ahead: int = 0) -> paged_calls.Chunk | None:
+        """Queue ``k`` decode steps of ``seqs``: from the host's state (``ahead`` 0), or going on from the
+        device's tokens and positions ``ahead`` steps past it (a chunk in flight; only the block tables are
+        sent again, from pinned memory, so nothing waits for that chunk). None: going on would need larger
+        step buffers (new buffers lose the device's state; the host takes the chunk in flight first)."""
         B, bs, dev = len(seqs), self.block_size, self.dev
         Bb = batch_bucket(B)
-        k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
-        kv = np.array([s.kv_len for s in seqs], dtype=np.int64)
+        kv = np.array([s.kv_len + ahead for s in seqs], dtype=np.int64)
         top = int(kv.max()) + k
         # the fused kernel reads each row's length on the device: one graph per batch bucket and length class
         # (short rows and long ones launch it differently) serves any length
         S = paged_kernels.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)
-        self._ensure(Bb, max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1)
-        self._load_rows(seqs, Bb, kv)
+        width = max(max(len(s.table) for s in seqs), -(-top // bs), -(-max(S, 1) // bs)) + 1
+        if ahead:
+            if Bb > self.rows_cap or width > self.width_cap:
+                return None
+            self.bt_host[:B] = 0
+            tables = block_tables(seqs)
+            self.bt_host[:B, : tables.shape[1]] = tables
+            self.bt_buf[:B].copy_(self._staged(self.bt_host[:B]), non_blocking=True)
+        else:
+            self._ensure(Bb, width)
+            self._load_rows(seqs, Bb, kv)
         sp, temps, top_ps, flags = self._sampling(seqs)
-        U_dev = torch.from_numpy(self._uniforms(seqs, k)).to(dev)
+        U_dev = self._staged(self._uniforms(seqs, k, ahead)).to(dev, non_blocking=True)
         toks, lps = [], []
         for j in range(k):
             logits = self._decode(Bb, S)
@@ -380,8 +434,12 @@ class PagedEngine(GraphDecoder):
             self.tok_buf[:B].copy_(t)
             toks.append(t)
             lps.append(lp)
-        T, L = torch.stack(toks).t().tolist(), torch.stack(lps).t().tolist()  # one read per chunk
-        return self._take(seqs, sp, T, L)
+        return paged_calls.Chunk.launched(seqs, sp, torch.stack(toks), torch.stack(lps))
+
+    def _staged(self, a: np.ndarray) -> torch.Tensor:
+        """``a`` as a host tensor a non-blocking copy can read: pinned (a private copy) on a GPU."""
+        t = torch.from_numpy(np.ascontiguousarray(a))
+        return t.pin_memory() if self.dev.type == "cuda" else t
 
     def _load_rows(self, seqs: list[Sequence], Bb: int, kv: np.ndarray) -> None:
         """The chunk's inputs into the device buffers: block tables, positions, last tokens, adapters."""
@@ -405,8 +463,8 @@ class PagedEngine(GraphDecoder):
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
 
-    def _uniforms(self, seqs: list[Sequence], k: int) -> np.ndarray:
-        return paged_calls.chunk_uniforms(seqs, k, self.host_rng)
+    def _uniforms(self, seqs: list[Sequence], k: int, ahead: int = 0) -> np.ndarray:
+        return paged_calls.chunk_uniforms(seqs, k, self.host_rng, ahead)
 
     def _take(self, seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list[float]], *,
               decoded: bool = True) -> bool:

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from masrl.engines.blocks import BlockPool, blocks_for
 from masrl.engines.sampling import stop_string_at
 from masrl.engines.scheduler import Sequence
 from masrl.messages import GenOutput, GenRequest
@@ -38,12 +40,12 @@ def settled(s: Sequence) -> bool:
     return s.error is not None or (s.finish is not None and s.payload.told)
 
 
-def chunk_uniforms(seqs: list[Sequence], k: int, rng: np.random.Generator) -> np.ndarray:
-    """``[rows, k]``: each call's random numbers for its next ``k`` tokens (by its seed's counter; a
-    call without a seed draws from ``rng``)."""
+def chunk_uniforms(seqs: list[Sequence], k: int, rng: np.random.Generator, ahead: int = 0) -> np.ndarray:
+    """``[rows, k]``: each call's random numbers for its next ``k`` tokens after ``ahead`` tokens not yet
+    taken (a chunk still on the device) (by its seed's counter; a call without a seed draws from ``rng``)."""
     U = np.empty((len(seqs), k), dtype=np.float32)
     for b, s in enumerate(seqs):
-        u, g = s.payload.uniforms, len(s.generated)
+        u, g = s.payload.uniforms, len(s.generated) + ahead
         if u is not None:
             row = u[g : g + k]
             U[b, : len(row)] = row
@@ -85,3 +87,56 @@ def keep_tokens(seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list
                 finally:  # a failing callback fails the engine's calls (raised); none waits forever
                     s.payload.told = True
     return any_done
+
+
+@dataclass
+class Chunk:
+    """A decode chunk launched on the device whose tokens the host has not taken yet: ``k`` steps of
+    ``seqs``; on a GPU its tokens and logprobs come back into pinned host memory behind ``event``."""
+
+    seqs: list[Sequence]
+    sp: list
+    k: int
+    toks: torch.Tensor  # [k, rows]
+    lps: torch.Tensor
+    event: object | None = None
+
+    @classmethod
+    def launched(cls, seqs: list[Sequence], sp: list, toks: torch.Tensor, lps: torch.Tensor) -> Chunk:
+        """The chunk whose device results are ``toks``/``lps``; on CUDA their copy to the host is queued now
+        (the host reads them once ``event`` has passed, while the device runs what was queued after)."""
+        if toks.device.type != "cuda":
+            return cls(seqs, sp, toks.shape[0], toks, lps)
+        th = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
+        lh = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
+        th.copy_(toks, non_blocking=True)
+        lh.copy_(lps, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(toks.device))
+        return cls(seqs, sp, toks.shape[0], th, lh, event)
+
+    def results(self) -> tuple[list[list[int]], list[list[float]]]:
+        """``[rows][k]`` tokens and logprobs (waits for the device's copy)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.toks.t().tolist(), self.lps.t().tolist()
+
+
+def continuation_steps(c: Chunk, running: list[Sequence], pool: BlockPool, sync_every: int) -> int:
+    """Steps of the chunk that may follow ``c`` before the host takes ``c``'s tokens (the same calls go on
+    from the device's last tokens and positions), or 0 when the host must take them first: the running
+    set is not ``c``'s, no call has tokens left after ``c``, or a call's blocks cannot grow without a
+    pre-emption. Grows the tables of the calls that need a block for it."""
+    if len(running) != len(c.seqs) or any(a is not b for a, b in zip(running, c.seqs)):
+        return 0
+    left = [s.max_new - len(s.generated) - c.k for s in c.seqs]
+    k = min(sync_every, max(left))
+    if k <= 0:
+        return 0
+    for s, n in zip(c.seqs, left):  # blocks grown before a call that cannot grow stay with their calls
+        need = s.kv_len + c.k + min(k, max(n, 1))
+        if blocks_for(need, pool.block_size) > len(s.table):
+            if not pool.can_grow(s.table, need):
+                return 0
+            pool.grow(s.table, need)
+    return k

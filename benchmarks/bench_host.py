@@ -43,8 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from masrl import models
-from masrl.engines import paged as paged_mod
-from masrl.engines import paged_prefill
+from masrl.engines import paged_prefill, paged_steps
 from masrl.engines import scheduler as scheduler_mod
 from masrl.engines.paged import PagedEngine
 from masrl.messages import GenCall, GenRequest, SamplingParams
@@ -162,14 +161,14 @@ def rows_prefill_ms(model, tok, rows: int, count: bool = False, new: int = 15) -
     ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not
     computed: host work only."""
     eng, nxt = next_turn(model, tok, rows, new, graph_prefill=True)
-    ready = torch.zeros((paged_mod.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
+    ready = torch.zeros((paged_steps.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
     replays = [0]
     eng._decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
     t = Timers()
-    t.wrap(paged_mod.PagedEngine, "_prefill_rows")
+    t.wrap(PagedEngine, "_prefill_rows")
     ops = OpCount()
     try:
-        with counting(paged_mod.PagedEngine, "_prefill_rows", ops if count else None):
+        with counting(PagedEngine, "_prefill_rows", ops if count else None):
             eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
     finally:
         t.undo()
@@ -184,7 +183,7 @@ def chunk_ms(model, tok, rows: int = 256) -> float:
     t = Timers()
     parts = ("_load_rows", "_sampling", "_uniforms", "_take", "_ensure")
     for name in ("_decode_chunk", *parts):
-        t.wrap(paged_mod.PagedEngine, name)
+        t.wrap(PagedEngine, name)
     t.wrap(scheduler_mod.Scheduler, "schedule")
     try:
         eng.generate([GenRequest(p, sp(65), seed=i) for i, p in enumerate(prompts)])

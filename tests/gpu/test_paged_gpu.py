@@ -73,11 +73,11 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
     forward's prefill (fp32): the same greedy tokens, each path's logprobs within 1e-3 of a full forward."""
-    from masrl.engines import paged
+    from masrl.engines import paged_steps
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
-    monkeypatch.setattr(paged, "ROWS_PREFILL_BATCH", 16)
+    monkeypatch.setattr(paged_steps, "ROWS_PREFILL_BATCH", 16)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
     rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=True)
     fwd = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=False)

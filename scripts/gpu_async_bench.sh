@@ -5,7 +5,8 @@
 #   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the static engine as the
 #   baseline, the paged one streaming each call back as it ends), ray (two policies in two Ray actors on
 #   two GPUs; needs scripts/gpu_ray_install.sh first), graph_prefill (the long tail's sync@paged with
-#   rollout.graph_prefill off and on, alternated ROUNDS times, default 2: issue 28's token-row prefill);
+#   rollout.graph_prefill off and on, alternated ROUNDS times, default 2: issue 28's token-row prefill),
+#   overlap_chunks (the same with rollout.overlap_chunks: a decode chunk queued while the host takes the last);
 #   default: those the host can run.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -25,10 +26,10 @@ for part in $PARTS; do
     long_calls) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
                   --tokens 64 --max-turns 8 --long-every 8 --steps 3 --modes sync@static,sync@paged,async@static,async@paged \
                   --json "$OUT/long_calls.json" ;;
-    graph_prefill) for r in $(seq "${ROUNDS:-2}"); do for gp in false true; do
+    graph_prefill|overlap_chunks) for r in $(seq "${ROUNDS:-2}"); do for on in false true; do
                      python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 \
-                       --samples 8 --tokens 64 --max-turns 8 --steps 3 --modes sync@paged --set rollout.graph_prefill=$gp \
-                       --json "$OUT/graph_prefill-$r-$gp.json"; done; done ;;
+                       --samples 8 --tokens 64 --max-turns 8 --steps 3 --modes sync@paged --set rollout.$part=$on \
+                       --json "$OUT/$part-$r-$on.json"; done; done ;;
     ray) python3 benchmarks/bench_async.py "${common[@]}" --workload team_two --placement ray --device cuda --tasks 16 \
            --samples 8 --tokens 128 --steps 3 --modes sync,async --json "$OUT/ray.json" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;

@@ -96,24 +96,27 @@ class Chunk:
 
     seqs: list[Sequence]
     sp: list
-    k: int
     toks: torch.Tensor  # [k, rows]
     lps: torch.Tensor
     event: object | None = None
+
+    @property
+    def k(self) -> int:
+        return self.toks.shape[0]
 
     @classmethod
     def launched(cls, seqs: list[Sequence], sp: list, toks: torch.Tensor, lps: torch.Tensor) -> Chunk:
         """The chunk whose device results are ``toks``/``lps``; on CUDA their copy to the host is queued now
         (the host reads them once ``event`` has passed, while the device runs what was queued after)."""
         if toks.device.type != "cuda":
-            return cls(seqs, sp, toks.shape[0], toks, lps)
+            return cls(seqs, sp, toks, lps)
         th = torch.empty(toks.shape, dtype=toks.dtype, pin_memory=True)
         lh = torch.empty(lps.shape, dtype=lps.dtype, pin_memory=True)
         th.copy_(toks, non_blocking=True)
         lh.copy_(lps, non_blocking=True)
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(toks.device))
-        return cls(seqs, sp, toks.shape[0], th, lh, event)
+        return cls(seqs, sp, th, lh, event)
 
     def results(self) -> tuple[list[list[int]], list[list[float]]]:
         """``[rows][k]`` tokens and logprobs (waits for the device's copy)."""

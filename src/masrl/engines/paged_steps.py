@@ -165,10 +165,7 @@ class PagedSteps(GraphDecoder):
         if ahead:
             if Bb > self.rows_cap or width > self.width_cap:
                 return None
-            self.bt_host[:B] = 0
-            tables = block_tables(seqs)
-            self.bt_host[:B, : tables.shape[1]] = tables
-            self.bt_buf[:B].copy_(self._staged(self.bt_host[:B]), non_blocking=True)
+            self._put_tables(Bb, block_tables(seqs), staged=True)
         else:
             self._ensure(Bb, width)
             self._load_rows(seqs, Bb, kv)
@@ -195,13 +192,10 @@ class PagedSteps(GraphDecoder):
     def _load(self, Bb: int, tables: np.ndarray, pos: np.ndarray, toks: torch.Tensor, keys: list) -> None:
         """Rows ``[0, B)`` of the step's device buffers: each row's block table, position, token and adapter
         (``keys``); rows ``[B, Bb)`` are pads (block table of zeros, position 0: they write the scratch block)."""
-        B, w = tables.shape
-        bt = self.bt_host
-        bt[:Bb] = 0
-        bt[:B, :w] = tables
+        B = len(tables)
+        self._put_tables(Bb, tables)
         p = np.zeros(Bb, dtype=np.int64)
         p[:B] = pos
-        self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
         self.pos_buf[:Bb].copy_(torch.from_numpy(p))
         self.tok_buf[:B].copy_(toks)
         if self.is_peft:
@@ -209,6 +203,17 @@ class PagedSteps(GraphDecoder):
             self.row_adapter[:Bb].copy_(torch.tensor(ad))
             for cols, m in self.masks.items():
                 m[:Bb].copy_((self.row_adapter[:Bb, None] == self.col_index[cols][None, :]).to(self.dtype))
+
+    def _put_tables(self, Bb: int, tables: np.ndarray, staged: bool = False) -> None:
+        """Rows ``[0, Bb)`` of the block-table buffer: ``tables`` first, zeros after (pads: the scratch block);
+        ``staged``: through pinned memory, queued behind the device's work (a chunk in flight reads it)."""
+        bt = self.bt_host
+        bt[:Bb] = 0
+        bt[: len(tables), : tables.shape[1]] = tables
+        if staged:
+            self.bt_buf[:Bb].copy_(self._staged(bt[:Bb]), non_blocking=True)
+        else:
+            self.bt_buf[:Bb].copy_(torch.from_numpy(bt[:Bb]))
 
     def _uniforms(self, seqs: list[Sequence], k: int, ahead: int = 0) -> np.ndarray:
         return paged_calls.chunk_uniforms(seqs, k, self.host_rng, ahead)

@@ -148,61 +148,9 @@ def gemm(rows: list) -> None:
                 rows.append((f"{name} b256", tn, best))
 
 
-def norm_matmul(rows: list) -> None:
-    """``norm_matmul.norm_matmul`` (RMSNorm inside the q/k/v matmul; RMSNorm, gate/up and SiLU-mul in one kernel)
-    over a grid of launch settings, against the kernels it replaces. Four weight copies take turns, so the
-    weights come from memory as in a step through 24 layers, not from the L2 cache."""
-    from masrl.engines import kernels as KK
-    from masrl.engines import norm_matmul as NM
-
-    gen = torch.Generator(device=DEV).manual_seed(0)
-    ln = (1.0 + 0.1 * torch.randn(HIDDEN, generator=gen, device=DEV)).to(torch.bfloat16)
-    cases = {"qkv (bias)": ((H + 2 * HKV) * D, False), "gate_up + SiLU-mul": (2 * INTER, True)}
-    grid = [dict(BM=bm, BN=bn, BK=bk, num_warps=w, num_stages=st) for bm, bn, bk, w, st in
-            itertools.product((16, 32, 64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4))]
-    for name, (n, gated) in cases.items():
-        ws = [(torch.randn(n, HIDDEN, generator=gen, device=DEV) * 0.03).to(torch.bfloat16) for _ in range(4)]
-        bias = None if gated else (0.1 * torch.randn(n, generator=gen, device=DEV)).to(torch.bfloat16)
-        for m in (1, 64, 256, 1024):
-            x = torch.randn(m, HIDDEN, generator=gen, device=DEV).to(torch.bfloat16)
-            turn = itertools.cycle(range(4))
-
-            def before(w=None, x=x, ws=ws, bias=bias, gated=gated, turn=turn):
-                y = F.linear(KK.rms_norm(x, ln, 1e-6), ws[next(turn)] if w is None else w, bias)
-                return KK.silu_mul(y) if gated else y
-
-            ref = NM.norm_matmul_ref(x.float(), ln.float(), 1e-6, ws[0].float(), None if bias is None else bias.float(),
-                                     gated=gated)
-            t_before = graph_us(before)
-            results = []
-            for launch in grid:
-                if launch["BM"] > max(16, 1 << (m - 1).bit_length()):
-                    continue
-                try:
-                    err = (NM.norm_matmul(x, ln, 1e-6, ws[0], bias, gated=gated, launch=launch).float() - ref).abs().max().item()
-                    us = graph_us(lambda x=x, ws=ws, bias=bias, gated=gated, launch=launch, turn=turn: NM.norm_matmul(
-                        x, ln, 1e-6, ws[next(turn)], bias, gated=gated, launch=launch))
-                except Exception as exc:  # noqa: BLE001 - a setting the compiler rejects: report, go on
-                    print(f"  {launch}: {type(exc).__name__}: {str(exc)[:120]}")
-                    continue
-                results.append((us, err, launch))
-            err_before = (before(ws[0]).float() - ref).abs().max().item()
-            ship = NM.launch_for(m)
-            shipped = next((r for r in results if r[2] == ship), None)
-            print(f"\n== {name}, batch {m}: rms_norm + F.linear{' + silu_mul' if gated else ''} {t_before:.2f} us "
-                  f"(max abs err vs fp32 {err_before:.2e}); shipped setting {ship}: "
-                  f"{shipped[0] if shipped else float('nan'):.2f} us")
-            print("| setting | us | vs before | max abs err vs fp32 |\n| --- | --- | --- | --- |")
-            for us, err, launch in sorted(results, key=lambda r: r[0])[:8]:
-                print(f"| {launch} | {us:.2f} | {t_before / us:.2f}x | {err:.2e} |")
-            best = min(r[0] for r in results)
-            rows.append((f"{name} b{m} (before: separate kernels)", t_before, shipped[0] if shipped else float("nan")))
-            rows.append((f"{name} b{m}: fastest setting", t_before, best))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="attention,fused,gemm,norm_matmul")
+    ap.add_argument("--only", default="attention,fused,gemm")
     only = set(ap.parse_args().only.split(","))
     print(B.header(), flush=True)
     rows: list = []
@@ -212,8 +160,6 @@ def main() -> None:
         fused(rows)
     if "gemm" in only:
         gemm(rows)
-    if "norm_matmul" in only:
-        norm_matmul(rows)
     print("\n| part | as shipped us | best us | best / shipped |\n| --- | --- | --- | --- |")
     for name, now, best in rows:
         print(f"| {name} | {now:.2f} | {best:.2f} | {best / now:.2f}x |")

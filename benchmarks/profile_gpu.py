@@ -3,7 +3,7 @@ static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.
 the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
     source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
-        [--cases 0.5b:256,0.5b:64:2048] (shape:batch[:prompt tokens]) [--norm-matmul on,off]
+        [--cases 0.5b:256,0.5b:64:2048]   (shape:batch[:prompt tokens])
 """
 
 from __future__ import annotations
@@ -49,21 +49,9 @@ def build_engine(kind: str, shape: str):
     return StaticEngine(model, tok, [tok.eos_token_id], device=B.DEV)
 
 
-def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128, fuse_norm: bool = True) -> None:
+def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128) -> None:
     """One decode step of ``batch`` rows after a ``prompt``-token prompt: its kernels eager, then the replayed
-    CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps. ``fuse_norm``
-    off: the RMSNorms, matmuls and SiLU-mul as separate kernels (``norm_matmul.MIN_ROWS`` out of reach)."""
-    from masrl.engines import norm_matmul
-
-    saved_min = norm_matmul.MIN_ROWS
-    norm_matmul.MIN_ROWS = saved_min if fuse_norm else 1 << 62
-    try:
-        _decode(shape, batch, kind, prompt, fuse_norm)
-    finally:
-        norm_matmul.MIN_ROWS = saved_min
-
-
-def _decode(shape: str, batch: int, kind: str, prompt: int, fuse_norm: bool) -> None:
+    CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
     from masrl.config import SamplingParams
     from masrl.messages import GenRequest
 
@@ -92,8 +80,7 @@ def _decode(shape: str, batch: int, kind: str, prompt: int, fuse_norm: bool) -> 
                 eng._decode_body(Bb, S)
             torch.cuda.synchronize()
         n, ms = kernels_in(prof)
-        print(f"\n== decode {kind} {shape} batch {batch}, {prompt}-token prompt, norm_matmul {'on' if fuse_norm else 'off'} "
-              f"(bucket {Bb}, graph key {key}), eager step: "
+        print(f"\n== decode {kind} {shape} batch {batch}, {prompt}-token prompt (bucket {Bb}, graph key {key}), eager step: "
               f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
         print(table(prof, 14))
         g = eng.graphs[key][0]
@@ -149,7 +136,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="decode,update")
     ap.add_argument("--engines", default="static,paged", help="whose decode step to profile")
-    ap.add_argument("--norm-matmul", default="on", help="on, off or on,off: the RMSNorm fused into its matmul")
     ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256",
                     help="decode shapes, batches and prompt lengths, shape:batch[:prompt],... (prompt default 128)")
     a = ap.parse_args()
@@ -158,8 +144,8 @@ def main() -> None:
     import traceback
 
     cases = [(c.split(":")[0], int(c.split(":")[1]), int((c.split(":") + ["128"])[2])) for c in a.cases.split(",")]
-    jobs = [(decode, (shape, batch, kind, prompt, fuse == "on")) for kind in a.engines.split(",")
-            for shape, batch, prompt in cases for fuse in a.norm_matmul.split(",")] if "decode" in only else []
+    jobs = [(decode, (shape, batch, kind, prompt)) for kind in a.engines.split(",") for shape, batch, prompt in cases] \
+        if "decode" in only else []
     jobs += [(update, ())] if "update" in only else []
     for fn, args in jobs:
         try:

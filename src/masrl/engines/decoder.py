@@ -16,7 +16,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from masrl.engines import kernels, norm_matmul, sample_kernel
+from masrl.engines import kernels, sample_kernel
 from masrl.engines.decode_weights import DecodeWeights, base_linear, capture_stream, lora_delta, residual_linear
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
@@ -68,8 +68,6 @@ class GraphDecoder:
         cfg = self.core.config
         return {**kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
                                 cfg.hidden_size, cfg.intermediate_size),
-                **norm_matmul.check(self.dev, self.dtype, cfg.hidden_size, (self.fwd.n_heads + 2 * self.fwd.n_kv)
-                                    * self.fwd.head_dim, cfg.intermediate_size),
                 **sample_kernel.check(self.dev, self.dtype)}
 
     def _draw(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, flags: BatchFlags,
@@ -145,33 +143,18 @@ class GraphDecoder:
         cos = (emb.cos() * self.rope_scale).to(dt)  # [B, D]
         sin = (emb.sin() * self.rope_scale).to(dt)
         h = F.embedding(self.tok_buf[:B], self.core.model.embed_tokens.weight)
-        fuse_norm = bool(f.get("norm_matmul")) and B >= norm_matmul.MIN_ROWS
         for li, e in enumerate(self.w.layers):
-            ln1, ln2, lora = e["ln1"], e["ln2"], e["lora"]
-            if fuse_norm:  # the RMSNorm inside the matmul; its output kept only where a LoRA delta reads it
-                x = torch.empty_like(h) if "qkv" in lora else None
-                qkv = norm_matmul.norm_matmul(h, ln1.weight, ln1.variance_epsilon, e["w_qkv"], e["b_qkv"], xn=x)
-            else:
-                x = rms(h, ln1.weight, ln1.variance_epsilon)
-                qkv = F.linear(x, e["w_qkv"], e["b_qkv"])
-            qkv = self._lora(e, "qkv", x, qkv, B)
+            x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
+            qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
             if e["q_norm"] is not None:  # Qwen3: RMSNorm over each query and key head, in place
                 for mod, lo, n in ((e["q_norm"], 0, H), (e["k_norm"], H, Hkv)):
                     part = qkv[:, lo * D : (lo + n) * D].view(B, n, D)
                     part.copy_(F.rms_norm(part, (D,), mod.weight, mod.variance_epsilon))
             o = self._attention(li, qkv, cos, sin, B, S)
             h = self._lora(e, "o", o, residual_linear(h, o, base_linear(e["o"])), B)
-            if fuse_norm and e["silu"] and "gu" not in lora:  # norm, gate/up and SiLU-mul in one kernel
-                a = norm_matmul.norm_matmul(h, ln2.weight, ln2.variance_epsilon, e["w_gu"], gated=True)
-            else:
-                if fuse_norm:
-                    x = torch.empty_like(h) if "gu" in lora else None
-                    gu = norm_matmul.norm_matmul(h, ln2.weight, ln2.variance_epsilon, e["w_gu"], xn=x)
-                else:
-                    x = rms(h, ln2.weight, ln2.variance_epsilon)
-                    gu = F.linear(x, e["w_gu"])
-                gu = self._lora(e, "gu", x, gu, B)
-                a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
+            x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
+            gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
+            a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
             h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)

@@ -20,7 +20,8 @@ Static: a KV cache of batch x longest row, decode graphs per (batch, length) buc
 8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.04), a prefix
 cache, one decode graph per batch bucket, decode chunks of 8 steps read back once. Both sample with
 the fused sampler (``engines/sample_kernel.py``); ``--engines static@torch,paged@torch`` runs an
-engine with torch's ``sample_tokens`` instead, and every column is compared with the first.
+engine with torch's ``sample_tokens`` instead, ``paged@nosplit`` the paged engine with one attention
+program a (row, KV head) for long rows too (no split attention), and every column is compared with the first.
 """
 
 from __future__ import annotations
@@ -65,13 +66,17 @@ def peak_gib() -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
 
 
+# ENGINE@VARIANT in --engines: a fused kernel the engine would use, turned off
+VARIANTS = {"torch": "sample", "nosplit": "paged_attention_split"}
+
+
 def make(kind, model, tok, **kw):
-    kind, _, sampler = kind.partition("@")
+    kind, _, variant = kind.partition("@")
     eng = _make(kind, model, tok, **kw)
-    if sampler == "torch":
-        eng.fused["sample"] = False
-    elif sampler:
-        raise SystemExit(f"unknown sampler {sampler!r} in --engines (use ENGINE or ENGINE@torch)")
+    if variant in VARIANTS:
+        eng.fused[VARIANTS[variant]] = False
+    elif variant:
+        raise SystemExit(f"unknown variant {variant!r} in --engines (use ENGINE or ENGINE@{'|'.join(VARIANTS)})")
     return eng
 
 

@@ -6,6 +6,8 @@
   class, the fastest settings per length tell ``PAGED_LAUNCH`` and ``PAGED_LONG_KEYS`` what to be.
 * ``fused``: ``paged_kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; off until
   this says it is faster: ``paged_kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
+* ``split``: split attention (``paged_attention(..., splits=n)``) for few long rows, 1 to 128 runs a row, from
+  batch 64 x ~1,024 keys to batch 1 x ~16,000; "shipped" is ``paged_kernels.paged_splits``'s choice.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
   heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
   transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
@@ -13,7 +15,7 @@
 Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
 cost a graph removes, as in the engine). Random bf16 data.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm]
+    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm,split]
 """
 
 from __future__ import annotations
@@ -148,9 +150,34 @@ def gemm(rows: list) -> None:
                 rows.append((f"{name} b256", tn, best))
 
 
+def split(rows: list) -> None:
+    """Split attention for few long rows (``paged_attention(..., splits=n)``: runs of each row's keys, one
+    program each, and a kernel that adds them up) against one program a (row, KV head), long-class settings."""
+    from masrl.engines import paged_kernels as K
+
+    print("\n== paged attention, long rows: keys split into runs\n"
+          "| case | MiB of K and V | runs a row | us | GB/s | vs one program a row | max abs err vs fp32 | shipped |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for batch, mean_len in ((64, 1024), (64, 2048), (16, 8192), (4, 16000), (1, 16000)):
+        args, ref = attention_case(batch, mean_len)
+        kv_bytes = 2 * int(args[4].sum()) * HKV * D * 2
+        ship = K.paged_splits(batch, HKV, K.PAGED_LONG_KEYS)
+        one = None
+        for ns in (1, 2, 4, 8, 16, 32, 64, 128):
+            a = list(args)
+            a[5] = K.PAGED_LONG_KEYS  # the long length class's launch settings
+            err = (K.paged_attention(*a, splits=ns).float() - ref).abs().max().item()
+            us = graph_us(lambda a=a, ns=ns: K.paged_attention(*a, splits=ns))
+            one = one or us
+            print(f"| batch {batch}, ~{mean_len} keys | {kv_bytes / 2**20:.1f} | {ns} | {us:.2f} | "
+                  f"{kv_bytes / us / 1e3:.0f} | {one / us:.2f}x | {err:.2e} | {'yes' if ns == ship else ''} |")
+            if ns == ship:
+                rows.append((f"paged attention b{batch} L~{mean_len}: {ns} runs a row (before: 1)", one, us))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="attention,fused,gemm")
+    ap.add_argument("--only", default="attention,fused,gemm,split")
     only = set(ap.parse_args().only.split(","))
     print(B.header(), flush=True)
     rows: list = []
@@ -160,6 +187,8 @@ def main() -> None:
         fused(rows)
     if "gemm" in only:
         gemm(rows)
+    if "split" in only:
+        split(rows)
     print("\n| part | as shipped us | best us | best / shipped |\n| --- | --- | --- | --- |")
     for name, now, best in rows:
         print(f"| {name} | {now:.2f} | {best:.2f} | {best / now:.2f}x |")

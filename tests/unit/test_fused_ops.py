@@ -42,15 +42,15 @@ paged_kernels.PAGED_FUSED_ROPE = True
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
     v = paged_kernels.check(cpu, dtype, 14, 2, 64)
-    print(dtype, v["paged_attention"], v["rope_and_cache_paged"], v["paged_rope_attention"])
+    print(dtype, v["paged_attention"], v["rope_and_cache_paged"], v["paged_rope_attention"], v["paged_attention_split"])
 """
 
 
-def test_paged_kernels_and_the_fused_rope_attention_agree_with_torch_in_the_interpreter():
+def test_paged_kernels_the_fused_rope_attention_and_split_attention_agree_with_torch_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     out = subprocess.run([sys.executable, "-c", PAGED], capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["torch.float32", "None", "None", "None", "torch.float16", "None", "None", "None"]
+    assert out.stdout.split() == ["torch.float32"] + ["None"] * 4 + ["torch.float16"] + ["None"] * 4
 
 
 SAMPLER = """

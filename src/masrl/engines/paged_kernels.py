@@ -6,7 +6,9 @@ engine's and the shared ones).
 * ``paged_attention``: one query position against each row's own tokens, looked up through its block
   table, each row stopping at its own length read from device memory (so a CUDA graph replays any length);
   launch settings by input kind and length class (``PAGED_LAUNCH``, ``paged_length_class``);
-* ``paged_rope_attention``: the two as one launch, for the short length class (``PAGED_FUSED_ROPE``).
+* ``paged_rope_attention``: the two as one launch, for the short length class (``PAGED_FUSED_ROPE``);
+* split attention (``paged_attention(..., splits=n)``, ``paged_splits``): a long row's keys in runs, one
+  program each, added up by a second kernel, so that a few long rows fill the GPU.
 
 ``check`` runs them against their torch versions on random data, as ``kernels.check`` does the others; the
 paged engine uses a kernel only if it agrees.
@@ -80,12 +82,16 @@ if triton is not None:
         return m_new, l_i, acc * alpha[:, None] + pv
 
     @triton.jit
-    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale, stride_ks, stride_kh, stride_bt,
-                           HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                           BLOCK: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr):
+    def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, part_ptr, scale, stride_ks, stride_kh,
+                           stride_bt, NS, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                           BS: tl.constexpr, BLOCK: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
+                           SPLIT: tl.constexpr):
         # one program per (row, kv head), over the row's own length only (read from device memory, so a
         # CUDA graph replays any length): token t at slot bt[b, t // BS] * BS + t % BS. LOWP (bf16/fp16
-        # inputs): q.k and p.v as 16-bit MMAs with fp32 accumulation; q.k is then exact as in tf32
+        # inputs): q.k and p.v as 16-bit MMAs with fp32 accumulation; q.k is then exact as in tf32.
+        # SPLIT: program (b, h, s) takes the s-th of NS runs of whole blocks of the row's keys and writes its
+        # running max, sum and unscaled output to part_ptr [B, HKV, NS, GP, D + 2]; _paged_combine_kernel
+        # adds the runs up (few long rows: a program a row would leave most of the GPU idle)
         b = tl.program_id(0)
         h = tl.program_id(1)
         g = tl.arange(0, GP)
@@ -99,7 +105,12 @@ if triton is not None:
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
         L = tl.load(len_ptr + b)
-        for start in range(0, L, BLOCK):
+        lo = 0
+        if SPLIT:
+            run = tl.cdiv(tl.cdiv(L, NS), BLOCK) * BLOCK
+            lo = tl.program_id(2) * run
+            L = tl.minimum(L, lo + run)
+        for start in range(lo, L, BLOCK):
             t = start + tl.arange(0, BLOCK)
             tm = t < L
             page = tl.load(bt_ptr + b * stride_bt + t // BS, mask=tm, other=0).to(tl.int64)
@@ -112,8 +123,40 @@ if triton is not None:
             else:
                 scores = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PREC) * scale
             m_i, l_i, acc = _online_softmax_step(scores, tm, v, m_i, l_i, acc, PREC, LOWP)
+        if SPLIT:  # an empty run leaves m -1e30, l 0, acc 0: it weighs nothing in the sum
+            base = part_ptr + ((b * HKV + h) * NS + tl.program_id(2)) * GP * (D + 2)
+            tl.store(base + g[:, None] * (D + 2) + d[None, :], acc)
+            tl.store(base + g * (D + 2) + D, m_i)
+            tl.store(base + g * (D + 2) + D + 1, l_i)
+        else:
+            out = acc / l_i[:, None]
+            tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
+
+    @triton.jit
+    def _paged_combine_kernel(part_ptr, o_ptr, NS, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                              D: tl.constexpr):
+        # the NS runs of (row b, kv head h) as one softmax: each run's sum and output rescaled to the
+        # largest running max
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        g = tl.arange(0, GP)
+        d = tl.arange(0, D)
+        m_i = tl.full([GP], -1.0e30, tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for s in range(NS):
+            base = part_ptr + ((b * HKV + h) * NS + s) * GP * (D + 2)
+            m_s = tl.load(base + g * (D + 2) + D)
+            l_s = tl.load(base + g * (D + 2) + D + 1)
+            a_s = tl.load(base + g[:, None] * (D + 2) + d[None, :])
+            m_new = tl.maximum(m_i, m_s)
+            alpha, beta = tl.exp(m_i - m_new), tl.exp(m_s - m_new)
+            l_i = l_i * alpha + l_s * beta
+            acc = acc * alpha[:, None] + a_s * beta[:, None]
+            m_i = m_new
         out = acc / l_i[:, None]
-        tl.store(o_ptr + qo, out.to(o_ptr.dtype.element_ty), mask=gm[:, None])
+        tl.store(o_ptr + ((b * HKV + h) * G + g[:, None]) * D + d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=(g < G)[:, None])
 
     @triton.jit
     def _paged_rope_attn_kernel(qkv_ptr, cos_ptr, sin_ptr, k_ptr, v_ptr, slot_ptr, bt_ptr, len_ptr, o_ptr, scale,
@@ -225,18 +268,40 @@ def paged_launch(dtype: torch.dtype, S: int, launch: dict | None = None) -> dict
     return cfg
 
 
-def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float, launch: dict | None = None):
+# split attention (flash-decoding) for few long rows: a program a (row, KV head) over 16,000 keys runs one long
+# loop on one SM while the others idle. A long-class graph of B rows splits each row's keys into
+# paged_splits(B, ...) runs of whole blocks, enough for about PAGED_SPLIT_PROGRAMS programs, at most
+# PAGED_MAX_SPLITS runs a row (benchmarks/kernel_sweep.py --only split); short rows never split
+PAGED_SPLIT_PROGRAMS = 256
+PAGED_MAX_SPLITS = 64
+
+
+def paged_splits(B: int, Hkv: int, S: int) -> int:
+    """Runs each row's keys are split into in a decode graph of ``B`` rows and length class ``S``: 1 (no
+    split) for the short class and wherever ``B * Hkv`` programs already fill ``PAGED_SPLIT_PROGRAMS``."""
+    if S < PAGED_LONG_KEYS:
+        return 1
+    return max(1, min(PAGED_MAX_SPLITS, PAGED_SPLIT_PROGRAMS // (B * Hkv)))
+
+
+def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: float, launch: dict | None = None,
+                    splits: int = 1):
     """``paged_attention_ref`` as one kernel; each row stops at its own length, and ``S`` (a length class,
     ``paged_length_class``) picks the launch settings (``paged_launch``); ``launch`` overrides them (LOWP,
-    BLOCK, num_warps, num_stages)."""
+    BLOCK, num_warps, num_stages). ``splits`` > 1: each row's keys in that many runs, one program each, then
+    a second kernel adds the runs up (``paged_splits`` says how many)."""
     B, Hkv, G, D = q.shape
     o = torch.empty_like(q)
     assert q.is_contiguous() and kf.stride(2) == 1 and kf.stride() == vf.stride() and tables.stride(1) == 1
+    GP = max(16, triton.next_power_of_2(G))
+    part = torch.empty((B, Hkv, splits, GP, D + 2), dtype=torch.float32, device=q.device) if splits > 1 else o
     with on_device(q):
-        _paged_attn_kernel[(B, Hkv)](q, kf, vf, tables, lens, o, scale, kf.stride(0), kf.stride(1), tables.stride(0),
-                                     HKV=Hkv, G=G, GP=max(16, triton.next_power_of_2(G)), D=D, BS=block_size,
-                                     PREC="ieee" if q.dtype == torch.float32 else "tf32",
-                                     **paged_launch(q.dtype, S, launch))
+        _paged_attn_kernel[(B, Hkv, splits)](q, kf, vf, tables, lens, o, part, scale, kf.stride(0), kf.stride(1),
+                                             tables.stride(0), splits, HKV=Hkv, G=G, GP=GP, D=D, BS=block_size,
+                                             PREC="ieee" if q.dtype == torch.float32 else "tf32", SPLIT=splits > 1,
+                                             **paged_launch(q.dtype, S, launch))
+        if splits > 1:
+            _paged_combine_kernel[(B, Hkv)](part, o, splits, HKV=Hkv, G=G, GP=GP, D=D)
     return o
 
 
@@ -288,7 +353,17 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int) ->
         a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5)
         return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
 
-    checks = {"rope_and_cache_paged": rope_paged, "paged_attention": attention_paged}
+    def attention_split():  # runs of 64 keys ([0, 64), [64, 128), [128, 160)), empty runs included
+        B, bs, blocks = 3, 16, 40
+        kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
+        tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
+        lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
+        q = rnd(B, Hkv, H // Hkv, D)
+        a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5, launch={"BLOCK": 64}, splits=3)
+        return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
+
+    checks = {"rope_and_cache_paged": rope_paged, "paged_attention": attention_paged,
+              "paged_attention_split": attention_split}
     if PAGED_FUSED_ROPE:
         checks["paged_rope_attention"] = lambda: _check_rope_attention_paged(rnd, close, g, device, dtype, H, Hkv, D)
     return verdicts(checks)

@@ -241,7 +241,11 @@ class PagedSteps(GraphDecoder):
         rope = pk.rope_and_cache_paged if f.get("rope_and_cache_paged") else pk.rope_and_cache_paged_ref
         attend = pk.paged_attention if f.get("paged_attention") else pk.paged_attention_ref
         q = rope(qkv, cos, sin, kf, vf, self.slot_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim)
-        o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
+        if f.get("paged_attention") and f.get("paged_attention_split"):
+            o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale,
+                       splits=pk.paged_splits(B, fwd.n_kv, S))
+        else:
+            o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
         return o.reshape(B, fwd.n_heads * fwd.head_dim)
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:

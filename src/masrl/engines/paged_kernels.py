@@ -273,7 +273,7 @@ def paged_launch(dtype: torch.dtype, S: int, launch: dict | None = None) -> dict
 # paged_splits(B, ...) runs of whole blocks, enough for about PAGED_SPLIT_PROGRAMS programs, at most
 # PAGED_MAX_SPLITS runs a row (benchmarks/kernel_sweep.py --only split); short rows never split
 PAGED_SPLIT_PROGRAMS = 256
-PAGED_MAX_SPLITS = 64
+PAGED_MAX_SPLITS = 32
 
 
 def paged_splits(B: int, Hkv: int, S: int) -> int:

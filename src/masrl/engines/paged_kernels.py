@@ -339,23 +339,14 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int) ->
         q2 = rope_and_cache_paged_ref(qkv, cos, sin, c[2], c[3], where, H, Hkv, D)
         return close(q1, q2) and close(c[0], c[2]) and torch.equal(c[1], c[3])
 
-    def attention_paged():
-        B, bs, blocks = 3, 16, 40
-        kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
-        tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
-        lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
-        q = rnd(B, Hkv, H // Hkv, D)
-        a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5)
+    def attention_paged(**kw):
+        kf, vf, tables, lens, bs = _pool_case(rnd, g, device, Hkv, D)
+        q = rnd(3, Hkv, H // Hkv, D)
+        a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5, **kw)
         return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
 
     def attention_split():  # runs of 64 keys ([0, 64), [64, 128), [128, 160)), empty runs included
-        B, bs, blocks = 3, 16, 40
-        kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
-        tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
-        lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
-        q = rnd(B, Hkv, H // Hkv, D)
-        a = paged_attention(q, kf, vf, tables, lens, 160, bs, D**-0.5, launch={"BLOCK": 64}, splits=3)
-        return close(a, paged_attention_ref(q, kf, vf, tables, lens, 160, bs, D**-0.5))
+        return attention_paged(launch={"BLOCK": 64}, splits=3)
 
     checks = {"rope_and_cache_paged": rope_paged, "paged_attention": attention_paged,
               "paged_attention_split": attention_split}
@@ -364,12 +355,20 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int) ->
     return verdicts(checks)
 
 
-def _check_rope_attention_paged(rnd, close, g, device, dtype, H: int, Hkv: int, D: int) -> bool:
-    """``paged_rope_attention`` against its torch version: the output and the pool it wrote."""
-    B, bs, blocks = 3, 16, 40
+def _pool_case(rnd, g, device, Hkv: int, D: int):
+    """A pool of 40 random blocks of 16 slots and 3 rows over 10 of them each, 1, 70 and 160 tokens long:
+    ``kf, vf, tables, lens, block_size``."""
+    bs, blocks = 16, 40
     kf, vf = rnd(blocks * bs, Hkv, D), rnd(blocks * bs, Hkv, D)
     tables = torch.randperm(blocks - 1, generator=g, device=device)[:30].add(1).view(3, 10).to(torch.int32)
     lens = torch.tensor([1, 70, 160], dtype=torch.int32, device=device)
+    return kf, vf, tables, lens, bs
+
+
+def _check_rope_attention_paged(rnd, close, g, device, dtype, H: int, Hkv: int, D: int) -> bool:
+    """``paged_rope_attention`` against its torch version: the output and the pool it wrote."""
+    B = 3
+    kf, vf, tables, lens, bs = _pool_case(rnd, g, device, Hkv, D)
     pos = lens.long() - 1
     slots = tables.gather(1, (pos // bs)[:, None]).squeeze(1).long() * bs + pos % bs
     qkv = rnd(B, (H + 2 * Hkv) * D)

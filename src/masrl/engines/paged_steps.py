@@ -239,13 +239,12 @@ class PagedSteps(GraphDecoder):
             return pk.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B],
                                            fwd.n_heads, fwd.n_kv, fwd.head_dim, S, self.block_size, fwd.scale)
         rope = pk.rope_and_cache_paged if f.get("rope_and_cache_paged") else pk.rope_and_cache_paged_ref
-        attend = pk.paged_attention if f.get("paged_attention") else pk.paged_attention_ref
         q = rope(qkv, cos, sin, kf, vf, self.slot_buf[:B], fwd.n_heads, fwd.n_kv, fwd.head_dim)
-        if f.get("paged_attention") and f.get("paged_attention_split"):
-            o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale,
-                       splits=pk.paged_splits(B, fwd.n_kv, S))
+        args = (q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
+        if f.get("paged_attention"):
+            o = pk.paged_attention(*args, splits=pk.paged_splits(B, fwd.n_kv, S) if f.get("paged_attention_split") else 1)
         else:
-            o = attend(q, kf, vf, self.bt_buf[:B], self.len_buf[:B], S, self.block_size, fwd.scale)
+            o = pk.paged_attention_ref(*args)
         return o.reshape(B, fwd.n_heads * fwd.head_dim)
 
     def _decode_body(self, B: int, S: int) -> torch.Tensor:

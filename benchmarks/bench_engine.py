@@ -69,7 +69,7 @@ def peak_gib() -> float:
 
 
 # ENGINE@VARIANT in --engines: a fused kernel the engine would use, turned off
-VARIANTS = {"torch": "sample", "nosplit": "paged_attention_split", "nothin": "thin_linear"}
+VARIANTS = {"torch": "sample", "nosplit": "paged_attention_split"}
 
 
 def make(kind, model, tok, **kw):

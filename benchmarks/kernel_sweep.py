@@ -8,9 +8,6 @@
   this says it is faster: ``paged_kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
 * ``split``: split attention (``paged_attention(..., splits=n)``) for few long rows, 1 to 128 runs a row, from
   batch 64 x ~1,024 keys to batch 1 x ~16,000; "shipped" is ``paged_kernels.paged_splits``'s choice.
-* ``thin``: ``thin_matmul.thin_linear`` (small tiles, K split into runs) against cuBLAS as the step calls it
-  (``F.linear``; ``addmm_`` into the residual for o and down), batch 64 to 256, the weights from memory
-  (copies in turn, more than the L2 holds), over a grid of tiles, runs and warps.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
   heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
   transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
@@ -18,7 +15,7 @@
 Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
 cost a graph removes, as in the engine). Random bf16 data.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm,split,thin]
+    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm,split]
 """
 
 from __future__ import annotations
@@ -153,62 +150,6 @@ def gemm(rows: list) -> None:
                 rows.append((f"{name} b256", tn, best))
 
 
-THIN_TILES = [(64, 32, 128, 4, 4), (64, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 32, 128, 4, 4),
-              (128, 64, 64, 4, 4), (128, 64, 128, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
-              (256, 64, 64, 8, 3), (32, 64, 128, 4, 4), (16, 64, 128, 4, 4)]
-
-
-def thin(rows: list, batches=(64, 256)) -> None:
-    """``thin_linear`` over ``THIN_TILES`` x runs against the cuBLAS call the step makes, per projection."""
-    from masrl.engines import thin_matmul as T
-
-    gen = torch.Generator(device=DEV).manual_seed(0)
-    shapes = {"qkv (bias)": (HIDDEN, (H + 2 * HKV) * D), "o (+h)": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
-              "down (+h)": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}
-    print("\n== thin_linear against cuBLAS, bf16, weights from memory")
-    for name, (k, n) in shapes.items():
-        copies = max(1, -(-240 * 2**20 // (n * k * 2)))  # more bytes than two L2s
-        ws = [(torch.randn(n, k, generator=gen, device=DEV) * 0.02).to(torch.bfloat16) for _ in range(copies)]
-        bias = (torch.randn(n, generator=gen, device=DEV) * 0.02).to(torch.bfloat16) if "bias" in name else None
-        res = "+h" in name
-        for m in batches:
-            x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
-            h = torch.randn(m, n, generator=gen, device=DEV).to(torch.bfloat16)
-            ref = (h.float() if res else 0) + x.float() @ ws[0].float().t() + (bias.float() if bias is not None else 0)
-            turn = itertools.cycle(range(copies))
-
-            def step(launch=None, x=x, ws=ws, h=h, res=res, turn=turn, bias=bias):  # the next weight copy each call
-                w, r = ws[next(turn)], h if res else None
-                return T.thin_linear_ref(x, w, bias, r) if launch is None else T.thin_linear(x, w, bias, r, launch)
-
-            blas_err = (T.thin_linear_ref(x, ws[0], bias, h.clone() if res else None).float() - ref).abs().max().item()
-            blas = graph_us(step)
-            found = []
-            for bm, bn, bk, warps, stages in THIN_TILES:
-                for s in (1, 2, 3, 4, 6, 8):
-                    if T.runs(k, bk, s)[1] != s or (s > 1 and k // s < bk):
-                        continue
-                    launch = (bm, bn, bk, s, warps, stages)
-                    try:
-                        y = T.thin_linear(x, ws[0], bias, h.clone() if res else None, launch=launch)
-                        err = (y.float() - ref).abs().max().item()
-                        us = graph_us(lambda launch=launch: step(launch))
-                    except Exception as exc:  # noqa: BLE001 - a setting the compiler rejects: report, go on
-                        print(f"  {launch}: {type(exc).__name__}: {str(exc)[:120]}")
-                        continue
-                    found.append((us, err, launch))
-            found.sort()
-            print(f"\n{name}, batch {m} (K {k}, N {n}; {copies} weight copies): cuBLAS {blas:.2f} us "
-                  f"({2 * m * k * n / blas / 1e6:.0f} TFLOP/s), max err vs fp32 {blas_err:.2e}")
-            print("| launch (BM, BN, BK, runs, warps, stages) | us | cuBLAS / this | TFLOP/s | max err |\n"
-                  "| --- | --- | --- | --- | --- |")
-            for us, err, launch in found[:6]:
-                print(f"| {launch} | {us:.2f} | {blas / us:.2f}x | {2 * m * k * n / us / 1e6:.0f} | {err:.2e} |")
-            ok = [f for f in found if f[1] <= 4 * blas_err + 1e-2]
-            if ok:
-                rows.append((f"{name} b{m}: {ok[0][2]}", blas, ok[0][0]))
-
-
 def split(rows: list) -> None:
     """Split attention for few long rows (``paged_attention(..., splits=n)``: runs of each row's keys, one
     program each, and a kernel that adds them up) against one program a (row, KV head), long-class settings."""
@@ -248,8 +189,6 @@ def main() -> None:
         gemm(rows)
     if "split" in only:
         split(rows)
-    if "thin" in only:
-        thin(rows)
     print("\n| part | as shipped us | best us | best / shipped |\n| --- | --- | --- | --- |")
     for name, now, best in rows:
         print(f"| {name} | {now:.2f} | {best:.2f} | {best / now:.2f}x |")

@@ -53,25 +53,6 @@ def test_paged_kernels_the_fused_rope_attention_and_split_attention_agree_with_t
     assert out.stdout.split() == ["torch.float32"] + ["None"] * 4 + ["torch.float16"] + ["None"] * 4
 
 
-THIN = """
-import torch
-from masrl.engines import thin_matmul as T
-cpu = torch.device("cpu")
-for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
-    print(dtype, T.check(cpu, dtype)["thin_linear"])
-runs = T.runs
-T.runs = lambda K, BK, S: (runs(K, BK, S)[0], max(1, runs(K, BK, S)[1] - 1))  # drop the last run of K
-print("dropped", T.check(cpu, torch.float32)["thin_linear"])
-"""
-
-
-def test_the_thin_matmul_agrees_with_torch_and_its_check_catches_a_lost_run_of_k_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", THIN], capture_output=True, text=True, timeout=600, env=env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.splitlines() == ["torch.float32 None", "torch.float16 None", "dropped disagrees with torch"]
-
-
 SAMPLER = """
 import torch
 from masrl.engines import sample_kernel
@@ -91,7 +72,7 @@ def test_fused_sampler_is_the_inverse_cdf_draw_in_the_interpreter():
 ENGINE = """
 import json, torch
 from masrl.config import SamplingParams
-from masrl.engines import kernels, paged_kernels, thin_matmul
+from masrl.engines import kernels, paged_kernels
 from masrl.engines.paged import PagedEngine
 from masrl.messages import GenRequest
 from masrl.models import load_model
@@ -99,9 +80,6 @@ from masrl.models import load_model
 kernels.available = lambda dev: True  # the engine takes its Triton kernels on a CPU (run by the interpreter)
 paged_kernels.PAGED_LONG_KEYS = 24  # so that short prompts decode in the long length class, keys split in runs
 paged_kernels.PAGED_SPLIT_PROGRAMS = 16
-thin_matmul.THIN_ROWS = (1, 4096)  # every projection of every step and prefill by the thin matmul
-thin = thin_matmul.thin_linear
-thin_matmul.thin_linear = lambda *a: splits.append(("thin", a[-1][3])) or thin(*a)
 model, tok = load_model("tiny-random", seed=0)
 g = torch.Generator().manual_seed(0)
 ps = [torch.randint(10, 400, (n,), generator=g).tolist() for n in (30, 47)]
@@ -115,14 +93,13 @@ for fused in (True, False):
     nxt = eng.generate([req(p + o.completion_ids + [11, 12, 13], 4) for p, o in zip(ps, first)])
     out[str(fused)] = {"tokens": [o.completion_ids for o in first + nxt], "logprobs": [o.logprobs for o in first + nxt],
                        "kernels": eng.stats["fused_kernels"], "row_prefills": eng.stats["row_prefills"]}
-out["thin"] = sorted(set(s[1] for s in splits if isinstance(s, tuple)))
-out["splits"] = sorted(set(s for s in splits if not isinstance(s, tuple)))
+out["splits"] = sorted(set(splits))
 print(json.dumps(out))
 """
 
 
 def test_the_paged_engine_with_its_kernels_splits_long_rows_and_keeps_every_token_in_the_interpreter():
-    """The paged engine on its Triton kernels (the interpreter, fp32; the thin matmul for every projection): first turns and next turns prefilled as
+    """The paged engine on its Triton kernels (the interpreter, fp32): first turns and next turns prefilled as
     token rows, in the long length class, so each row's keys are split into runs (``paged_splits``): the same
     tokens as the engine on torch ops and logprobs within 1e-5 (dropping one key of each split row moves them
     by 1e-3 to 1e-2 here)."""
@@ -133,8 +110,7 @@ def test_the_paged_engine_with_its_kernels_splits_long_rows_and_keeps_every_toke
     assert run.returncode == 0, run.stderr[-2000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     fused, plain = out["True"], out["False"]
-    assert {"paged_attention_split", "thin_linear"} <= set(fused["kernels"]) and plain["kernels"] == []
-    assert 1 in out["thin"]  # the engine took the thin matmul (one run of K: the CPU counts as 1 SM); 3, 4: its check
+    assert "paged_attention_split" in fused["kernels"] and plain["kernels"] == []
     assert max(out["splits"]) > 1 and fused["row_prefills"] > 0
     assert fused["tokens"] == plain["tokens"]
     gaps = [abs(a - b) for x, y in zip(fused["logprobs"], plain["logprobs"]) for a, b in zip(x, y)]

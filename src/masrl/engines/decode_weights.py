@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from masrl.modeling.lean import core_model
 
@@ -39,6 +40,13 @@ def batch_bucket(n: int) -> int:
 
 def slot_bucket(n: int, step: int = 64) -> int:
     return max(step, -(-n // step) * step)
+
+
+def residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
+    """``h + lin(x)``, in place in ``h`` (a step's own intermediate), as one matmul with ``h`` as its addend."""
+    if lin.bias is not None:
+        return h.add_(F.linear(x, lin.weight, lin.bias))
+    return h.addmm_(x, lin.weight.t())
 
 
 def base_linear(mod):

@@ -16,8 +16,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from masrl.engines import kernels, sample_kernel, thin_matmul
-from masrl.engines.decode_weights import DecodeWeights, base_linear, capture_stream, lora_delta
+from masrl.engines import kernels, sample_kernel
+from masrl.engines.decode_weights import DecodeWeights, base_linear, capture_stream, lora_delta, residual_linear
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
@@ -40,7 +40,6 @@ class GraphDecoder:
         self.slot_of = {name: i for i, name in enumerate(self._adapters)}
         self.w: DecodeWeights | None = DecodeWeights(model, self._adapters)
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
-        self.sms = torch.cuda.get_device_properties(self.dev).multi_processor_count if self.dev.type == "cuda" else 1
         self.fused: dict[str, bool] = {}  # kernel name -> use the fused Triton version
         if fused_kernels and kernels.available(self.dev):
             verdict = self._check_kernels()
@@ -69,7 +68,7 @@ class GraphDecoder:
         cfg = self.core.config
         return {**kernels.check(self.dev, self.dtype, self.fwd.n_heads, self.fwd.n_kv, self.fwd.head_dim,
                                 cfg.hidden_size, cfg.intermediate_size),
-                **sample_kernel.check(self.dev, self.dtype), **thin_matmul.check(self.dev, self.dtype)}
+                **sample_kernel.check(self.dev, self.dtype)}
 
     def _draw(self, logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, flags: BatchFlags,
               uniforms: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,19 +145,17 @@ class GraphDecoder:
         h = F.embedding(self.tok_buf[:B], self.core.model.embed_tokens.weight)
         for li, e in enumerate(self.w.layers):
             x = rms(h, e["ln1"].weight, e["ln1"].variance_epsilon)
-            qkv = self._lora(e, "qkv", x, self._linear(x, e["w_qkv"], e["b_qkv"]), B)
+            qkv = self._lora(e, "qkv", x, F.linear(x, e["w_qkv"], e["b_qkv"]), B)
             if e["q_norm"] is not None:  # Qwen3: RMSNorm over each query and key head, in place
                 for mod, lo, n in ((e["q_norm"], 0, H), (e["k_norm"], H, Hkv)):
                     part = qkv[:, lo * D : (lo + n) * D].view(B, n, D)
                     part.copy_(F.rms_norm(part, (D,), mod.weight, mod.variance_epsilon))
             o = self._attention(li, qkv, cos, sin, B, S)
-            lin = base_linear(e["o"])
-            h = self._lora(e, "o", o, self._linear(o, lin.weight, lin.bias, h), B)
+            h = self._lora(e, "o", o, residual_linear(h, o, base_linear(e["o"])), B)
             x = rms(h, e["ln2"].weight, e["ln2"].variance_epsilon)
-            gu = self._lora(e, "gu", x, self._linear(x, e["w_gu"]), B)
+            gu = self._lora(e, "gu", x, F.linear(x, e["w_gu"]), B)
             a = silu_mul(gu) if e["silu"] else e["act"](gu[:, : gu.shape[-1] // 2]) * gu[:, gu.shape[-1] // 2 :]
-            lin = base_linear(e["down"])
-            h = self._lora(e, "down", a, self._linear(a, lin.weight, lin.bias, h), B)
+            h = self._lora(e, "down", a, residual_linear(h, a, base_linear(e["down"])), B)
         norm = self.core.model.norm
         h = rms(h, norm.weight, norm.variance_epsilon)
         if self.variant == "rows":
@@ -166,15 +163,6 @@ class GraphDecoder:
         logits = self._head(h)
         self.pos_buf[:B].add_(1)
         return logits
-
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, bias=None, residual=None) -> torch.Tensor:
-        """``residual + x @ w.T + bias`` (in place in ``residual``, the step's own): the thin-output Triton
-        matmul where ``thin_matmul.thin_launch`` takes the shape, else cuBLAS (one matmul with ``residual`` as
-        its addend)."""
-        launch = self.fused.get("thin_linear") and thin_matmul.thin_launch(x.shape[0], *w.shape, self.sms)
-        if launch:
-            return thin_matmul.thin_linear(x, w, bias, residual, launch)
-        return thin_matmul.thin_linear_ref(x, w, bias, residual)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """The output head over final hidden states (as ``_layers`` runs it)."""

@@ -9,8 +9,8 @@
 * ``split``: split attention (``paged_attention(..., splits=n)``) for few long rows, 1 to 128 runs a row, from
   batch 64 x ~1,024 keys to batch 1 x ~16,000; "shipped" is ``paged_kernels.paged_splits``'s choice.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value
-  heads, MLP 4,864, vocabulary 151,936) with the weight as stored (``F.linear``, cuBLAS "TN") and
-  transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256.
+  heads, MLP 4,864, vocabulary 151,936) as the step calls them, by cuBLAS and by cuBLASLt, and with the weight
+  transposed once (``x @ w_t``, "NN"), at batch 1, 64 and 256, the weights from memory.
 
 Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
 cost a graph removes, as in the engine). Random bf16 data.
@@ -130,24 +130,48 @@ def fused(rows: list) -> None:
 
 
 def gemm(rows: list) -> None:
+    """Each decode matmul as the step calls it (``F.linear``; ``addmm_`` into the residual for o and down), the
+    weight from memory (copies, used in turn, of more bytes than two L2s), by cuBLAS and by cuBLASLt, and with
+    the weight transposed once (``x @ w_t``, "NN")."""
     gen = torch.Generator(device=DEV).manual_seed(0)
-    shapes = {"qkv (bias)": (HIDDEN, (H + 2 * HKV) * D), "o": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
-              "down": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}
-    print("\n== decode matmuls, 0.5B shape, bf16\n"
-          "| matmul | batch | F.linear (TN) us | x @ w_t (NN) us | NN / TN | TFLOP/s (best) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    shapes = {"qkv (bias)": (HIDDEN, (H + 2 * HKV) * D), "o (+h)": (HIDDEN, HIDDEN), "gate_up": (HIDDEN, 2 * INTER),
+              "down (+h)": (INTER, HIDDEN), "lm_head": (HIDDEN, VOCAB)}
+    print("\n== decode matmuls, 0.5B shape, bf16, weights from memory\n"
+          "| matmul | batch | cuBLAS (TN) us | TFLOP/s | cuBLASLt us | Lt / cuBLAS | x @ w_t (NN) us | NN / TN |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, (k, n) in shapes.items():
-        w = (torch.randn(n, k, generator=gen, device=DEV) * 0.02).to(torch.bfloat16)
-        wt = w.t().contiguous()
+        copies = max(1, -(-240 * 2**20 // (n * k * 2)))
+        ws = [(torch.randn(n, k, generator=gen, device=DEV) * 0.02).to(torch.bfloat16) for _ in range(copies)]
+        wts = [w.t().contiguous() for w in ws]
         bias = torch.zeros(n, device=DEV, dtype=torch.bfloat16) if "bias" in name else None
         for m in (1, 64, 256):
             x = torch.randn(m, k, generator=gen, device=DEV).to(torch.bfloat16)
-            tn = graph_us(lambda x=x, w=w, bias=bias: F.linear(x, w, bias))
-            nn = graph_us(lambda x=x, wt=wt, bias=bias: torch.addmm(bias, x, wt) if bias is not None else x @ wt)
-            best = min(tn, nn)
-            print(f"| {name} | {m} | {tn:.2f} | {nn:.2f} | {nn / tn:.2f}x | {2 * m * k * n / best / 1e6:.0f} |")
+            h = torch.zeros(m, n, device=DEV, dtype=torch.bfloat16)
+            turn = itertools.cycle(range(copies))
+
+            def tn(x=x, h=h, ws=ws, turn=turn, bias=bias, res="+h" in name):
+                w = ws[next(turn)]
+                if not res:
+                    return F.linear(x, w, bias)
+                return h.add_(F.linear(x, w, bias)) if bias is not None else h.addmm_(x, w.t())
+
+            def nn(x=x, h=h, wts=wts, turn=turn, bias=bias, res="+h" in name):
+                wt = wts[next(turn)]
+                if res:
+                    return h.addmm_(x, wt)
+                return torch.addmm(bias, x, wt) if bias is not None else x @ wt
+
+            t_blas = graph_us(tn)
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+            try:
+                t_lt = graph_us(tn)
+            finally:
+                torch.backends.cuda.preferred_blas_library("cublas")
+            t_nn = graph_us(nn)
+            print(f"| {name} | {m} | {t_blas:.2f} | {2 * m * k * n / t_blas / 1e6:.0f} | {t_lt:.2f} | "
+                  f"{t_blas / t_lt:.2f}x | {t_nn:.2f} | {t_blas / t_nn:.2f}x |")
             if m == 256:
-                rows.append((f"{name} b256", tn, best))
+                rows.append((f"{name} b256 (cuBLAS; best of Lt, NN)", t_blas, min(t_blas, t_lt, t_nn)))
 
 
 def split(rows: list) -> None:

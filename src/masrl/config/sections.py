@@ -54,7 +54,8 @@ class DataSourceConfig(Strict):
                                   "2-8 events on one count (levels: the number of events); code_gen: seeded "
                                   "function-writing tasks with visible and hidden tests; code_docs: the same "
                                   "functions under invented names, each task's documentation entry among "
-                                  "others' (data.world.context_docs of them); humaneval: the 164 HumanEval problems; qa_world: "
+                                  "others' (data.world.context_docs of them); humaneval: the 164 HumanEval problems; "
+                                  "reasoning_gym: the reasoning-gym library's datasets (options.datasets); qa_world: "
                                   "seeded multi-hop questions over `data.world`'s corpus; episodes: seeds for an "
                                   "environment's episodes (workflow env); file: JSONL or Parquet; or your own "
                                   "'module:function' (data/sources.py)")
@@ -67,7 +68,8 @@ class DataSourceConfig(Strict):
     levels: list[int] = Field(default_factory=lambda: [1], description="difficulty levels: arithmetic 1-4, code_gen "
                                                                        "and code_docs 1-2, qa_world 1 one-hop, 2 "
                                                                        "two-hop, 3 comparison")
-    options: dict[str, Any] = Field(default_factory=dict, description="keyword options of your own source")
+    options: dict[str, Any] = Field(default_factory=dict, description="options of source reasoning_gym "
+                                  "(datasets: {name: {weight, config}}, examples) or keyword options of your own source")
 
     @model_validator(mode="after")
     def _check(self) -> "DataSourceConfig":

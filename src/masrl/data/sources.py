@@ -1,12 +1,13 @@
 """Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
 
-Built-ins: the seeded generators (``arithmetic``, ``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``, ``episodes``),
-``humaneval`` and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is
-``source: 'module:function'``: a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows
-it returns as dicts are read like a file's rows of ``kind`` (the same field aliases, the same
-errors naming the row), so a source that only fetches rows needs no parsing of its own;
-``options`` are yours (``data.train.options``). Every source's rows go through one row loop
-(``loader.tasks_from_rows``), and held-out questions are removed from training by text.
+Built-ins: the seeded generators (``arithmetic``, ``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``,
+``episodes``), ``reasoning_gym`` (the library's datasets, mixed and configured in ``options``), ``humaneval``
+and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is ``source: 'module:function'``:
+a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows it returns as dicts are read like a file's
+rows of ``kind`` (the same field aliases, the same errors naming the row), so a source that only fetches rows
+needs no parsing of its own; ``options`` are yours (``data.train.options``; a built-in that takes options checks
+them itself). Every source's rows go through one row loop (``loader.tasks_from_rows``), and held-out questions
+are removed from training by text.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Source:
     levels: tuple[int, ...] = (1, 2, 3, 4)  # the ``levels`` it allows (a source that has none ignores them)
     needs_path: bool = False
     more: str = ""  # where more tasks come from, for the run's warning when a split is short of its ``n``
+    options: Callable[[dict, str], Any] | None = None  # checks ``options`` (raising ConfigError); None: takes none
 
 
 def _row_kinds() -> dict[str, RowTask]:
@@ -96,6 +98,18 @@ def _humaneval(s: SourceSpec) -> list[Task]:
     return load_humaneval()[: s.n]
 
 
+def _reasoning_gym(s: SourceSpec) -> list[Task]:
+    from masrl.data import reasoning_gym
+
+    return reasoning_gym.generate(s.n or 1000, seed=s.seed, options=s.options, exclude=s.exclude)
+
+
+def _reasoning_gym_options(options: dict, key: str):
+    from masrl.data import reasoning_gym
+
+    return reasoning_gym.parse_options(options, key)
+
+
 def _file(s: SourceSpec) -> list[dict]:
     return read_rows(s.path)  # type: ignore[arg-type]
 
@@ -109,6 +123,8 @@ SOURCES: dict[str, Source] = {
     "math_chain": Source(_math_chain, levels=chain.LEVELS),
     "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
+    "reasoning_gym": Source(_reasoning_gym, levels=(1,), options=_reasoning_gym_options,
+                            more="A dataset's config bounds its distinct questions: widen its difficulty knobs"),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),
     "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }
@@ -133,9 +149,11 @@ def check_source(src: DataSourceConfig, key: str) -> Source:
         return Source(fn)
     if builtin.needs_path and not src.path:
         raise ConfigError(f"{key}: source '{src.source}' needs `path`: a JSONL or Parquet file")
-    if src.options:
+    if builtin.options is not None:
+        builtin.options(src.options, key)
+    elif src.options:
         raise ConfigError(f"{key}.options: source '{src.source}' takes no options (options are for your own "
-                          f"'module:function' source); remove them")
+                          f"'module:function' source and for reasoning_gym); remove them")
     if any(level not in builtin.levels for level in src.levels):
         raise ConfigError(f"{key}.levels: levels of source '{src.source}' must be among "
                           f"{', '.join(map(str, builtin.levels))}; got {src.levels}")

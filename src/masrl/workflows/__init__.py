@@ -17,6 +17,7 @@ from masrl.workflows.math_team import MathTeam
 from masrl.workflows.rag import RAG
 from masrl.workflows.reading import ReadingAgent, ReadingTeam
 from masrl.workflows.reading_hops import ReadingHops, ReadingHopsAgent
+from masrl.workflows.rg import ReasoningGymChecked, ReasoningGymSolver
 from masrl.workflows.search_team import SearchAgent, SearchTeam
 
 REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
@@ -26,6 +27,7 @@ REGISTRY = {"math_team": MathTeam, "math_solver": MathSolver,
             "debate": Debate, "search_team": SearchTeam, "search_agent": SearchAgent,
             "reading_team": ReadingTeam, "reading_agent": ReadingAgent,
             "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,
+            "rg_solver": ReasoningGymSolver, "rg_checked": ReasoningGymChecked,
             "rag": RAG, "graph": Graph, "env": EnvWorkflow, "external": External}
 
 

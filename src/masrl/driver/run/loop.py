@@ -188,7 +188,10 @@ class Trainer:
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
         for key, field, least in (("by_source", "data_source", 1), ("by_level", "level", 2), ("by_kind", "kind", 2)):
-            groups = summaries_by(traces, {t.id: t.meta.get(field) for t in tasks}, least)
+            labels = {t.id: t.meta.get(field) for t in tasks}
+            if field == "kind" and all(t.meta.get("kind") == t.meta.get("data_source") for t in tasks):
+                continue  # kinds that are the sources (reasoning-gym's datasets): by_source says it already
+            groups = summaries_by(traces, labels, least)
             if groups:  # a mixed dataset, or tasks of several levels: each group's figures as well
                 summary[key] = groups
         moved = self._take_transfer()

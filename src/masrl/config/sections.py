@@ -173,6 +173,9 @@ class RolloutConfig(Strict):
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)
     trace_timeout_s: float = Field(1800.0, gt=0)
+    reward_timeout_s: float = Field(120.0, gt=0, description="the reward allocators of one trace, together: past it "
+                                                              "the trace fails (a stuck judge or plugin), counted "
+                                                              "like other failed traces")
     max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
                                                                     "than this fail for infrastructure reasons")
     mode: Literal["sync", "async"] = Field(

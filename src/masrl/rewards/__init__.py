@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from masrl.rewards.base import RewardAllocator, combine
+from masrl.rewards.base import RewardAllocator, RewardFailure, combine, combine_all
 from masrl.rewards.counterfactual import CounterfactualReward
 from masrl.rewards.credit import CreditReward
 from masrl.rewards.format import FormatReward
@@ -13,5 +13,6 @@ from masrl.rewards.turn_delta import TurnDeltaReward
 REGISTRY = {"outcome": OutcomeReward, "format": FormatReward, "turn_delta": TurnDeltaReward, "credit": CreditReward,
             "judge": JudgeReward, "counterfactual": CounterfactualReward}
 
-__all__ = ["REGISTRY", "RewardAllocator", "combine", "OutcomeReward", "FormatReward", "TurnDeltaReward", "CreditReward",
+__all__ = ["REGISTRY", "RewardAllocator", "RewardFailure", "combine", "combine_all", "OutcomeReward", "FormatReward",
+           "TurnDeltaReward", "CreditReward",
            "JudgeReward", "CounterfactualReward"]

@@ -19,7 +19,7 @@ from masrl.driver.rollout.batcher import Batcher
 from masrl.driver.rollout.context import Branch, WorkflowContext
 from masrl.errors import InfraError, WorkflowBug
 from masrl.messages import GenCall
-from masrl.rewards import combine
+from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 from masrl.trace import Trace, new_id
 from masrl.worker.interface import PolicyHost
@@ -153,21 +153,23 @@ class Controller:
         for i, ids in drops.items():
             self.workers[i].drop(ids)
 
-    def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
-        """Score calls and route rewards (or drops, for failed traces) to the worker of each call."""
+    async def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
+        """Score calls and route rewards (or drops, for failed traces) to the worker of each call. The
+        allocators run off the event loop, every trace's at once, under ``rollout.reward_timeout_s``."""
         per_worker: dict[int, dict[str, float]] = {}
         drops: dict[int, list[str]] = {}
+        live = [tr for tr in traces if not tr.failed]
+        results = await asyncio.to_thread(combine_all, [(tr, tasks[tr.task_id]) for tr in live], self.allocators,
+                                          self.settings.reward_timeout_s)
+        outcome = dict(zip((id(tr) for tr in live), results))
         for tr in traces:
-            if tr.failed:
-                for c in tr.calls:
-                    drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
-                continue
-            try:
-                totals = combine(tr, tasks[tr.task_id], self.allocators)
-            except InfraError as exc:  # a reward service (a judge) failed: dropped like any infrastructure failure
-                tr.error = f"reward: {exc}"
+            totals = outcome.get(id(tr))
+            if isinstance(totals, InfraError):  # a judge that failed; an allocator that hung, raised or gave NaN
+                tr.error = f"reward: {totals}"
                 for c in tr.calls:
                     c.reward, c.reward_parts = None, {}
+            if tr.failed:
+                for c in tr.calls:
                     drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
                 continue
             for c in tr.calls:

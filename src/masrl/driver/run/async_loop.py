@@ -106,7 +106,7 @@ class AsyncRollouts:
             faults.point(f"rollout:{self.updates + 1}")
         batch, self.ready = self.ready[: self.r.tasks_per_step], self.ready[self.r.tasks_per_step:]
         for task, traces in batch:  # rewards now, so that the update trains this batch's groups and no others
-            self.ctl.assign_rewards(traces, {task.id: task})
+            await self.ctl.assign_rewards(traces, {task.id: task})
         # calls no reward paid would wait for ever among the pending ones (keep_pending): they go now
         unpaid = [c for _, traces in batch for t in traces if not t.failed for c in t.calls if c.reward is None]
         if unpaid:

@@ -37,7 +37,7 @@ from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
-from masrl.rewards import combine
+from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 
 
@@ -176,12 +176,12 @@ class Trainer:
                 traces = await self._rollout(tasks, e.samples_per_task, train=False, temperature=temp,
                                              label=label, seed=stable_seed(self.cfg.seed, "eval"))
         by_id = {t.id: t for t in tasks}
-        for tr in traces:
-            if not tr.failed:
-                try:
-                    combine(tr, by_id[tr.task_id], self.rt.controller.allocators)
-                except InfraError as exc:  # a reward service (a judge) failed: counted as a failed trace
-                    tr.error = f"reward: {exc}"
+        live = [tr for tr in traces if not tr.failed]
+        scored = await asyncio.to_thread(combine_all, [(tr, by_id[tr.task_id]) for tr in live],
+                                         self.rt.controller.allocators, self.cfg.rollout.reward_timeout_s)
+        for tr, got in zip(live, scored):
+            if isinstance(got, InfraError):  # a judge or an allocator that failed (RewardFailure): a failed trace
+                tr.error = f"reward: {got}"
         self.last_eval_traces = traces
         summary = summarize_traces(traces)
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")

@@ -41,7 +41,7 @@ async def sync_step(t) -> dict:
     cf = await step_counterfactual(t, traces, tasks)
     if cf is not None:
         extra["counterfactual"] = cf
-    t.rt.controller.assign_rewards(traces, {x.id: x for x in tasks})
+    await t.rt.controller.assign_rewards(traces, {x.id: x for x in tasks})
     if r.dynamic_sampling:
         traces, extra["dynamic_sampling"] = await refill_flat_tasks(t, tasks, traces)
     t1 = time.perf_counter()
@@ -97,7 +97,7 @@ async def refill_flat_tasks(t, tasks: list[Task], traces: list) -> tuple[list, d
                                seed=stable_seed(t.cfg.seed, "train", t.step, "refill", rounds),
                                label=f"step {t.step + 1} refill {rounds}")
         await step_counterfactual(t, new, more, rounds)
-        t.rt.controller.assign_rewards(new, {x.id: x for x in more})
+        await t.rt.controller.assign_rewards(new, {x.id: x for x in more})
         flat = flat_tasks(new, key)
         t.rt.controller.drop_traces([x for x in new if x.task_id in flat])
         dropped += len(flat)

@@ -172,3 +172,66 @@ def test_no_expression_builds_an_oversized_value():
     # ordinary uses stay
     assert compile_expr("xs * 2")({"xs": [1]}) == [1, 1] and compile_expr("n % 3")({"n": 7}) == 1
     assert compile_expr('"-" * 3 + s')({"s": "x"}) == "---x"
+
+
+@pytest.mark.parametrize("src", [
+    "join(['a' * 1000000] * 100, '')",  # 100 million characters, 100 times the cap
+    "['a' * 1000000] * 100",
+    "str(['a' * 100000] * 10 + ['b' * 100000] * 10)",
+    "max(['a' * 1000000] * 1000000)",
+    "join([[1] * 1000] * 1000)",
+    "str([1] * 1000000)",
+    "join(['x'] * 1000, 'y' * 100000)",
+])
+def test_functions_that_walk_a_list_are_bounded_counted_deep(src):
+    """Issue 60 (10): sizes are counted deep (every character of every string in a list), before the value is
+    built, for every function as for the operators; nothing here runs past a second or raises MemoryError."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises((EvalError, ExprError), match="more than"):
+        compile_expr(src)({})
+    assert time.perf_counter() - t0 < 1.5, src
+
+
+def test_comparisons_over_big_lists_stay_within_the_walk_budget():
+    import time
+
+    from masrl.workflows.expr import MAX_SECONDS, MAX_WORK
+
+    t0 = time.perf_counter()
+    assert compile_expr("[1] * 400000 == [1] * 400000")({}) is True  # allowed: 1.6 million items walked
+    # 60 million items to walk: the walk budget stops it (or, on a slow or busy machine, the time limit first)
+    with pytest.raises(EvalError, match=f"walks more than {MAX_WORK:,}|ran past {MAX_SECONDS:g} s"):
+        compile_expr(" and ".join(["xs == xs"] * 30))({"xs": list(range(1_000_000))})
+    assert time.perf_counter() - t0 < 10
+
+
+@pytest.mark.parametrize("src, says", [
+    (" + ".join(["1"] * 400), "nests"),  # a sum of 400 terms nests 400 deep
+    ("not " * 3000 + "x", "characters"),
+    ("-" * 100_000 + "1", "characters"),
+    ("[" * 200 + "]" * 200, "nests"),
+])
+def test_hostile_expressions_fail_to_load_with_the_expression_error(src, says):
+    with pytest.raises(ExprError, match=says):
+        compile_expr(src)
+
+
+@pytest.mark.parametrize("src, env", [
+    ("int(float('inf'))", {}), ("take(xs, float('inf'))", {"xs": [1]}), ("join(xs, 5)", {"xs": ["a"]}),
+    ("docs(['x'])", {}), ("int('9' * 5000)", {}), ("first(5)", {}),
+])
+def test_every_evaluation_failure_is_an_eval_error_naming_the_expression(src, env):
+    with pytest.raises(EvalError) as err:
+        compile_expr(src)(env)
+    assert src[:20] in str(err.value)
+
+
+def test_a_graph_names_the_node_whose_expression_failed():
+    g = {"agents": {"a": {"parser": {"tags": ["answer"]}}}, "start": "ask", "answer": "ask.answer",
+         "nodes": {"ask": {"type": "llm", "agent": "a", "prompt": "{task.question}",
+                           "next": [{"if": "join(ask.answer, 5) == '4'", "to": "end"}]}},
+         "score": "math"}
+    with pytest.raises(EvalError, match=r"nodes\.ask: join.s separator must be a string, not a int \(in `join\(ask\.answer, 5\)"):
+        _run(Graph(graph=g), Task("t", "2+2?", "4"), None, Echo({"a": "<answer>4</answer>"}))

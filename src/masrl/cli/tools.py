@@ -37,11 +37,12 @@ def _serve(args) -> int:
     print(f"[masrl] loading index for {args.corpus} (built on first use)...", flush=True)
     index = BM25Index.load(args.corpus)
     server = RetrieverServer(index, args.host, args.port, idle_timeout_s=args.idle_timeout,
-                             max_connections=args.max_connections)
+                             max_connections=args.max_connections, api_key=_key(args.api_key_env))
     print(f"[masrl] {len(index)} documents indexed in {time.time() - t0:.1f}s; serving on {server.url} "
           f"(POST /retrieve, GET /health); Ctrl-C to stop", flush=True)
     if not web.loopback_host(args.host):
-        print(f"[masrl] warning: listening on {args.host}, reachable from other machines", file=sys.stderr)
+        print(f"[masrl] warning: listening on {args.host}, reachable from other machines"
+              + ("" if args.api_key_env else " (without --api-key-env it answers loopback hosts only)"), file=sys.stderr)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -49,6 +50,17 @@ def _serve(args) -> int:
     finally:
         server.sock.close()
     return 0
+
+
+def _key(api_key_env: str | None) -> str | None:
+    import os
+
+    if not api_key_env:
+        return None
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise MasrlError(f"--api-key-env {api_key_env}: ${api_key_env} is not set")
+    return key
 
 
 def _index(args) -> int:
@@ -68,7 +80,8 @@ def _query(args) -> int:
         raise MasrlError("retriever query: give --endpoint URL (a running server) or --corpus FILE (a local index)")
     if not args.endpoint:
         existing_file(args.corpus, "--corpus")
-    retriever = RetrieverClient(args.endpoint) if args.endpoint else LocalRetriever(args.corpus)
+    retriever = (RetrieverClient(args.endpoint, api_key=_key(args.api_key_env)) if args.endpoint
+                 else LocalRetriever(args.corpus))
     result = retriever.retrieve(args.queries, args.topk, True)
     print(json.dumps({"result": result}, indent=2))
     return 0
@@ -104,6 +117,8 @@ def add_commands(sub) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle or half-sent connection is closed")
     s.add_argument("--max-connections", type=int, default=1024, help="open connections past this get a 503")
+    s.add_argument("--api-key-env", help="environment variable holding the key every request must send; without one "
+                                         "only requests to a loopback host are answered")
     s.set_defaults(fn=_serve)
     i = r.add_parser("index", help="(re)build the index beside the corpus")
     i.add_argument("--corpus", required=True)
@@ -113,6 +128,7 @@ def add_commands(sub) -> None:
     q.add_argument("--endpoint", action="append", help="server URL; repeat for failover")
     q.add_argument("--corpus")
     q.add_argument("--topk", type=int, default=3)
+    q.add_argument("--api-key-env", help="environment variable holding the server's API key")
     q.set_defaults(fn=_query)
 
     d = sub.add_parser("data", help="generate task data").add_subparsers(dest="data_cmd", required=True)

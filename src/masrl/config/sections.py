@@ -109,6 +109,8 @@ class RetrieverConfig(Strict):
     timeout_s: float = Field(5.0, gt=0, description="http: per request")
     retries: int = Field(1, ge=0, description="http: retries per endpoint before failing over")
     dead_for_s: float = Field(30.0, ge=0, description="http: a failed endpoint is skipped this long")
+    api_key_env: str | None = Field(None, description="http: environment variable holding the servers' API key "
+                                                      "(a server started without one answers loopback hosts only)")
 
     @model_validator(mode="after")
     def _check(self) -> "RetrieverConfig":

@@ -10,16 +10,26 @@ on mappings only), indexing (``xs[0]``), comparisons (``== != < <= > >= in not i
 with Python's ``ast`` into a whitelist of node types and evaluated by the walker below: never
 ``eval``, no attribute access on objects, no names starting with ``_``, no keyword arguments.
 
-No expression builds a value past ``MAX_SIZE`` characters or items (repetition, concatenation) or
-an integer past ``MAX_BITS`` bits, and ``%`` is arithmetic only (no string formatting, whose
-widths build strings of any size): the size is checked before the value is built, at load time
-when both operands are literals, at run time otherwise.
+Bounds, all in one place (``_Budget``) and all checked before the work they bound:
+
+- an expression's text is at most ``MAX_CHARS`` characters and its syntax tree at most ``MAX_DEPTH`` deep
+  (checked before anything walks it), so no expression fails to load with a RecursionError;
+- no value the evaluator builds is larger than ``MAX_SIZE``, counted deep (every character of every
+  string in a list, so ``['a' * 1000000] * 100`` is 100 million, not 100): repetition, concatenation,
+  list literals and every function's result (``join``, ``str``, ``numbered``, ...) are sized from their
+  operands before they run; integers stay under ``MAX_BITS`` bits; ``%`` is arithmetic only;
+- one evaluation walks at most ``MAX_WORK`` items in all (comparisons, ``in``, ``min``/``max``, the
+  arguments of every function, each counted deep) and runs at most ``MAX_SECONDS``.
+
+Everything that goes wrong at load is an ``ExprError`` and at run time an ``EvalError``, each naming the
+expression (a graph adds the node).
 """
 
 from __future__ import annotations
 
 import ast
 import operator
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +42,41 @@ class EvalError(ValueError):
     """An expression that failed on the values it met (a missing field, a bad operand)."""
 
 
-MAX_SIZE = 1_000_000  # characters of a string, items of a list, that one operation may build
+MAX_SIZE = 1_000_000  # characters and items, counted deep, of a value one operation may build
 MAX_BITS = 4096  # of an integer one operation may build
+MAX_CHARS = 4000  # of an expression's text
+MAX_DEPTH = 60  # of its syntax tree
+MAX_WORK = 5 * MAX_SIZE  # items one evaluation may walk, in all (sizing them is part of the walk)
+MAX_SECONDS = 2.0  # one evaluation's wall-clock time
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def size_of(value: Any, cap: int = MAX_SIZE) -> int:
+    """``value``'s size counted deep: a string's characters, a list's or a dict's items plus theirs, an integer's
+    64-bit words, 1 for anything else. The walk stops once past ``cap`` (the result is then ``cap + 1`` or more),
+    so sizing costs at most ``cap`` steps, and it needs no recursion."""
+    total, stack = 0, [value]
+    while stack and total <= cap:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, (list, tuple)):
+            total += len(v)
+            if total <= cap:
+                stack.extend(v)
+        elif isinstance(v, dict):
+            total += 2 * len(v)
+            if total <= cap:
+                stack.extend(v.keys())
+                stack.extend(v.values())
+        elif _is_int(v):
+            total += 1 + v.bit_length() // 64
+        else:
+            total += 1
+    return total
 
 
 def size_check(op: type, left: Any, right: Any) -> str | None:
@@ -46,21 +85,40 @@ def size_check(op: type, left: Any, right: Any) -> str | None:
     seqs = (str, list, tuple)
     if op is ast.Mult:
         seq, n = (left, right) if isinstance(left, seqs) else (right, left)
-        if isinstance(seq, seqs) and _is_int(n) and len(seq) * max(n, 0) > MAX_SIZE:
-            return f"repeating {len(seq):,} items {n:,} times builds more than {MAX_SIZE:,}"
+        if isinstance(seq, seqs) and _is_int(n) and n > 0 and size_of(seq) * n > MAX_SIZE:
+            return f"repeating {len(seq):,} items {n:,} times builds more than {MAX_SIZE:,} (counted deep)"
         if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > MAX_BITS:
             return f"the product would have more than {MAX_BITS} bits"
-    if op is ast.Add and isinstance(left, seqs) and isinstance(right, seqs) and len(left) + len(right) > MAX_SIZE:
-        return f"joining {len(left):,} and {len(right):,} items builds more than {MAX_SIZE:,}"
+    if op is ast.Add and isinstance(left, seqs) and isinstance(right, seqs) and size_of(left) + size_of(right) > MAX_SIZE:
+        return f"joining {len(left):,} and {len(right):,} items builds more than {MAX_SIZE:,} (counted deep)"
     if op is ast.Mod and isinstance(left, (str, bytes)):
         return "'%' is arithmetic only here (string formatting is not part of the language)"
     return None
 
 
+def _join(xs, sep=" ") -> str:
+    if not isinstance(sep, str):
+        raise EvalError(f"join's separator must be a string, not a {type(sep).__name__}")
+    items = list(xs or [])
+    if len(sep) * len(items) > MAX_SIZE:
+        raise EvalError(f"joining {len(items):,} items with a {len(sep):,}-character separator builds more than "
+                        f"{MAX_SIZE:,}")
+    return sep.join(str(x) for x in items)
+
+
+def _take(xs, n) -> list:
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or n != n or n in (float("inf"), float("-inf")):
+        raise EvalError(f"take's count must be a finite number, not {n!r}")
+    return list(xs or [])[: int(n)]
+
+
 def _docs(docs) -> str:
     from masrl.tools.search import show_docs
 
-    return show_docs(list(docs or []))
+    items = list(docs or [])
+    if not all(isinstance(d, dict) for d in items):
+        raise EvalError("docs() takes a list of documents ({id, title?, text} objects), as search returns")
+    return show_docs(items)
 
 
 def _numbered(items) -> str:
@@ -72,9 +130,9 @@ def _numbered(items) -> str:
 FUNCTIONS = {
     "len": len, "str": str, "int": int, "float": float, "min": min, "max": max, "abs": abs,
     "lower": lambda s: str(s).lower(), "strip": lambda s: str(s).strip(),
-    "join": lambda xs, sep=" ": sep.join(str(x) for x in xs or []),
+    "join": _join,
     "first": lambda xs, default=None: next(iter(xs or []), default),
-    "take": lambda xs, n: list(xs or [])[: int(n)],
+    "take": _take,
     "get": lambda m, k, default=None: m.get(k, default) if isinstance(m, dict) else default,
     "docs": _docs, "numbered": _numbered,
 }
@@ -93,23 +151,48 @@ class Expr:
 
     def __call__(self, env: dict[str, Any]) -> Any:
         try:
-            return _eval(self.tree, env)
+            return _Evaluator(env).visit(self.tree)
         except EvalError as exc:
-            raise EvalError(f"{exc} (in `{self.source}`)") from None
-        except (TypeError, ZeroDivisionError, ValueError, IndexError) as exc:
-            raise EvalError(f"`{self.source}`: {type(exc).__name__}: {exc}") from None
+            raise EvalError(f"{exc} (in `{_short(self.source)}`)") from None
+        except Exception as exc:  # whatever a function met (OverflowError, AttributeError, MemoryError, ...)
+            raise EvalError(f"`{_short(self.source)}`: {type(exc).__name__}: {str(exc)[:300]}") from None
+
+
+def _short(source: str) -> str:
+    return source if len(source) <= 200 else source[:200] + "..."
 
 
 def compile_expr(source: str) -> Expr:
     if not isinstance(source, str) or not source.strip():
         raise ExprError("an expression must be a non-empty string")
+    if len(source) > MAX_CHARS:
+        raise ExprError(f"`{_short(source)}` has {len(source):,} characters; an expression has at most {MAX_CHARS:,}")
     try:
         tree = ast.parse(source.strip(), mode="eval").body
     except SyntaxError as exc:
-        raise ExprError(f"`{source}` does not parse: {exc.msg}") from None
+        raise ExprError(f"`{_short(source)}` does not parse: {exc.msg}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # the parser's own limits
+        raise ExprError(f"`{_short(source)}` does not parse: {type(exc).__name__} ({str(exc)[:100]}); it is nested "
+                        f"too deeply") from None
+    depth = _depth(tree)
+    if depth > MAX_DEPTH:
+        raise ExprError(f"`{_short(source)}` nests {depth}+ levels deep; an expression has at most {MAX_DEPTH} (a sum "
+                        f"of many terms nests one level a term: use join() or a shorter expression)")
     refs: list[tuple[str, str | None]] = []
     _check(tree, source, refs)
     return Expr(source.strip(), tree, tuple(refs))
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deeply ``tree`` nests, counted without recursion, up to ``MAX_DEPTH + 1``."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > MAX_DEPTH:
+            return d
+        stack.extend((child, d + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 def _check(node: ast.AST, src: str, refs: list) -> None:
@@ -240,15 +323,50 @@ def _field(value: Any, key: Any, where: str) -> Any:
     raise EvalError(f"cannot take '{key}' of {where} (a {type(value).__name__})")
 
 
+class _Budget:
+    """What one evaluation may still do: items to walk (``MAX_WORK``, counted deep) and time (``MAX_SECONDS``)."""
+
+    def __init__(self):
+        self.work, self.deadline = MAX_WORK, time.monotonic() + MAX_SECONDS
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise EvalError(f"the expression ran past {MAX_SECONDS:g} s")
+
+    def walk(self, *values: Any) -> None:
+        """Pay for walking ``values`` (each counted deep), before the walk."""
+        for v in values:
+            self.work -= size_of(v, max(self.work, 0))
+        if self.work < 0:
+            raise EvalError(f"the expression walks more than {MAX_WORK:,} items (counted deep) in one evaluation")
+        self.tick()
+
+
+def _built(value: Any, what: str) -> Any:
+    """``value``, unless it is larger than ``MAX_SIZE`` (counted deep)."""
+    if size_of(value) > MAX_SIZE:
+        raise EvalError(f"{what} builds more than {MAX_SIZE:,} characters and items (counted deep)")
+    return value
+
+
+# the most a function's result can be, from its arguments' deep size (the rest return no more than they take)
+_GROWTH = {"str": 6, "join": 1, "numbered": 2, "docs": 2}
+
+
 def _eval(node: ast.AST, env: dict[str, Any]) -> Any:
     return _Evaluator(env).visit(node)
 
 
 class _Evaluator(ast.NodeVisitor):
-    """Evaluates a checked expression; one method per kind of node."""
+    """Evaluates a checked expression; one method per kind of node, all inside one ``_Budget``."""
 
     def __init__(self, env: dict[str, Any]):
         self.env = env
+        self.budget = _Budget()
+
+    def visit(self, node: ast.AST) -> Any:
+        self.budget.tick()
+        return super().visit(node)
 
     def generic_visit(self, node: ast.AST) -> Any:
         raise EvalError(f"cannot evaluate {type(node).__name__}")
@@ -288,12 +406,14 @@ class _Evaluator(ast.NodeVisitor):
         why = size_check(type(node.op), left, right)
         if why:
             raise EvalError(why)
+        self.budget.walk(left, right)
         return _BIN[type(node.op)](left, right)
 
     def visit_Compare(self, node: ast.Compare) -> bool:
         left = self.visit(node.left)
         for op, comp in zip(node.ops, node.comparators):
             right = self.visit(comp)
+            self.budget.walk(left, right)  # ==, < and in walk both sides
             if not _CMP[type(op)](left, right):
                 return False
             left = right
@@ -303,12 +423,19 @@ class _Evaluator(ast.NodeVisitor):
         return self.visit(node.body) if self.visit(node.test) else self.visit(node.orelse)
 
     def visit_List(self, node: ast.List) -> list:
-        return [self.visit(v) for v in node.elts]
+        return _built([self.visit(v) for v in node.elts], "a list literal")
 
     visit_Tuple = visit_List
 
     def visit_Call(self, node: ast.Call) -> Any:
-        return FUNCTIONS[node.func.id](*[self.visit(a) for a in node.args])  # type: ignore[attr-defined]
+        name = node.func.id  # type: ignore[attr-defined]
+        args = [self.visit(a) for a in node.args]
+        self.budget.walk(*args)  # every function here walks what it is given at most once
+        grows = _GROWTH.get(name)
+        if grows and sum(size_of(a) for a in args) * grows > MAX_SIZE * 4:
+            raise EvalError(f"{name}() of {sum(size_of(a) for a in args):,} characters and items (counted deep) "
+                            f"would build more than {MAX_SIZE:,}")
+        return _built(FUNCTIONS[name](*args), f"{name}()")
 
 
 @dataclass(frozen=True)

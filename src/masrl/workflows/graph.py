@@ -49,7 +49,7 @@ from masrl.data.tasks import Task
 from masrl.errors import ConfigError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_json_key, parse_tags
 from masrl.trace import Trace
-from masrl.workflows.expr import FUNCTIONS, Expr, ExprError, compile_expr, compile_template
+from masrl.workflows.expr import FUNCTIONS, EvalError, Expr, ExprError, compile_expr, compile_template
 from masrl.workflows.prompting import few_shot
 
 
@@ -310,6 +310,19 @@ class Graph:
         values = [self._value(node.agent, call) for call in calls]
         return {k: [v[k] for v in values] for k in ["text", *self.fields[node.agent]]}
 
+    async def _step(self, current: str, env: dict, ctx) -> str:
+        """Run node ``current``; the node to run next."""
+        node, c = self.spec.nodes[current], self.compiled[current]
+        if isinstance(node, LLMNode):
+            env[current] = await self._llm(node, c, env, ctx)
+        else:
+            args = {k: v(env) if isinstance(v, Expr) else v for k, v in c["args"].items()}
+            res = await ctx.tool(node.tool, **args)
+            env[current] = {"result": res.value, "ok": res.ok, "error": res.error, "args": args}
+        env["steps"] += 1
+        env["visits"][current] += 1
+        return next((to for cond, to in c["edges"] if cond is None or cond(env)), "end")
+
     async def run(self, task: Task, ctx) -> None:
         env: dict[str, Any] = {"task": {"question": task.question, "answer": task.answer, "id": task.id,
                                         "meta": dict(task.meta)}, "visits": {n: 0 for n in self.spec.nodes}, "steps": 0}
@@ -318,16 +331,10 @@ class Graph:
             if env["steps"] >= self.spec.max_steps:
                 limit_hit = True
                 break
-            node, c = self.spec.nodes[current], self.compiled[current]
-            if isinstance(node, LLMNode):
-                env[current] = await self._llm(node, c, env, ctx)
-            else:
-                args = {k: v(env) if isinstance(v, Expr) else v for k, v in c["args"].items()}
-                res = await ctx.tool(node.tool, **args)
-                env[current] = {"result": res.value, "ok": res.ok, "error": res.error, "args": args}
-            env["steps"] += 1
-            env["visits"][current] += 1
-            current = next((to for cond, to in c["edges"] if cond is None or cond(env)), "end")
+            try:
+                current = await self._step(current, env, ctx)
+            except EvalError as exc:  # an expression failed on the values it met: say where
+                raise EvalError(f"{self.where}: nodes.{current}: {exc}") from None
         try:
             answer = self.answer(env)
         except Exception:  # the node it reads never ran (the step limit cut the graph short)

@@ -50,8 +50,11 @@ class Services:
 
             c = self.retriever_cfg
             if c.kind == "http":
+                from masrl.http_client import auth_headers
+
+                key = auth_headers(c.api_key_env, "retriever").get("Authorization", "")[len("Bearer "):] or None
                 self._retriever = RetrieverClient(c.endpoints, timeout_s=c.timeout_s, retries=c.retries,
-                                                  dead_for_s=c.dead_for_s)
+                                                  dead_for_s=c.dead_for_s, api_key=key)
             else:
                 corpus = c.corpus
                 if corpus is None:

@@ -26,9 +26,6 @@ never reaches the trace). ``docs/gateway.md`` lists every answer.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-import traceback
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -82,8 +79,7 @@ class Gateway:
         app.router.add_post("/rollout/{rid}/v1/rewards", self._rewards)
         app.router.add_post("/rollout/{rid}/v1/answer", self._answer)
         self.server = web.Server(app, self.sock or web.bind(self.host, self.port), self.limits,
-                                 refusal=error_body(503, f"too many open connections (more than "
-                                                         f"{self.limits.max_connections}); try again shortly"))
+                                 error_shape=lambda status, message: error_body(status, message))
         await self.server.start()
         self.port = self.server.port
         self.loop = asyncio.get_running_loop()
@@ -112,27 +108,21 @@ class Gateway:
 
     # -- HTTP --------------------------------------------------------------------------------
     async def _guard(self, app, handler):
-        """Who may ask (the key, or a loopback Host without one), and a JSON answer for every
-        failure: 4xx for the request's own, 500 without a traceback for a bug of ours."""
-        from aiohttp import web as aio
+        """Who may ask (the key, or a loopback Host without one), and the OpenAI error shape for a request's
+        own failure (a 4xx); anything else reaches ``tools.web``'s JSON answer (a 500 without internals)."""
 
         async def guarded(request):
-            if self.api_key:
-                if not web.same_key(request.headers.get("Authorization"), self.api_key):
-                    return _answer(401, "missing or wrong API key: send Authorization: Bearer <key>")
-            elif not web.loopback_host(request.headers.get("Host")):
-                return _answer(403, f"Host {request.headers.get('Host', '')[:100]!r} is not a loopback name; a gateway "
-                                    f"without an API key answers only requests to 127.0.0.1 or localhost (give it a "
-                                    f"key to serve other hosts)")
             try:
+                if self.api_key:
+                    if not web.same_key(request.headers.get("Authorization"), self.api_key):
+                        return _answer(401, "missing or wrong API key: send Authorization: Bearer <key>")
+                elif not web.loopback_host(request.headers.get("Host")):
+                    return _answer(403, f"Host {request.headers.get('Host', '')[:100]!r} is not a loopback name; a "
+                                        f"gateway without an API key answers only requests to 127.0.0.1, localhost or "
+                                        f"[::1] (give it a key to serve other hosts)")
                 return await handler(request)
             except BadRequest as exc:
                 return _answer(exc.status, exc.message, exc.param)
-            except aio.HTTPException:
-                raise
-            except Exception as exc:  # ours, not the caller's: logged, answered without internals
-                traceback.print_exc(file=sys.stderr)
-                return _answer(500, f"internal error ({type(exc).__name__}); the server log has the traceback")
 
         return guarded
 
@@ -154,16 +144,11 @@ class Gateway:
         """The request's JSON body within the server's limits, or a 4xx that says why not."""
         try:
             raw = await web.read_body(request, self.limits)
+            if len(raw) > BIG_BODY:
+                return await asyncio.to_thread(web.load_json, raw)
+            return web.load_json(raw)
         except web.BodyError as exc:
             raise BadRequest(exc.status, exc.message) from None
-        try:
-            if len(raw) > BIG_BODY:
-                return await asyncio.to_thread(_loads, raw)
-            return _loads(raw)
-        except RecursionError:
-            raise BadRequest(400, "the body is nested too deeply to read") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequest(400, f"the body is not valid JSON ({str(exc)[:200]})") from None
 
     async def _models(self, request):
         _, ctx = self._context(request)
@@ -215,10 +200,6 @@ class Gateway:
             return _answer(503, f"the model could not answer: {exc}")
         self.served += 1
         return _json_response(chat_response(call, bool(req["tool_specs"])) if chat else completion_response(call))
-
-
-def _loads(raw: bytes):
-    return json.loads(raw.decode("utf-8"))
 
 
 def _json_response(data: dict, status: int = 200):

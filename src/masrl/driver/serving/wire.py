@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from masrl.messages import RAW_ROLE
+from masrl.tools import web
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 COMMON = {"model", "stream", "n", "max_tokens", "max_completion_tokens", "stop", "temperature", "top_p", "logprobs",
@@ -37,6 +38,14 @@ NEUTRAL = {
 }
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
+# counted before any per-item work: a request past one is refused whole (docs/gateway.md lists them)
+MAX_MESSAGES = 2048  # messages of a chat request
+MAX_PARTS = 256  # content parts of one message
+MAX_TOOL_CALLS = 128  # tool calls of one assistant message
+MAX_TOOLS = 128  # tools offered in one request
+MAX_NESTING = 32  # lists and objects inside a tool call's arguments or a tool's parameters
+MAX_FIELDS = 64  # top-level fields of a request
+MAX_REWARDS = 4096  # items of one POST to /rewards
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
@@ -60,6 +69,8 @@ def _text(content: Any, where: str) -> str:
     """A message's content as text: a string, or OpenAI's list of ``{type: text, text}`` parts."""
     if isinstance(content, str):
         return _valid_text(content, where)
+    if isinstance(content, list) and len(content) > MAX_PARTS:
+        raise BadRequest(400, f"{where} has {len(content):,} parts; at most {MAX_PARTS}", where)
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
         return _valid_text("".join(p["text"] for p in content), where)
@@ -79,12 +90,19 @@ def _tool_call(c: Any, where: str) -> tuple[str | None, str]:
     args = fn.get("arguments", "{}")
     if isinstance(args, str):
         try:
-            args = json.loads(_valid_text(args, f"{where}.function.arguments"))
-        except json.JSONDecodeError:
-            raise BadRequest(400, f"{where}.function.arguments is not JSON", where) from None
+            args = web.load_json(_valid_text(args, f"{where}.function.arguments").encode(),
+                                 f"{where}.function.arguments")
+        except web.BodyError as exc:
+            raise BadRequest(400, exc.message, f"{where}.function.arguments") from None
+    _shallow(args, f"{where}.function.arguments")
     ours = cid[5:].rsplit("_", 1)[0] if cid.startswith("call_") and "_" in cid[5:] else None
     return ours, "<tool_call>" + json.dumps({"name": _valid_text(fn["name"], f"{where}.function.name"),
                                              "arguments": args}) + "</tool_call>"
+
+
+def _shallow(value: Any, where: str) -> None:
+    if web.nesting(value, MAX_NESTING) > MAX_NESTING:
+        raise BadRequest(400, f"{where} nests lists or objects more than {MAX_NESTING} deep", where)
 
 
 def _message(m: Any, i: int) -> dict:
@@ -97,6 +115,9 @@ def _message(m: Any, i: int) -> dict:
     calls = m.get("tool_calls")
     if calls is not None and (role != "assistant" or not isinstance(calls, list)):
         raise BadRequest(400, f"{where}.tool_calls must be a list, on an assistant message", f"{where}.tool_calls")
+    if calls and len(calls) > MAX_TOOL_CALLS:
+        raise BadRequest(400, f"{where}.tool_calls has {len(calls):,} calls; at most {MAX_TOOL_CALLS}",
+                         f"{where}.tool_calls")
     content = m.get("content")
     if content is None and not (role == "assistant" and calls):
         raise BadRequest(400, f"{where}.content is missing", f"{where}.content")
@@ -110,6 +131,26 @@ def _message(m: Any, i: int) -> dict:
     return out
 
 
+def _tool(t: Any, where: str) -> dict:
+    """One offered tool, checked: its function's name, description and parameter schema."""
+    if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+        raise BadRequest(400, f"{where} must be {{type: function, function: {{name, description, parameters}}}}", where)
+    fn = t["function"]
+    if not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
+        raise BadRequest(400, f"{where}.function.name must be 1-64 letters, digits, _ or -", f"{where}.function.name")
+    if not isinstance(fn.get("description", ""), str):
+        raise BadRequest(400, f"{where}.function.description must be a string", f"{where}.function.description")
+    params = fn.get("parameters", {"type": "object", "properties": {}})
+    if (not isinstance(params, dict) or params.get("type", "object") != "object"
+            or not isinstance(params.get("properties", {}), dict)
+            or not all(isinstance(v, dict) for v in params.get("properties", {}).values())):
+        raise BadRequest(400, f"{where}.function.parameters must be a JSON Schema object ({{type: object, "
+                              f"properties: {{name: {{...}}}}}})", f"{where}.function.parameters")
+    _shallow(params, f"{where}.function.parameters")
+    _valid_text(json.dumps(fn, ensure_ascii=False), where)
+    return fn
+
+
 def _tools(body: dict) -> list[dict]:
     """The request's tool specs, checked; none with ``tool_choice: none``."""
     choice = body.get("tool_choice", "auto")
@@ -121,24 +162,9 @@ def _tools(body: dict) -> list[dict]:
         return []
     if not isinstance(tools, list):
         raise BadRequest(400, "tools must be a list of {type: function, function: {...}}", "tools")
-    specs = []
-    for i, t in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
-            raise BadRequest(400, f"{where} must be {{type: function, function: {{name, description, parameters}}}}", where)
-        fn = t["function"]
-        if not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
-            raise BadRequest(400, f"{where}.function.name must be 1-64 letters, digits, _ or -", f"{where}.function.name")
-        if not isinstance(fn.get("description", ""), str):
-            raise BadRequest(400, f"{where}.function.description must be a string", f"{where}.function.description")
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        if (not isinstance(params, dict) or params.get("type", "object") != "object"
-                or not isinstance(params.get("properties", {}), dict)
-                or not all(isinstance(v, dict) for v in params.get("properties", {}).values())):
-            raise BadRequest(400, f"{where}.function.parameters must be a JSON Schema object ({{type: object, "
-                                  f"properties: {{name: {{...}}}}}})", f"{where}.function.parameters")
-        _valid_text(json.dumps(fn, ensure_ascii=False), where)
-        specs.append(fn)
+    if len(tools) > MAX_TOOLS:
+        raise BadRequest(400, f"tools has {len(tools):,} tools; at most {MAX_TOOLS}", "tools")
+    specs = [_tool(t, f"tools[{i}]") for i, t in enumerate(tools)]
     if choice == "none":
         return []
     return specs
@@ -196,6 +222,8 @@ def _logprobs(body: dict, chat: bool) -> int | None:
 
 
 def _known_fields(body: dict, chat: bool) -> None:
+    if len(body) > MAX_FIELDS:
+        raise BadRequest(400, f"the request has {len(body):,} fields; at most {MAX_FIELDS}")
     allowed = CHAT if chat else COMPLETION
     route = "/v1/chat/completions" if chat else "/v1/completions"
     for key, value in body.items():
@@ -224,6 +252,9 @@ def parse_request(body: Any, agents: dict, *, chat: bool, agent: str | None = No
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             raise BadRequest(400, "messages must be a non-empty list", "messages")
+        if len(msgs) > MAX_MESSAGES:
+            raise BadRequest(400, f"messages has {len(msgs):,} messages; at most {MAX_MESSAGES} in one request",
+                             "messages")
         messages, tools = [_message(m, i) for i, m in enumerate(msgs)], _tools(body)
     else:
         messages, tools = [{"role": RAW_ROLE, "content": _prompt(body.get("prompt"))}], []
@@ -274,6 +305,8 @@ def continued_call(trace, messages: list[dict]) -> tuple[list[dict], str | None]
 def post_rewards(trace, items: list) -> int:
     """Record posted rewards on the trace: the outcome (``trace.state["posted_outcome"]``) or a call's
     ``credit``, after checking every item (nothing is recorded when one is bad)."""
+    if len(items) > MAX_REWARDS:
+        raise BadRequest(400, f"{len(items):,} rewards in one request; at most {MAX_REWARDS}")
     by_id = {f"chatcmpl-{c.call_id}": c for c in trace.calls}
     todo = []
     for i, item in enumerate(items):

@@ -34,7 +34,7 @@ class RequestRejected(RetrievalError):
 
 class RetrieverClient:
     def __init__(self, endpoints: list[str] | str, *, timeout_s: float = 5.0, retries: int = 1,
-                 backoff_s: float = 0.1, dead_for_s: float = 30.0):
+                 backoff_s: float = 0.1, dead_for_s: float = 30.0, api_key: str | None = None):
         self.endpoints = [endpoints] if isinstance(endpoints, str) else list(endpoints)
         if not self.endpoints:
             raise ValueError("RetrieverClient needs at least one endpoint URL")
@@ -42,6 +42,9 @@ class RetrieverClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.dead_for_s = dead_for_s
+        self.headers = {"Content-Type": "application/json"}
+        if api_key:  # a server with a key answers any host; one without answers loopback names only
+            self.headers["Authorization"] = f"Bearer {api_key}"
         self._dead_until: dict[str, float] = {}
         self._lock = threading.Lock()
         self._local = threading.local()  # one keep-alive connection per thread and endpoint
@@ -71,7 +74,7 @@ class RetrieverClient:
                     conn.close()
                 conn = conns[endpoint] = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=self.timeout_s)
             try:
-                conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                conn.request("POST", path, body=body, headers=self.headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 if resp.will_close:

@@ -4,19 +4,21 @@ Request:  {"queries": ["..."], "topk": 3, "return_scores": true}
 Response: Search-R1's shape (``wire``): {"result": [[{"document": {"id", "contents"}, "score": 1.2}, ...], ...]},
           or without scores {"result": [[{"id", "contents"}, ...], ...]}
 
-Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix. It runs on the same HTTP
-stack as the gateway (``tools.web``: aiohttp in an event loop, no thread per connection): a
-connection that sends nothing, or half a request, for ``idle_timeout_s`` is closed; past
-``max_connections`` open ones a new connection gets a 503 at once; idle connections cost a socket,
-not a thread, so a few hundred of them do not shut out new clients. Queries of requests that
-arrive together are looked up in one index call (``QueryBatcher``), which is where the
-throughput under many clients comes from.
+Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix; every answer is JSON, a malformed
+request included. Without an API key it answers only requests addressed to a loopback name (``Host:
+127.0.0.1``, ``localhost``, ``[::1]``), so a web page cannot read the corpus through DNS rebinding; with
+one (``api_key``, ``masrl retriever serve --api-key-env``) every request must send ``Authorization:
+Bearer <key>`` and any host may ask. It runs on the same HTTP stack as the gateway (``tools.web``:
+aiohttp in an event loop, no thread per connection): a connection that sends nothing, or half a
+request, for ``idle_timeout_s`` is closed; past ``max_connections`` open ones a new connection gets a
+503 at once; idle connections cost a socket, not a thread, so a few hundred of them do not shut out new
+clients. Queries of requests that arrive together are looked up in one index call (``QueryBatcher``),
+which is where the throughput under many clients comes from.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from http import HTTPStatus
@@ -39,9 +41,9 @@ class BadRequest(Exception):
 
 def validate(body: bytes) -> tuple[list[str], int, bool]:
     try:
-        req = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(400, f"body is not valid JSON: {exc}") from None
+        req = web.load_json(body)
+    except web.BodyError as exc:
+        raise BadRequest(exc.status, exc.message) from None
     if not isinstance(req, dict):
         raise BadRequest(400, "body must be a JSON object with 'queries'")
     unknown = set(req) - {"queries", "topk", "return_scores"}
@@ -141,8 +143,9 @@ class RetrieverServer:
     the foreground (``serve_forever``; the CLI)."""
 
     def __init__(self, index: BM25Index, host: str = "127.0.0.1", port: int = 0, *, idle_timeout_s: float = 30.0,
-                 max_connections: int = 1024, batch: bool = True):
+                 max_connections: int = 1024, batch: bool = True, api_key: str | None = None):
         self.index = index
+        self.api_key = api_key
         self.batcher = QueryBatcher(index) if batch else None
         self.host = host
         self.limits = web.ServerLimits(idle_timeout_s=idle_timeout_s, body_timeout_s=idle_timeout_s,
@@ -165,11 +168,33 @@ class RetrieverServer:
     def _app(self):
         from aiohttp import web as aio
 
-        app = aio.Application(client_max_size=MAX_BODY)
+        app = aio.Application(client_max_size=MAX_BODY, middlewares=[self._guard])
         app.router.add_get("/health", self._health)
         app.router.add_post("/retrieve", self._retrieve)
         app.router.add_route("*", "/{tail:.*}", self._nowhere)
         return app
+
+    @staticmethod
+    def _refusal(request, api_key: str | None):
+        if api_key:
+            if not web.same_key(request.headers.get("Authorization"), api_key):
+                return _json(401, {"error": "missing or wrong API key: send Authorization: Bearer <key>"})
+        elif not web.loopback_host(request.headers.get("Host")):
+            return _json(403, {"error": f"Host {request.headers.get('Host', '')[:100]!r} is not a loopback name; a "
+                                        f"retriever without an API key answers only requests to 127.0.0.1, localhost "
+                                        f"or [::1] (start it with --api-key-env to serve other hosts)"})
+        return None
+
+    @property
+    def _guard(self):
+        from aiohttp import web as aio
+
+        @aio.middleware
+        async def guard(request, handler):
+            refused = self._refusal(request, self.api_key)
+            return refused if refused is not None else await handler(request)
+
+        return guard
 
     async def _health(self, request):
         return _json(200, {"status": "ok", "documents": len(self.index)})
@@ -203,8 +228,7 @@ class RetrieverServer:
     async def _run(self, ready: threading.Event | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self._stopped = asyncio.Event()
-        self.server = web.Server(self._app(), self.sock, self.limits, refusal={
-            "error": f"the server holds {self.limits.max_connections} connections; retry later"})
+        self.server = web.Server(self._app(), self.sock, self.limits)
         await self.server.start()
         if ready is not None:
             ready.set()

@@ -82,8 +82,7 @@ def test_failed_traces_are_recorded_and_their_calls_dropped(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("bug,needle", [("agent", "KeyError: .*the workflow called agent 'solvr'"),
-                                        ("score", "ZeroDivisionError"),
-                                        ("no_outcome", "returned \\['accuracy'\\]")])
+                                        ("score", "ZeroDivisionError")])
 def test_a_bug_stops_the_run_with_its_traceback_and_task(tmp_path, monkeypatch, bug, needle):
     import masrl.workflows as wf
 
@@ -96,6 +95,23 @@ def test_a_bug_stops_the_run_with_its_traceback_and_task(tmp_path, monkeypatch, 
         asyncio.run(tr.train_step())
     if info.type is WorkflowBug:
         assert "task arith-" in str(info.value) and "Traceback" in str(info.value)
+    asyncio.run(tr.rt.controller.aclose())
+
+
+def test_a_reward_that_cannot_read_the_score_fails_every_trace_and_the_run_stops_naming_it(tmp_path, monkeypatch):
+    """The outcome reward over a score() without 'outcome': reward code fails its traces (issue 60), every one
+    here, so the run stops with the allocator's message rather than training on nothing."""
+    import masrl.workflows as wf
+
+    monkeypatch.setitem(wf.REGISTRY, "buggy", Buggy)
+    data = tiny_config("math_solver", tmp_path, steps=1)
+    data["workflow"] = {"name": "buggy", "options": {"bug": "no_outcome"}}
+    tr = Trainer(load_config(data=data), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == rec["rollout"]["traces"]
+    with pytest.raises(MasrlError, match=r"reward allocator 'outcome' on task arith-.*returned \['accuracy'\]"):
+        tr._check_failures(rec["rollout"], tr.last_traces)
     asyncio.run(tr.rt.controller.aclose())
 
 

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
-CONFIG ?= configs/math_team_shared.yaml
+CONFIG ?= math/team_shared
 
 .PHONY: venv demo gpu-demo train test lint bench bench-tools clean
 

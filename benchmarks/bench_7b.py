@@ -11,7 +11,7 @@ children, with the 7B shape), so one part's memory never counts in another's pea
 Sides, and what each does differently:
 * rollout: as bench_gpu.py (masrl's StaticEngine vs ``model.generate``, 128-token prompts, 256
   new tokens, EOS ignored), at batch 1 / 64 / 256.
-* team: ``configs/math_team_lora.yaml`` on the 7B shape: four LoRA adapters (r 16 on every
+* team: ``math/team_lora`` on the 7B shape: four LoRA adapters (r 16 on every
   projection) on one frozen base, 32 tasks x 8 samples x 4 agents = 1,024 calls a step (new tokens
   64/48/64/16 by role), mixed-adapter engine batches, then four LoRA updates (micro-batches of
   4,096 tokens). Random weights never

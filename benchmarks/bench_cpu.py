@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [
     "Tom has 7 apples and buys 5 more. How many apples does Tom have now?",
@@ -167,9 +169,9 @@ def child_rss(config: str) -> dict:
     from masrl.config import load_config
     from masrl.driver.run.loop import train
 
-    cfg = load_config(ROOT / "configs" / f"{config}.yaml", [
+    cfg = load_config(config_path(config), [
         "train.steps=1", "train.eval_before=false", "train.eval_after=false", "train.save_every=0",
-        "rollout.tasks_per_step=2", "rollout.samples_per_task=4", f"output_dir=/tmp/masrl-bench-rss-{config}",
+        "rollout.tasks_per_step=2", "rollout.samples_per_task=4", f"output_dir=/tmp/masrl-bench-rss-{config.replace('/', '-')}",
     ])
     import shutil
 
@@ -274,7 +276,7 @@ def main() -> None:
     if not a.skip_rss:
         print("\npeak RSS of one training step (2 tasks x 4 samples, SmolLM2-135M-Instruct)")
         report["rss"] = {}
-        for cfg in ("math_team_four_policies", "math_team_lora", "math_team_shared"):
+        for cfg in ("math/team_four_policies", "math/team_lora", "math/team_shared"):
             r = run_child("rss", cfg)
             report["rss"][cfg] = r
             print(f"  {cfg:<28} {r['peak_rss_mb']:>8.0f} MB   ({r['wall_s']:.0f} s)", flush=True)

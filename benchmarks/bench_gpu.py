@@ -35,6 +35,8 @@ import time
 import zlib
 from pathlib import Path
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_TFLOPS = 989.0
 SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b", "7b": "random-qwen2.5-7b", "8b": "random-llama3.1-8b"}
@@ -330,7 +332,7 @@ def child_team(steps: int, tasks: int, samples: int, shape: str = "0.5b") -> dic
     from masrl.driver.run.loop import Trainer
 
     sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
-    cfg = load_config(ROOT / "configs" / "math_team_lora.yaml", [
+    cfg = load_config(config_path("math/team_lora"), [
         f"device={DEV}", f"model={SHAPES[shape]}", f"train.steps={steps}", "train.eval_before=false",
         "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",
         f"rollout.samples_per_task={samples}", "rollout.max_batch_size=256", "rollout.max_in_flight=512",

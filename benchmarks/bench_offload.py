@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,7 +39,7 @@ def child(side: int, out: str) -> None:
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
 
-    data = yaml.safe_load((ROOT / "configs" / "math_team_four_policies.yaml").read_text())
+    data = yaml.safe_load(config_path("math/team_four_policies").read_text())
     data.update(model="random-qwen2.5-0.5b", device="cuda", precision="bf16", output_dir=out)
     offload = side > 0
     for p in data["policies"].values():

@@ -29,13 +29,15 @@ import sys
 import time
 from pathlib import Path
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = {  # name: (config, placement, data_parallel)
-    "two policies, local": ("math_team_two_policies", "local", 1),
-    "two policies, ray": ("math_team_two_policies", "ray", 1),
-    "one policy, local": ("math_team_shared", "local", 1),
-    "one policy, ray, data_parallel 2": ("math_team_shared", "ray", 2),
-    "one policy, ray, data_parallel 2, shard_optimizer": ("math_team_shared", "ray", 2),
+    "two policies, local": ("math/team_two_policies", "local", 1),
+    "two policies, ray": ("math/team_two_policies", "ray", 1),
+    "one policy, local": ("math/team_shared", "local", 1),
+    "one policy, ray, data_parallel 2": ("math/team_shared", "ray", 2),
+    "one policy, ray, data_parallel 2, shard_optimizer": ("math/team_shared", "ray", 2),
 }
 
 
@@ -67,7 +69,7 @@ def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -
     from masrl.driver.run.loop import Trainer
 
     config, placement, ranks = SIDES[side]
-    data = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())
+    data = yaml.safe_load(config_path(config).read_text())
     data.update(model=model, device=device, output_dir=out, seed=0)
     if device == "cuda":
         data["precision"] = "bf16"

@@ -56,7 +56,7 @@ def bench_humaneval(workers: int) -> dict:
 
 
 def bench_retrieval(docs: int, seconds: float) -> dict:
-    from masrl.data.qa_world import write_world
+    from masrl.families.qa.world_gen import write_world
     from masrl.tools.retrieval import BM25Index, LocalRetriever
 
     d = Path(tempfile.mkdtemp(prefix="masrl-bench-world-"))

@@ -5,7 +5,7 @@ graph uses langchain-openai's ChatOpenAI, which talks to whatever OPENAI_BASE_UR
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... python examples/langgraph_team.py "What is 7 + 5?"
 
-masrl runs it unchanged (configs/external_langgraph_lora.yaml: `command: [python, examples/langgraph_team.py]`)
+masrl runs it unchanged (examples/external_langgraph_lora.yaml: `command: [python, examples/langgraph_team.py]`)
 with OPENAI_BASE_URL set to the episode's base URL; `model` names the agent, and the config puts each
 agent on its own LoRA adapter of one frozen base. `run(task, base_url)` is the same graph as a function.
 """

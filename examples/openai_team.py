@@ -5,7 +5,7 @@ The code is the same whether it talks to any OpenAI-compatible server or is bein
 
     OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=... python examples/openai_team.py "What is 7 + 5?"
 
-masrl runs it unchanged (configs/external_openai_team.yaml: `command: [python, examples/openai_team.py]`),
+masrl runs it unchanged (examples/external_openai_team.yaml: `command: [python, examples/openai_team.py]`),
 setting OPENAI_BASE_URL to the episode's own base URL and the task in MASRL_TASK; each request's
 `model` names the agent, which the config maps to a policy or a LoRA adapter. `run(task, base_url)`
 is the same team as a function, for `workflow.options.agent: "openai_team:run"`.

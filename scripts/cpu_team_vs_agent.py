@@ -5,9 +5,9 @@ equal training calls, then both side by side on the same held-out tasks.
         [--out runs/cpu-team-vs-agent] [--side-by-side auto|on|off] [KEY=VALUE ...]
 
 ``--family chain`` (the default): problems that chain 3-4 events on one count ("Ana has 14 apples. Then Ana
-buys 3 packs with 5 in each pack. Then Ana gives away 9. ..."). The team (configs/math_chain_team.yaml) is one
+buys 3 packs with 5 in each pack. Then Ana gives away 9. ..."). The team (math/chain_team) is one
 stepper per event, each shown only the count so far and its event, the calculator computing each step; the
-single agent (configs/math_chain_agent.yaml) writes one expression for the whole chain, with the same
+single agent (math/chain_agent) writes one expression for the whole chain, with the same
 calculator and a worked chain of every kind of event in its prompt. Team 3 problems x 4 samples a step (3.5
 calls a problem), the agent 11 x 4, so both spend about the same model calls (the table prints them). Both
 are scored on 32 held-out problems (accuracy, greedy) before and after training, and at the best checkpoint
@@ -15,7 +15,7 @@ chosen fairly (``train.keep_best``: 32 training problems held back from training
 steps; the held-out set never chooses), printed beside the last step's.
 
 ``--family chain-stepwise``: the same team against the stronger control, one solver that works through the
-same events in one conversation (configs/math_chain_stepwise.yaml), a turn and a calculator call per event, 3
+same events in one conversation (math/chain_stepwise), a turn and a calculator call per event, 3
 problems a step (the team's calls). Given the same ``--out`` as a ``--family chain`` run, the team's folder is
 reused and only this agent trains.
 
@@ -53,19 +53,19 @@ KEEP_N, KEEP_EVERY = 32, 2
 # each family: its two arms (name: folder, config, own overrides; the team first), what is scored, the default
 # steps. An arm's folder is ``<folder>-seed<S>``: the chain families share the team's, so running
 # ``--family chain-stepwise`` into the same ``--out`` after ``--family chain`` trains only the new single agent.
-_CHAIN_TEAM = ("team", "configs/math_chain_team.yaml", ["rollout.tasks_per_step=3"])
+_CHAIN_TEAM = ("team", "math/chain_team", ["rollout.tasks_per_step=3"])
 _CHAIN = {"scored": "accuracy of the final answer (greedy)", "tasks": "problems", "steps": 8}
 FAMILIES = {
     "chain": {"arms": {"chained-math team": _CHAIN_TEAM,
-                       "one solver": ("agent", "configs/math_chain_agent.yaml", ["rollout.tasks_per_step=11"])},
+                       "one solver": ("agent", "math/chain_agent", ["rollout.tasks_per_step=11"])},
               **_CHAIN,
               "more": "`--family chain-stepwise` runs the single agent that walks the events itself (docs/results.md)"},
     "chain-stepwise": {"arms": {"chained-math team": _CHAIN_TEAM,
-                                "one solver, a turn per event": ("stepwise", "configs/math_chain_stepwise.yaml",
+                                "one solver, a turn per event": ("stepwise", "math/chain_stepwise",
                                                                  ["rollout.tasks_per_step=3"])},
                        **_CHAIN, "more": "docs/results.md has these runs over seeds"},
-    "search": {"arms": {"search team": ("team", "configs/search_team_shared.yaml", ["rollout.tasks_per_step=2"]),
-                        "one search agent": ("agent", "configs/search_agent.yaml", ["rollout.tasks_per_step=6"])},
+    "search": {"arms": {"search team": ("team", "qa/search_team_shared", ["rollout.tasks_per_step=2"]),
+                        "one search agent": ("agent", "qa/search_agent", ["rollout.tasks_per_step=6"])},
                "scored": "token F1 of the final answer (greedy)", "tasks": "questions", "steps": 6,
                "more": "on a GPU, `make gpu-demo` runs this comparison for 100 steps and 3 seeds; there the two "
                       "end level (docs/results.md)"},

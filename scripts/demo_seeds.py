@@ -1,6 +1,6 @@
 """One config over several seeds, mean and spread (the four-agent math team's table in docs/results.md).
 
-    .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config configs/math_team_shared.yaml] [--name N] [ARGS...]
+    .venv/bin/python scripts/demo_seeds.py [--seeds 0 1 2] [--config math/team_shared] [--name N] [ARGS...]
 
 Runs `masrl train CONFIG seed=S output_dir=runs/seeds/<config>-seed-S` for each seed (skipping runs that
 already finished), then prints, per agent, held-out accuracy / format rate / mean reward before -> after
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--config", default="configs/math_team_shared.yaml")
+    ap.add_argument("--config", default="math/team_shared")
     ap.add_argument("--name", help="run folder prefix under runs/seeds/ (default: the config's file name)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()

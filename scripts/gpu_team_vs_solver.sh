@@ -107,73 +107,73 @@ math() {  # calls per task -> the rollout overrides for CALLS model calls a step
 }
 for a in ${ARMS:-team_roles solver}; do
   case $a in
-    team_roles) arm team_roles configs/math_team_roles.yaml $(math 4) ;;
-    team_plain) arm team_plain configs/math_team_shared.yaml $(math 4) ;;
-    team_cf) arm team_cf configs/math_team_counterfactual.yaml $(math 4) ;;
-    checked) arm checked configs/math_team_checked.yaml $(math 3) ;;
-    debate) arm debate configs/debate_shared.yaml $(math 6) eval.temperature=0.7 ;;
-    solver) arm solver configs/math_solver.yaml $(math 1) ;;
-    solver_async) arm solver_async configs/math_solver.yaml $(math 1) rollout.mode=async ;;
-    solver_calc) arm solver_calc configs/math_solver_calculator.yaml $(math 1) ;;
-    solver_expr) arm solver_expr configs/math_solver_expression.yaml $(math 1) ;;
-    code_team) arm code_team configs/code_team_review.yaml \
+    team_roles) arm team_roles math/team_roles $(math 4) ;;
+    team_plain) arm team_plain math/team_shared $(math 4) ;;
+    team_cf) arm team_cf math/team_counterfactual $(math 4) ;;
+    checked) arm checked math/team_checked $(math 3) ;;
+    debate) arm debate math/debate_shared $(math 6) eval.temperature=0.7 ;;
+    solver) arm solver math/solver $(math 1) ;;
+    solver_async) arm solver_async math/solver $(math 1) rollout.mode=async ;;
+    solver_calc) arm solver_calc math/solver_calculator $(math 1) ;;
+    solver_expr) arm solver_expr math/solver_expression $(math 1) ;;
+    code_team) arm code_team code/team_review \
                  "rollout.tasks_per_step=${CODE_TEAM_TASKS:-16}" rollout.samples_per_task=8 ;;
-    code_solver) arm code_solver configs/code_solver.yaml "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
+    code_solver) arm code_solver code/solver "rollout.tasks_per_step=${CODE_SOLVER_TASKS:-24}" \
                    rollout.samples_per_task=8 ;;
-    code_solver_tests) arm code_solver_tests configs/code_solver_tests.yaml \
+    code_solver_tests) arm code_solver_tests code/solver_tests \
                          "rollout.tasks_per_step=${CODE_SOLVER_TESTS_TASKS:-20}" rollout.samples_per_task=8 ;;
-    search_team) arm search_team configs/search_team_shared.yaml "rollout.tasks_per_step=${SEARCH_TEAM_TASKS:-8}" \
+    search_team) arm search_team qa/search_team_shared "rollout.tasks_per_step=${SEARCH_TEAM_TASKS:-8}" \
                    rollout.samples_per_task=8 ${SEARCH_TEAM_EXTRA:-} ;;
-    search_agent) arm search_agent configs/search_agent.yaml "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
+    search_agent) arm search_agent qa/search_agent "rollout.tasks_per_step=${SEARCH_AGENT_TASKS:-24}" \
                     rollout.samples_per_task=8 ${SEARCH_AGENT_EXTRA:-} ;;
-    reading_team) arm reading_team configs/reading_team.yaml $(math 5) ;;
-    reading_team4) arm reading_team4 configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 ;;
-    reading_team4v) arm reading_team4v configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
+    reading_team) arm reading_team qa/reading_team $(math 5) ;;
+    reading_team4) arm reading_team4 qa/reading_team $(math 3) workflow.options.docs_per_reader=4 ;;
+    reading_team4v) arm reading_team4v qa/reading_team $(math 3) workflow.options.docs_per_reader=4 \
       workflow.options.verbatim=true ;;
-    reading_team4s) arm reading_team4s configs/reading_team.yaml $(math 3) workflow.options.docs_per_reader=4 \
+    reading_team4s) arm reading_team4s qa/reading_team $(math 3) workflow.options.docs_per_reader=4 \
       workflow.options.readers=select ;;
-    reading_team4s_cf) arm reading_team4s_cf configs/reading_team_counterfactual.yaml $(math 3) ;;
-    reading_team8s) arm reading_team8s configs/reading_team.yaml $(math 4) workflow.options.docs_per_reader=8 \
+    reading_team4s_cf) arm reading_team4s_cf qa/reading_team_counterfactual $(math 3) ;;
+    reading_team8s) arm reading_team8s qa/reading_team $(math 4) workflow.options.docs_per_reader=8 \
       workflow.options.readers=select data.world.context_docs=24 ;;
-    reading_team8p) arm reading_team8p configs/reading_team_pick.yaml $(math 4) ;;
-    reading_agent_sel24f) arm reading_agent_sel24f configs/reading_agent.yaml $(math 1) workflow.options.select=true \
+    reading_team8p) arm reading_team8p qa/reading_team_pick $(math 4) ;;
+    reading_agent_sel24f) arm reading_agent_sel24f qa/reading_agent $(math 1) workflow.options.select=true \
       workflow.options.found_credit=true data.world.context_docs=24 ;;
-    reading_agent_sel24d) arm reading_agent_sel24d configs/reading_agent.yaml $(math 1) workflow.options.select=true \
+    reading_agent_sel24d) arm reading_agent_sel24d qa/reading_agent $(math 1) workflow.options.select=true \
       data.world.context_docs=24 rollout.dynamic_sampling=2 ;;
-    reading_team12p48) arm reading_team12p48 configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+    reading_team12p48) arm reading_team12p48 qa/reading_team_pick $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 ;;
-    reading_team12p48a) arm reading_team12p48a configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+    reading_team12p48a) arm reading_team12p48a qa/reading_team_pick $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 workflow.options.answer_only=true ;;
-    reading_team12p48ae) arm reading_team12p48ae configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+    reading_team12p48ae) arm reading_team12p48ae qa/reading_team_pick $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 workflow.options.answer_only=true agents.reader.temperature=1.0 \
       algorithm.entropy_coef=0.01 ;;
-    reading_team12p48ad) arm reading_team12p48ad configs/reading_team_pick.yaml $(math 5) data.world.context_docs=48 \
+    reading_team12p48ad) arm reading_team12p48ad qa/reading_team_pick $(math 5) data.world.context_docs=48 \
       workflow.options.docs_per_reader=12 workflow.options.answer_only=true rollout.dynamic_sampling=2 ;;
-    reading_team8pa) arm reading_team8pa configs/reading_team_pick.yaml $(math 4) workflow.options.answer_only=true ;;
-    reading_agent48) arm reading_agent48 configs/reading_agent.yaml $(math 1) data.world.context_docs=48 ;;
-    reading_agent24) arm reading_agent24 configs/reading_agent.yaml $(math 1) data.world.context_docs=24 ;;
-    reading_agent24e) arm reading_agent24e configs/reading_agent.yaml $(math 1) data.world.context_docs=24 \
+    reading_team8pa) arm reading_team8pa qa/reading_team_pick $(math 4) workflow.options.answer_only=true ;;
+    reading_agent48) arm reading_agent48 qa/reading_agent $(math 1) data.world.context_docs=48 ;;
+    reading_agent24) arm reading_agent24 qa/reading_agent $(math 1) data.world.context_docs=24 ;;
+    reading_agent24e) arm reading_agent24e qa/reading_agent $(math 1) data.world.context_docs=24 \
       agents.agent.temperature=1.0 algorithm.entropy_coef=0.01 ;;
-    reading_agent) arm reading_agent configs/reading_agent.yaml $(math 1) ;;
-    reading_hops) arm reading_hops configs/reading_hops.yaml $(math 8) ;;
-    reading_hops_pick) arm reading_hops_pick configs/reading_hops.yaml $(math 5) workflow.options.bridger=pick ;;
-    reading_hops_agent) arm reading_hops_agent configs/reading_hops_agent.yaml $(math 1) ;;
-    reading_hops_agentb) arm reading_hops_agentb configs/reading_hops_agent.yaml $(math 1) workflow.options.bridge=true ;;
-    reading_agent_sel24) arm reading_agent_sel24 configs/reading_agent.yaml $(math 1) workflow.options.select=true \
+    reading_agent) arm reading_agent qa/reading_agent $(math 1) ;;
+    reading_hops) arm reading_hops qa/reading_hops $(math 8) ;;
+    reading_hops_pick) arm reading_hops_pick qa/reading_hops $(math 5) workflow.options.bridger=pick ;;
+    reading_hops_agent) arm reading_hops_agent qa/reading_hops_agent $(math 1) ;;
+    reading_hops_agentb) arm reading_hops_agentb qa/reading_hops_agent $(math 1) workflow.options.bridge=true ;;
+    reading_agent_sel24) arm reading_agent_sel24 qa/reading_agent $(math 1) workflow.options.select=true \
       data.world.context_docs=24 ;;
-    reading_agent_sel) arm reading_agent_sel configs/reading_agent.yaml $(math 1) workflow.options.select=true ;;
-    code_docs_team) arm code_docs_team configs/code_docs_team.yaml $(math 4) ;;
-    code_docs_agent) arm code_docs_agent configs/code_docs_agent.yaml $(math 1) ;;
-    code_docs_agent_ds) arm code_docs_agent_ds configs/code_docs_agent.yaml $(math 1) rollout.dynamic_sampling=2 ;;
-    chain_team) arm chain_team configs/math_chain_team.yaml "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
+    reading_agent_sel) arm reading_agent_sel qa/reading_agent $(math 1) workflow.options.select=true ;;
+    code_docs_team) arm code_docs_team code/docs_team $(math 4) ;;
+    code_docs_agent) arm code_docs_agent code/docs_agent $(math 1) ;;
+    code_docs_agent_ds) arm code_docs_agent_ds code/docs_agent $(math 1) rollout.dynamic_sampling=2 ;;
+    chain_team) arm chain_team math/chain_team "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
       rollout.samples_per_task=8 ;;
-    chain_agent) arm chain_agent configs/math_chain_agent.yaml $(math 1) ;;
-    chain_stepwise) arm chain_stepwise configs/math_chain_stepwise.yaml "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
+    chain_agent) arm chain_agent math/chain_agent $(math 1) ;;
+    chain_stepwise) arm chain_stepwise math/chain_stepwise "rollout.tasks_per_step=$((CALLS * 2 / 56))" \
       rollout.samples_per_task=8 ;;
-    rg_team) arm rg_team configs/rg_team_checked.yaml $(math 3) ;;
-    rg_solver) arm rg_solver configs/rg_solver.yaml $(math 1) ;;
-    rg_solver_calc) arm rg_solver_calc configs/rg_solver_calculator.yaml $(math 1) ;;
-    reading_agent_ev) arm reading_agent_ev configs/reading_agent.yaml $(math 1) workflow.options.evidence=true ;;
+    rg_team) arm rg_team reasoning_gym/team_checked $(math 3) ;;
+    rg_solver) arm rg_solver reasoning_gym/solver $(math 1) ;;
+    rg_solver_calc) arm rg_solver_calc reasoning_gym/solver_calculator $(math 1) ;;
+    reading_agent_ev) arm reading_agent_ev qa/reading_agent $(math 1) workflow.options.evidence=true ;;
     *) echo "unknown arm $a" >&2; exit 2 ;;
   esac
 done

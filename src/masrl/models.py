@@ -140,17 +140,26 @@ BPE_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|e
 
 
 def _bpe_training_text() -> list[str]:
-    """A fixed text to train the second test tokenizer on: words of masrl's tasks and prompts."""
-    from masrl.data.arithmetic import generate
+    """A fixed text to train the second test tokenizer on: word problems like masrl's tasks, and its prompts' tags."""
+    import random
 
-    lines = [t.question for t in generate(300, seed=0, levels=[1, 2, 3])]
+    rng = random.Random(0)
+    names = ["Tom", "Ana", "Ravi", "Mei", "Omar", "Lena", "Kofi", "Sara", "Ivan", "Yuki", "Nia", "Paul"]
+    items = ["apples", "pencils", "marbles", "books", "stickers", "coins", "cards", "shells", "cookies", "stamps"]
+    forms = ["{n} has {a} {i} and gets {b} more. How many {i} does {n} have now?",
+             "{n} had {a} {i} and lost {b} of them. How many {i} are left?",
+             "{n} has {a} bags with {b} {i} in each bag. How many {i} does {n} have?",
+             "{n} shares {a} {i} equally among {b} friends. How many {i} does each friend get?",
+             "There are {a} {i} in a box and {b} {i} on a table. How many {i} are there in all?"]
+    lines = [rng.choice(forms).format(n=rng.choice(names), i=rng.choice(items), a=rng.randint(1, 100),
+                                      b=rng.randint(1, 20)) for _ in range(300)]
     lines += ["<solution>3 + 4 = 7</solution><answer>7</answer>", "<status>correct</status><feedback>ok</feedback>",
               "def add(x):\n    return x + 1", "Question: Who is the mayor of the city? <query>mayor</query>"]
     return lines * 3
 
 
 def tiny_bpe_tokenizer_dir() -> Path:
-    """A small byte-level BPE (vocab_size 1,000 asked, 588 learned from its text) trained offline, deterministic."""
+    """A small byte-level BPE (vocab_size 1,000 asked; what its text holds is learned) trained offline, deterministic."""
 
     def build(tmp: Path) -> None:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -168,7 +177,7 @@ def tiny_bpe_tokenizer_dir() -> Path:
         fast.chat_template = BPE_TEMPLATE
         fast.save_pretrained(str(tmp))
 
-    return _atomic_dir(cache_dir() / "tokenizers" / "tiny-bpe-1000", build)
+    return _atomic_dir(cache_dir() / "tokenizers" / "tiny-bpe-1000-v2", build)
 
 
 def load_tokenizer(name: str):

@@ -203,7 +203,7 @@ def _train(tmp_path, device, precision, steps=2, temperature=0.0, **extra):
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
 
-    data = tiny_config("math_team_shared", tmp_path / f"{device}-{precision}", steps=steps, hash_agents=None)
+    data = tiny_config("math/team_shared", tmp_path / f"{device}-{precision}", steps=steps, hash_agents=None)
     data.update(device=device, precision=precision, seed=0)
     for a in data["agents"].values():
         a["temperature"] = temperature  # greedy: CPU and GPU sample the same tokens, so their updates compare
@@ -299,7 +299,7 @@ def test_optimizer_offload_gives_the_same_weights_and_frees_gpu_memory(tmp_path)
 def test_two_model_families_train_a_step_on_cuda(tmp_path):
     from tinycfg import prepared_trainer, tiny_config
 
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["policies"]["writer"]["model"] = "tiny-random-qwen2"
     data.update(device="cuda")
     tr, workers, before = prepared_trainer(data, tmp_path)
@@ -342,7 +342,7 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
     for off in (False, True):
         gc.collect()
         base_mem = torch.cuda.memory_allocated()
-        data = tiny_config("math_team_two_policies", tmp_path / str(off), steps=2, rollout__engine="static")
+        data = tiny_config("math/team_two_policies", tmp_path / str(off), steps=2, rollout__engine="static")
         data.update(device="cuda", precision="bf16", seed=0)
         for a in data["agents"].values():
             a["temperature"] = 0.0
@@ -445,7 +445,7 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     from masrl.config import SamplingParams
     from masrl.messages import GenCall
 
-    data = tiny_config("math_team_shared", tmp_path, model="random-smollm2-135m", device="cuda", precision="bf16")
+    data = tiny_config("math/team_shared", tmp_path, model="random-smollm2-135m", device="cuda", precision="bf16")
     data["rollout"].update(mode="async", overlap_update="auto", engine="static" if engine == "StaticEngine" else "auto")
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["shared"]
@@ -485,7 +485,7 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
     from tinycfg import prepared_trainer, tiny_config
 
 
-    data = tiny_config("math_team_shared", tmp_path, steps=3, model="random-smollm2-135m", device="cuda:0",
+    data = tiny_config("math/team_shared", tmp_path, steps=3, model="random-smollm2-135m", device="cuda:0",
                        precision="bf16", policies__shared__rollout_device="cuda:1")
     data["rollout"].update(mode="async", tasks_per_step=4, samples_per_task=4)
     tr, workers, before = prepared_trainer(data, tmp_path)
@@ -540,7 +540,7 @@ def test_each_step_records_its_gpu_peak_and_what_holds_the_memory(tmp_path):
 
     from tinycfg import prepared_trainer, tiny_config
 
-    data = tiny_config("math_team_shared", tmp_path, steps=2, model="random-smollm2-135m", device="cuda:0",
+    data = tiny_config("math/team_shared", tmp_path, steps=2, model="random-smollm2-135m", device="cuda:0",
                        precision="bf16")
     tr, workers, _ = prepared_trainer(data, tmp_path)
     recs = [asyncio.run(tr.train_step()) for _ in range(2)]

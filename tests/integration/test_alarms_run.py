@@ -11,7 +11,7 @@ from masrl.driver.run.loop import train
 
 def test_alarms_reach_metrics_and_the_report(tmp_path, capsys):
     run = tmp_path / "run"
-    train(load_config(data=tiny_config("math_team_shared", run, steps=2)))
+    train(load_config(data=tiny_config("math/team_shared", run, steps=2)))
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
     assert [s["step"] for s in steps] == [1, 2] and all(isinstance(s["alarms"], list) for s in steps)
     assert all("zero_var_groups" in a for a in steps[0]["rollout"]["agents"].values())
@@ -32,7 +32,7 @@ def test_a_run_with_nothing_to_learn_ends_early_says_why_and_fails_the_command(t
     from masrl.cli import main
 
     run = tmp_path / "run"
-    data = tiny_config("math_solver", run, steps=12)
+    data = tiny_config("math/solver", run, steps=12)
     data["rewards"] = [{"type": "outcome"}]  # random weights never answer: every group's rewards are equal (0)
     data["train"].update(stop_when_stuck=3, save_every=0, eval_after=True)
     cfg = tmp_path / "c.yaml"

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _data(run_dir, steps=3, **rollout):
-    data = tiny_config("math_team_shared", run_dir, steps=steps)
+    data = tiny_config("math/team_shared", run_dir, steps=steps)
     data["rollout"].update(mode="async", **rollout)
     return data
 

@@ -19,8 +19,10 @@ import aiohttp
 import pytest
 from tinycfg import start_serve
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "math_team_lora.yaml"
+CONFIG = config_path("math/team_lora")
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]
 
 

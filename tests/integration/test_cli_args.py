@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from masrl.cli import main
+from masrl.families import config_path
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = str(ROOT / "configs" / "math_team_shared.yaml")
+CONFIG = str(config_path("math/team_shared"))
 
 
 def run(capsys, *argv) -> tuple[int, str]:

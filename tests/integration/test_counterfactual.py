@@ -39,7 +39,7 @@ class Relay:
 
 
 def _data(tmp_path, **cf):
-    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data = tiny_config("math/team_shared", tmp_path, steps=1)
     data["workflow"] = {"name": "relay"}
     data["agents"] = {n: {"policy": "shared", "max_new_tokens": 6} for n in ("a", "b", "c")}
     data["rewards"] = [{"type": "outcome"}, {"type": "counterfactual"}]
@@ -49,9 +49,9 @@ def _data(tmp_path, **cf):
 
 @pytest.fixture()
 def relay(monkeypatch):
-    import masrl.workflows as wf
+    import masrl.families as fam
 
-    monkeypatch.setitem(wf.REGISTRY, "relay", Relay)
+    monkeypatch.setitem(fam.WORKFLOWS, "relay", Relay)
 
 
 def test_a_branch_replays_the_prefix_and_resamples_the_call(relay, tmp_path):

@@ -13,7 +13,7 @@ from masrl.errors import ConfigError
 
 
 def _data(tmp_path, critics, mapping):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["algorithm"].update({"advantage": "gae"})
     data["critics"] = critics
     for p, c in mapping.items():

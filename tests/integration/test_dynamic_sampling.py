@@ -27,7 +27,7 @@ def test_a_task_is_flat_when_every_group_of_its_calls_has_equal_rewards():
 
 
 def test_flat_tasks_are_dropped_and_refilled_until_the_step_teaches(tmp_path):
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["rewards"] = [{"type": "helpers:half_flat_reward"}]
     data["rollout"].update(tasks_per_step=3, samples_per_task=2, dynamic_sampling=4)
     tr, workers, _ = prepared_trainer(data, tmp_path)
@@ -42,7 +42,7 @@ def test_flat_tasks_are_dropped_and_refilled_until_the_step_teaches(tmp_path):
 
 
 def test_without_dynamic_sampling_nothing_changes(tmp_path):
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["rewards"] = [{"type": "helpers:half_flat_reward"}]
     data["rollout"].update(tasks_per_step=3, samples_per_task=2)
     tr, _, _ = prepared_trainer(data, tmp_path)

@@ -15,8 +15,9 @@ from masrl.config import load_config
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.loop import train
 from masrl.errors import MasrlError
+from masrl.families import shipped_configs
 
-SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+SHIPPED = list(shipped_configs())
 
 
 def env():
@@ -50,7 +51,7 @@ def test_shipped_config_trains_end_to_end(name, tmp_path):
 
 
 def test_resume_continues_from_the_saved_step(tmp_path):
-    cfg = load_config(data=tiny_config("math_team_two_policies", tmp_path, steps=2))
+    cfg = load_config(data=tiny_config("math/team_two_policies", tmp_path, steps=2))
     train(cfg)
     saved = ckpt.latest_checkpoint(tmp_path / "checkpoints")
     assert saved.name == "step_000002"
@@ -59,7 +60,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
 
     with pytest.raises(MasrlError, match="--resume"):
         train(cfg)
-    cfg3 = load_config(data=tiny_config("math_team_two_policies", tmp_path, steps=3))
+    cfg3 = load_config(data=tiny_config("math/team_two_policies", tmp_path, steps=3))
     from masrl.driver.run.loop import Trainer
 
     tr = Trainer(cfg3, run_dir=tmp_path)
@@ -86,7 +87,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
 def test_resume_without_a_checkpoint_starts_over_without_duplicate_lines(tmp_path, monkeypatch):
     from masrl.driver.run.loop import Trainer
 
-    cfg = load_config(data=tiny_config("math_solver", tmp_path, steps=2, train__save_every=0,
+    cfg = load_config(data=tiny_config("math/solver", tmp_path, steps=2, train__save_every=0,
                                        train__eval_before=True, train__eval_after=True))
 
     def dies(self):
@@ -112,7 +113,7 @@ def run_cli(args, tmp_path, **kw):
 
 def test_cli_bad_config_fails_fast_with_one_message(tmp_path):
     bad = tmp_path / "bad.yaml"
-    data = tiny_config("math_solver", tmp_path / "run")
+    data = tiny_config("math/solver", tmp_path / "run")
     data["algorithm"]["klcoef"] = 0.1
     bad.write_text(yaml.safe_dump(data))
     t0 = time.time()
@@ -131,7 +132,7 @@ def test_cli_bad_config_fails_fast_with_one_message(tmp_path):
 
 def test_cli_train_then_eval_checkpoint(tmp_path):
     cfgfile = tmp_path / "c.yaml"
-    cfgfile.write_text(yaml.safe_dump(tiny_config("math_solver", tmp_path / "run", steps=1)))
+    cfgfile.write_text(yaml.safe_dump(tiny_config("math/solver", tmp_path / "run", steps=1)))
     out = run_cli(["train", str(cfgfile)], tmp_path)
     assert out.returncode == 0, out.stderr
     assert "step 1/1" in out.stdout
@@ -147,7 +148,7 @@ def test_cli_train_then_eval_checkpoint(tmp_path):
 
 def test_ctrl_c_leaves_the_last_checkpoint_loadable(tmp_path):
     cfgfile = tmp_path / "c.yaml"
-    cfgfile.write_text(yaml.safe_dump(tiny_config("math_team_shared", tmp_path / "run", steps=500)))
+    cfgfile.write_text(yaml.safe_dump(tiny_config("math/team_shared", tmp_path / "run", steps=500)))
     out_f, err_f = open(tmp_path / "out.log", "w"), open(tmp_path / "err.log", "w")  # files: a full pipe cannot block it
     proc = subprocess.Popen([sys.executable, "-m", "masrl.cli", "train", str(cfgfile)], cwd=tmp_path, env=env(),
                             stdout=out_f, stderr=err_f, text=True)

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 @pytest.mark.parametrize("name", ["custom_estimator:tail_weighted", "custom_estimator:td0"])
 def test_a_plugin_estimator_trains_a_team_step(name, tmp_path):
-    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data = tiny_config("math/team_shared", tmp_path, steps=1)
     data["algorithm"].update({"advantage": name})
     tr, workers, before = prepared_trainer(data, tmp_path)
     assert bool(workers["shared"].host.value_heads) == name.endswith("td0")  # a value head only where values are read

@@ -17,7 +17,7 @@ class Flaky:
     name = "flaky"
 
     def __init__(self):
-        from masrl.workflows.math_solver import MathSolver
+        from masrl.families.math.solver import MathSolver
 
         self.inner = MathSolver()
 
@@ -56,10 +56,10 @@ class Buggy(Flaky):
 
 
 def test_failed_traces_are_recorded_and_their_calls_dropped(tmp_path, monkeypatch):
-    import masrl.workflows as wf
+    import masrl.families as fam
 
-    monkeypatch.setitem(wf.REGISTRY, "flaky", Flaky)
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    monkeypatch.setitem(fam.WORKFLOWS, "flaky", Flaky)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["workflow"] = {"name": "flaky"}
     data["rollout"].update(samples_per_task=3, trace_timeout_s=3)
     cfg = load_config(data=data)
@@ -84,10 +84,10 @@ def test_failed_traces_are_recorded_and_their_calls_dropped(tmp_path, monkeypatc
 @pytest.mark.parametrize("bug,needle", [("agent", "KeyError: .*the workflow called agent 'solvr'"),
                                         ("score", "ZeroDivisionError")])
 def test_a_bug_stops_the_run_with_its_traceback_and_task(tmp_path, monkeypatch, bug, needle):
-    import masrl.workflows as wf
+    import masrl.families as fam
 
-    monkeypatch.setitem(wf.REGISTRY, "buggy", Buggy)
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    monkeypatch.setitem(fam.WORKFLOWS, "buggy", Buggy)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["workflow"] = {"name": "buggy", "options": {"bug": bug}}
     tr = Trainer(load_config(data=data), run_dir=tmp_path)
     tr.prepare(resume=False)
@@ -101,10 +101,10 @@ def test_a_bug_stops_the_run_with_its_traceback_and_task(tmp_path, monkeypatch, 
 def test_a_reward_that_cannot_read_the_score_fails_every_trace_and_the_run_stops_naming_it(tmp_path, monkeypatch):
     """The outcome reward over a score() without 'outcome': reward code fails its traces (issue 60), every one
     here, so the run stops with the allocator's message rather than training on nothing."""
-    import masrl.workflows as wf
+    import masrl.families as fam
 
-    monkeypatch.setitem(wf.REGISTRY, "buggy", Buggy)
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    monkeypatch.setitem(fam.WORKFLOWS, "buggy", Buggy)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["workflow"] = {"name": "buggy", "options": {"bug": "no_outcome"}}
     tr = Trainer(load_config(data=data), run_dir=tmp_path)
     tr.prepare(resume=False)
@@ -125,7 +125,7 @@ def test_reward_options_a_type_does_not_use_are_config_errors():
 
 
 def test_call_timeout_is_an_infrastructure_failure(tmp_path):
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["rollout"].update(call_timeout_s=0.001)
     cfg = load_config(data=data)
     tr = Trainer(cfg, run_dir=tmp_path)
@@ -140,10 +140,10 @@ def test_call_timeout_is_an_infrastructure_failure(tmp_path):
 def test_an_evaluation_whose_traces_fail_stops_instead_of_reporting_an_accuracy(tmp_path, monkeypatch):
     """96 of 96 held-out traces failed on a GPU host (out of memory) and the run printed
     "accuracy 0.000" as a result; past rollout.max_failed_fraction an evaluation stops like a step."""
-    import masrl.workflows as wf
+    import masrl.families as fam
 
-    monkeypatch.setitem(wf.REGISTRY, "flaky", Flaky)
-    data = tiny_config("math_solver", tmp_path, steps=0)
+    monkeypatch.setitem(fam.WORKFLOWS, "flaky", Flaky)
+    data = tiny_config("math/solver", tmp_path, steps=0)
     data["workflow"] = {"name": "flaky"}
     data["rollout"].update(trace_timeout_s=3)
     data["eval"] = {"samples_per_task": 3, "temperature": 0.7}
@@ -183,7 +183,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity of "
                                      "139.80 GiB of which 29.75 MiB is free.\nmore torch text")
 
-    data = tiny_config("math_solver", tmp_path, steps=1)
+    data = tiny_config("math/solver", tmp_path, steps=1)
     data["algorithm"]["micro_batch_tokens"] = 16384
     tr = Trainer(load_config(data=data), run_dir=tmp_path)
     tr.prepare(resume=False)
@@ -212,7 +212,7 @@ def test_an_update_that_cublas_cannot_allocate_for_says_so_and_other_errors_stay
     def fails(*args, **kwargs):
         raise RuntimeError(said)
 
-    tr = Trainer(load_config(data=tiny_config("math_solver", tmp_path, steps=1)), run_dir=tmp_path)
+    tr = Trainer(load_config(data=tiny_config("math/solver", tmp_path, steps=1)), run_dir=tmp_path)
     tr.prepare(resume=False)
     monkeypatch.setattr(updating, "train_policy", fails)
     with pytest.raises(MasrlError if stops else RuntimeError) as info:

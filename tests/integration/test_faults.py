@@ -57,7 +57,7 @@ def test_only_the_last_k_checkpoints_are_kept_and_only_after_the_new_one_is_comp
 
 
 def test_eval_takes_overrides_after_the_checkpoint_flag(tmp_path):
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(data))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]))
@@ -83,7 +83,7 @@ def test_a_missing_model_leaves_no_run_directory(tmp_path):
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
 
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["model"] = str(tmp_path / "no-such-model")
     with pytest.raises(MasrlError, match="does not exist"):  # the config is checked before anything is made
         Trainer(load_config(data=data), run_dir=tmp_path / "run").prepare(resume=False)

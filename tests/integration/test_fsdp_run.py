@@ -22,7 +22,7 @@ from masrl.driver.run import checkpoints as ckpt  # noqa: E402
 
 
 def _data(run_dir, fsdp: bool, steps: int = 2) -> dict:
-    data = tiny_config("math_team_shared", run_dir, steps=steps, threads=1, seed=0)
+    data = tiny_config("math/team_shared", run_dir, steps=steps, threads=1, seed=0)
     data["runtime"] = {"placement": "ray", "address": "local"}
     data["policies"]["shared"].update(data_parallel=2, fsdp=fsdp)
     data["algorithm"]["share_prefix"] = False  # a sharded pass runs padded rows: the same arithmetic on both sides

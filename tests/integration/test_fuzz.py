@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from tinycfg import start_serve  # noqa: E402
 
+from masrl.families import config_path  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = {"gateway": 300, "raw": 200, "retriever": 400, "expr": 2000}
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]
@@ -117,7 +119,7 @@ def _check_answer(status: int, data: bytes, took: float, case) -> dict | None:
 
 @pytest.fixture(scope="module")
 def served():
-    proc, url, _ = start_serve(ROOT / "configs" / "math_team_lora.yaml", "model=tiny-random", "--read-timeout-s", "5",
+    proc, url, _ = start_serve(config_path("math/team_lora"), "model=tiny-random", "--read-timeout-s", "5",
                                timeout_s=180)
     yield int(url.rsplit(":", 1)[1])
     proc.terminate()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(EXAMPLES))
 
 
 def _data(tmp_path, **options):
-    data = tiny_config("external_openai_team", tmp_path, steps=1)
+    data = tiny_config("examples/external_openai_team.yaml", tmp_path, steps=1)
     data["workflow"]["options"].update(options)
     return data
 

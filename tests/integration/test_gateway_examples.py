@@ -10,7 +10,7 @@ from tinycfg import prepared_trainer, run_async, tiny_config
 def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
     pytest.importorskip("langgraph")
     pytest.importorskip("langchain_openai")
-    data = tiny_config("external_langgraph_lora", tmp_path, steps=1)
+    data = tiny_config("examples/external_langgraph_lora.yaml", tmp_path, steps=1)
     tr, workers, before = prepared_trainer(data, tmp_path)
     assert workers["planner"] is workers["solver"] and workers["planner"].host.is_lora  # one base, two adapters
     rec = asyncio.run(tr.train_step())
@@ -30,7 +30,7 @@ def test_the_langgraph_team_trains_in_async_mode_with_adapters_published_from_a_
     pytest.importorskip("langgraph")
     pytest.importorskip("langchain_openai")
 
-    data = tiny_config("external_langgraph_lora", tmp_path, steps=3)
+    data = tiny_config("examples/external_langgraph_lora.yaml", tmp_path, steps=3)
     data["rollout"].update(mode="async", overlap_update=True)
     tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["planner"]

@@ -15,7 +15,7 @@ def _trainer(tmp_path, train_rows, held_out_rows, stem):
 
     train = write(tmp_path / f"{stem}train.parquet", train_rows)
     held_out = write(tmp_path / f"{stem}test.parquet", held_out_rows)
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["data"] = {"train": {"source": "file", "path": str(train)}, "eval": {"source": "file", "path": str(held_out)}}
     tr = Trainer(load_config(data=data), run_dir=tmp_path / "run")
     tr.prepare(resume=False)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _data(run_dir: Path, steps: int = 4) -> dict:
-    data = tiny_config("math_solver", run_dir, steps=steps)
+    data = tiny_config("math/solver", run_dir, steps=steps)
     data["train"].update(keep_best={"n": 4, "every": 2}, eval_after=True, keep_last=1, save_every=1)
     data["data"]["eval"]["n"] = 3
     return data

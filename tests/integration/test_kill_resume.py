@@ -21,7 +21,7 @@ STEPS = 4
 
 
 def config(run_dir: Path) -> Path:
-    data = tiny_config("math_team_shared", run_dir, steps=STEPS)
+    data = tiny_config("math/team_shared", run_dir, steps=STEPS)
     data["train"].update(save_every=1, keep_last=2)
     data["threads"] = 1
     path = run_dir.parent / f"{run_dir.name}.yaml"

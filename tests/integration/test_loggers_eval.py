@@ -32,7 +32,7 @@ def test_majority_vote_and_pass_at_k_over_samples():
 def test_loggers_and_evaluation_during_training(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
-    data = tiny_config("math_solver", tmp_path / "run", steps=2)
+    data = tiny_config("math/solver", tmp_path / "run", steps=2)
     data["train"].update(loggers=["jsonl", "tensorboard", "wandb"], eval_every=1, eval_before=True, eval_after=True,
                          wandb_mode="offline")
     data["eval"] = {"samples_per_task": 3, "temperature": 0.7}
@@ -61,17 +61,17 @@ def test_loggers_and_evaluation_during_training(tmp_path):
 def test_unknown_logger_packages_and_factories_are_config_errors(tmp_path):
     from masrl.errors import ConfigError
 
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["train"]["loggers"] = ["jsonl", "nosuchmodule:make"]
     with pytest.raises(ConfigError, match="cannot import module 'nosuchmodule'"):
         train(load_config(data=data))
 
 
 def test_held_out_tasks_of_several_levels_are_also_reported_per_level(tmp_path):
-    from masrl.data import arithmetic
     from masrl.driver.run.loop import evaluate
+    from masrl.families.math import arithmetic
 
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["data"]["eval"] = {"source": "arithmetic", "n": 6, "seed": 2, "levels": [1, 3]}
     data["output_dir"] = str(tmp_path / "out")
     data["eval"] = {"log_traces": 4}

@@ -7,7 +7,7 @@ from tinycfg import prepared_trainer, tiny_config
 
 
 def test_llama_and_qwen2_policies_with_different_tokenizers_train_together(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=2)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=2)
     data["policies"]["writer"]["model"] = "tiny-random-qwen2"
     tr, workers, before = prepared_trainer(data, tmp_path)
     llama, qwen = workers["reasoner"], workers["writer"]

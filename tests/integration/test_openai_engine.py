@@ -68,7 +68,7 @@ def test_a_frozen_agent_on_a_dead_endpoint_drops_its_traces_and_trains_on_nothin
     (counted, not scored), so no call is rewarded."""
     from tinycfg import tiny_config
 
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["agents"]["verifier"]["policy"] = "judge"
     data["policies"]["judge"] = {"frozen": True, "engine": {"base_url": f"http://127.0.0.1:{_free_port()}/v1",
                                                            "model": "m", "retries": 1, "backoff_s": 0.01}}
@@ -82,7 +82,7 @@ def test_a_frozen_agent_on_a_dead_endpoint_drops_its_traces_and_trains_on_nothin
 def test_an_unreachable_judge_drops_its_traces_instead_of_scoring_them(tmp_path):
     from tinycfg import tiny_config
 
-    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data = tiny_config("math/team_shared", tmp_path, steps=1)
     data["rewards"].append({"type": "judge", "weight": 0.5,
                             "options": {"base_url": f"http://127.0.0.1:{_free_port()}/v1", "model": "m", "retries": 1,
                                         "backoff_s": 0.01}})
@@ -121,7 +121,7 @@ def test_a_frozen_agent_served_by_vllm_openai_server(tmp_path):
                     raise AssertionError("vLLM server did not come up:\n"
                                          + (tmp_path / "server.log").read_text()[-3000:]) from None
                 time.sleep(2)
-        data = tiny_config("math_team_two_policies", tmp_path / "run", steps=2)
+        data = tiny_config("math/team_two_policies", tmp_path / "run", steps=2)
         data["agents"]["verifier"]["policy"] = "judge"
         data["policies"]["judge"] = {"frozen": True, "engine": {"base_url": f"http://127.0.0.1:{port}/v1",
                                                                "model": "smollm2", "max_concurrency": 4}}

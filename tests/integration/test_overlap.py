@@ -94,7 +94,7 @@ def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_update
 
 
 def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
-    data = tiny_config("math_team_shared", tmp_path)
+    data = tiny_config("math/team_shared", tmp_path)
     data["rollout"]["overlap_update"] = True
     with pytest.raises(Exception, match="overlap_update: true needs rollout.mode: async"):
         load_config(data=data)
@@ -107,7 +107,7 @@ def test_overlap_update_is_refused_where_it_cannot_apply(tmp_path):
 def test_rollout_device_is_refused_where_it_cannot_apply_and_dropped_when_it_is_the_training_device(tmp_path):
     from masrl.driver.checks import check_policies
 
-    data = tiny_config("math_team_shared", tmp_path)
+    data = tiny_config("math/team_shared", tmp_path)
     data["policies"]["shared"]["rollout_device"] = "cpu"
     assert check_policies(load_config(data=data))[0].rollout_device is None  # the device it trains on
     data["runtime"] = {"placement": "ray"}

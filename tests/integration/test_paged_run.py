@@ -21,8 +21,8 @@ def two_steps(data, run_dir):
 
 
 def test_paged_engine_trains_the_same_steps_as_the_static_engine(tmp_path):
-    static = two_steps(tiny_config("math_team_shared", tmp_path / "static", rollout__engine="static"), tmp_path / "s")
-    paged = two_steps(tiny_config("math_team_shared", tmp_path / "paged", rollout__engine="paged",
+    static = two_steps(tiny_config("math/team_shared", tmp_path / "static", rollout__engine="static"), tmp_path / "s")
+    paged = two_steps(tiny_config("math/team_shared", tmp_path / "paged", rollout__engine="paged",
                                   rollout__gpu_memory_utilization=0.01), tmp_path / "p")
     assert type(paged[2][0]).__name__ == "PagedEngine" and type(static[2][0]).__name__ == "StaticEngine"
     assert paged[1] == static[1]  # every call's completion, step by step
@@ -38,7 +38,7 @@ def test_paged_engine_trains_the_same_steps_as_the_static_engine(tmp_path):
 
 def test_paged_engine_runs_a_lora_team(tmp_path):
     recs, completions, engines, _ = two_steps(
-        tiny_config("math_team_lora", tmp_path / "lora", rollout__engine="paged", rollout__kv_block_size=8),
+        tiny_config("math/team_lora", tmp_path / "lora", rollout__engine="paged", rollout__kv_block_size=8),
         tmp_path / "l")
     assert len(recs[-1]["policies"]) == 4 and all(c for step in completions for c in step)
     assert engines[0].adapters() and engines[0].stats["decode_steps"] > 0
@@ -50,7 +50,7 @@ def test_async_rollouts_on_the_paged_engine_never_sample_during_an_update(tmp_pa
     sampled by one version of the weights and trained once."""
     from tinycfg import run_async
 
-    data = tiny_config("math_team_shared", tmp_path / "async", rollout__engine="paged",
+    data = tiny_config("math/team_shared", tmp_path / "async", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01, rollout__mode="async", rollout__tasks_per_step=2,
                        rollout__samples_per_task=2, steps=3)
     tr, workers, _ = prepared_trainer(data, tmp_path / "a")
@@ -87,7 +87,7 @@ def test_async_rollouts_on_the_paged_engine_never_sample_during_an_update(tmp_pa
 def test_closing_a_run_frees_its_paged_pool(tmp_path):
     """A run's ``close`` releases its engine's KV pool at once (it is a fixed share of the device), and
     a later ``generate`` on the same engine rebuilds it."""
-    data = tiny_config("math_team_shared", tmp_path / "close", rollout__engine="paged",
+    data = tiny_config("math/team_shared", tmp_path / "close", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "c")
     asyncio.run(tr.train_step())
@@ -110,7 +110,7 @@ def test_a_paged_hosts_short_call_comes_back_before_the_long_call_of_its_batch(t
     from masrl.config import SamplingParams
     from masrl.messages import GenCall
 
-    data = tiny_config("math_team_shared", tmp_path / "s", rollout__engine="paged",
+    data = tiny_config("math/team_shared", tmp_path / "s", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "s")
     w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]
@@ -149,7 +149,7 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
     from masrl.messages import GenCall
     from masrl.worker.prompts import MAX_CHARS_PER_TOKEN
 
-    data = tiny_config("math_team_shared", tmp_path / "bad", rollout__engine="paged",
+    data = tiny_config("math/team_shared", tmp_path / "bad", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "bad")
     w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]

@@ -19,7 +19,7 @@ def _call(i: int, content: str) -> GenCall:
 
 
 def test_a_bad_prompt_in_a_worker_batch_fails_only_its_own_call(tmp_path):
-    tr, workers, _ = prepared_trainer(tiny_config("math_team_shared", tmp_path, steps=1), tmp_path)
+    tr, workers, _ = prepared_trainer(tiny_config("math/team_shared", tmp_path, steps=1), tmp_path)
     w = workers["shared"]
     calls = [_call(0, "What is 1 + 1?"), _call(1, "a\ud800b"), _call(2, "What is 2 + 2?"),
              _call(3, "x" * (w.context_limit() * 40))]
@@ -35,7 +35,7 @@ def test_a_bad_prompt_in_a_worker_batch_fails_only_its_own_call(tmp_path):
 
 
 def test_an_episode_whose_prompt_cannot_run_fails_alone(tmp_path):
-    tr, _, _ = prepared_trainer(tiny_config("math_solver", tmp_path, steps=1), tmp_path)
+    tr, _, _ = prepared_trainer(tiny_config("math/solver", tmp_path, steps=1), tmp_path)
     tasks = [Task("good-1", "What is 3 + 4?", "7"), Task("bad", "What is 1 + \ud800?", "1"),
              Task("good-2", "What is 5 + 1?", "6")]
 

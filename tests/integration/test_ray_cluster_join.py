@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 
 def _train(tmp_path, name: str, address: str, env: dict) -> subprocess.CompletedProcess:
-    data = tiny_config("math_team_two_policies", tmp_path / name, steps=1, threads=1, seed=0)
+    data = tiny_config("math/team_two_policies", tmp_path / name, steps=1, threads=1, seed=0)
     data["runtime"] = {"placement": "ray", "address": address}
     cfg = tmp_path / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(data))

@@ -12,7 +12,7 @@ from tinycfg import prepared_trainer, run_async, tiny_config  # noqa: E402
 
 
 def _config(tmp_path, placement):
-    data = tiny_config("math_team_two_policies", tmp_path / placement, steps=2, threads=1, seed=0)
+    data = tiny_config("math/team_two_policies", tmp_path / placement, steps=2, threads=1, seed=0)
     data["runtime"] = {"placement": placement, "address": "local"}
     return data
 
@@ -99,7 +99,7 @@ def test_a_data_parallel_policy_on_two_ranks_trains_like_one_process(tmp_path):
     local process, and each step's checkpoint holds both ranks' optimizer shares."""
     out = {}
     for placement in ("local", "ray"):
-        data = tiny_config("math_team_shared", tmp_path / placement, steps=2, threads=1, seed=0)
+        data = tiny_config("math/team_shared", tmp_path / placement, steps=2, threads=1, seed=0)
         data["runtime"] = {"placement": placement, "address": "local"}
         if placement == "ray":  # ZeRO-1 too: each rank steps its share, and both write the checkpoints
             data["policies"]["shared"].update(data_parallel=2, shard_optimizer=True)
@@ -148,7 +148,7 @@ def test_async_rollouts_with_a_data_parallel_policy_on_two_ranks(tmp_path):
     """rollout.mode async with policies.X.data_parallel 2: calls split over the ranks as they arrive,
     each update trains every finished call once (the ranks' counts summed) and the ranks stay equal."""
 
-    data = tiny_config("math_team_shared", tmp_path, steps=3, threads=1, seed=0)
+    data = tiny_config("math/team_shared", tmp_path, steps=3, threads=1, seed=0)
     data["runtime"] = {"placement": "ray", "address": "local"}
     data["policies"]["shared"]["data_parallel"] = 2
     data["rollout"].update(mode="async", tasks_per_step=2, samples_per_task=2)

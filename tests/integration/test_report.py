@@ -23,7 +23,7 @@ DRIVER = shutil.which("chromedriver")
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("report") / "run"
-    data = tiny_config("math_team_shared", d, steps=3)
+    data = tiny_config("math/team_shared", d, steps=3)
     data["train"].update(eval_before=True, eval_after=True, eval_every=1, log_traces=3)
     train(load_config(data=data))
     return d
@@ -110,7 +110,7 @@ def test_an_async_run_reports_its_staleness_histogram_and_corrections(tmp_path):
     from masrl.cli.report import build_report, collect
 
     d = tmp_path / "run"
-    data = tiny_config("math_team_shared", d, steps=3)
+    data = tiny_config("math/team_shared", d, steps=3)
     data["rollout"].update(mode="async", overlap_update=True)
     data["algorithm"]["mis"] = [0.5, 2.0]
     train(load_config(data=data))

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from masrl.cli import main
+from masrl.families import config_path
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIG = str(ROOT / "configs" / "math_solver.yaml")
+CONFIG = str(config_path("math/solver"))
 
 
 def _train(tmp_path, reward: str, *extra: str):

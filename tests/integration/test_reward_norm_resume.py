@@ -9,7 +9,7 @@ def test_running_moments_train_and_survive_a_resume(tmp_path):
     from masrl.config import load_config
     from masrl.driver.run.loop import train
 
-    data = tiny_config("math_team_two_policies", tmp_path, steps=2)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=2)
     data["algorithm"].update({"reward_norm": "running", "whiten_advantages": True})
     train(load_config(data=data))
     metas = list((tmp_path / "checkpoints" / "step_000002").glob("worker_*.json"))

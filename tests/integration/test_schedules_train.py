@@ -12,7 +12,7 @@ from masrl.driver.run.loop import train
 
 
 def test_update_every_lr_schedule_and_ema(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=4)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=4)
     pols = list(data["policies"])
     data["policies"][pols[0]]["schedule"] = {"update_every": 2}
     data["policies"][pols[1]]["schedule"] = {"warmup_updates": 2, "decay": "linear", "ema": 0.5}
@@ -37,7 +37,7 @@ def test_evaluation_serves_the_ema_weights_and_training_resumes_on_the_trained_o
 
     from tinycfg import prepared_trainer
 
-    data = tiny_config("math_team_shared", tmp_path, steps=1)
+    data = tiny_config("math/team_shared", tmp_path, steps=1)
     data["policies"]["shared"]["schedule"] = {"ema": 0.9}
     data["policies"]["shared"]["optim"] = {"lr": 1e-2}
     tr, workers, before = prepared_trainer(data, tmp_path)

@@ -8,9 +8,9 @@ import pytest
 from tinycfg import tiny_config
 
 from masrl.config import load_config
-from masrl.data.qa_tasks import ensure_world
 from masrl.driver.run.loop import train
 from masrl.errors import MasrlError
+from masrl.families.qa.world import ensure_world
 from masrl.tools.retrieval import BM25Index
 from masrl.tools.retrieval.server import RetrieverServer
 
@@ -26,7 +26,7 @@ def test_search_team_fails_over_to_a_live_server(tmp_path):
     server = RetrieverServer(BM25Index.load(world / "corpus.jsonl")).start()
     dead = f"http://127.0.0.1:{_free_port()}"
     try:
-        data = tiny_config("search_team_shared", tmp_path / "run", steps=1)
+        data = tiny_config("qa/search_team_shared", tmp_path / "run", steps=1)
         data["data"]["world"]["dir"] = str(tmp_path / "w")
         data["retriever"] = {"kind": "http", "endpoints": [dead, server.url], "timeout_s": 2, "retries": 0}
         train(load_config(data=data))
@@ -37,7 +37,7 @@ def test_search_team_fails_over_to_a_live_server(tmp_path):
         assert results and all(t["result"] and not t["infra"] for t in results)
     finally:
         server.stop()
-    data = tiny_config("search_team_shared", tmp_path / "run2", steps=1)
+    data = tiny_config("qa/search_team_shared", tmp_path / "run2", steps=1)
     data["data"]["world"]["dir"] = str(tmp_path / "w")
     data["retriever"] = {"kind": "http", "endpoints": [dead, server.url], "timeout_s": 1, "retries": 0}
     with pytest.raises(MasrlError, match="(?s)6 of 6 traces failed.*all 2 retriever endpoint"):

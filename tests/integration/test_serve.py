@@ -10,7 +10,7 @@ from masrl.driver.run.loop import train
 
 
 def test_serve_answers_the_openai_client_from_a_checkpoint(tmp_path):
-    data = tiny_config("math_team_shared", tmp_path / "run", steps=1)
+    data = tiny_config("math/team_shared", tmp_path / "run", steps=1)
     train(load_config(data=data))
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data))

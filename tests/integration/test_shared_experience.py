@@ -16,7 +16,7 @@ def _calls_of(rec, policy, agents):
 
 
 def test_a_policy_learns_from_the_calls_it_shares_in(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["policies"]["writer"]["share_from"] = {"reasoner": 1.0}
     data["policies"]["writer"]["share_is_cap"] = 1.5
     tr, workers, before = prepared_trainer(data, tmp_path)
@@ -29,7 +29,7 @@ def test_a_policy_learns_from_the_calls_it_shares_in(tmp_path):
 
 
 def test_half_share_is_seeded_and_partial(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["policies"]["writer"]["share_from"] = {"reasoner": 0.5}
     tr, _, _ = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
@@ -38,19 +38,19 @@ def test_half_share_is_seeded_and_partial(tmp_path):
 
 
 def test_sharing_needs_one_tokenizer_and_a_real_source(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["policies"]["writer"]["model"] = "tiny-random-qwen2"
     data["policies"]["writer"]["share_from"] = {"reasoner": 1.0}
     with pytest.raises(ConfigError, match="share_from: 'reasoner' uses another tokenizer"):
         prepared_trainer(data, tmp_path)
-    bad = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    bad = tiny_config("math/team_two_policies", tmp_path, steps=1)
     bad["policies"]["writer"]["share_from"] = {"writer": 1.0}
     with pytest.raises(ConfigError, match="share_from: 'writer' is not another policy"):
         load_config(data=bad)
 
 
 def test_policy_kl_is_zero_between_equal_policies_and_grows_once_they_differ(tmp_path):
-    data = tiny_config("math_team_two_policies", tmp_path, steps=1)
+    data = tiny_config("math/team_two_policies", tmp_path, steps=1)
     data["seed"] = 0
     data["train"]["policy_kl"] = 4
     data["policies"]["reasoner"]["optim"] = {"lr": 5e-2}

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from masrl.cli import main
+from masrl.families import shipped_configs
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml")) + [ROOT / "examples" / "custom_workflow.yaml"]
+CONFIGS = list(shipped_configs().values()) + sorted((ROOT / "examples").glob("*.yaml"))
 
 
 def size_overrides(path: Path) -> list[str]:

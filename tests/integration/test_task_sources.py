@@ -8,13 +8,13 @@ import pytest
 from tinycfg import prepared_trainer, tiny_config
 
 from masrl.config import load_config
-from masrl.data.sources import build_tasks, load_tasks
 from masrl.driver.checks import check_run
 from masrl.errors import ConfigError, DataError
+from masrl.families import build_tasks, load_tasks
 
 
 def _data(tmp_path, train: dict, evals: dict | None = None) -> dict:
-    data = tiny_config("math_solver", tmp_path / "run", steps=1)
+    data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["data"] = {"train": train, "eval": evals or {"source": "helpers:word_sums", "n": 2, "seed": 100}}
     return data
 

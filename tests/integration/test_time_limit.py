@@ -35,12 +35,12 @@ def test_the_budget_stops_before_a_step_that_would_end_past_it():
     last = TimeBudget(0.001)
     assert last.over(10, 10) is None  # the last step: nothing to stop
     with pytest.raises(ConfigError, match="time_limit_s"):
-        load_config(data={**tiny_config("math_solver", Path("/tmp/x")), "train": {"steps": 2, "time_limit_s": 0}})
+        load_config(data={**tiny_config("math/solver", Path("/tmp/x")), "train": {"steps": 2, "time_limit_s": 0}})
 
 
 def test_a_run_out_of_time_checkpoints_evaluates_and_exits_zero(tmp_path):
     run = tmp_path / "run"
-    data = tiny_config("math_solver", run, steps=5)
+    data = tiny_config("math/solver", run, steps=5)
     data["train"].update(keep_best={"n": 4, "every": 4}, eval_after=True, save_every=0, time_limit_s=0.001,
                          progress_every_s=0.001)  # output to a pipe: progress as lines, not a live bar
     data["data"]["eval"]["n"] = 3

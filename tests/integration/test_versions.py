@@ -9,7 +9,7 @@ from tinycfg import prepared_trainer, tiny_config
 
 
 def test_calls_carry_their_weight_version_and_stale_calls_are_dropped(tmp_path):
-    data = tiny_config("math_solver", tmp_path, steps=2)
+    data = tiny_config("math/solver", tmp_path, steps=2)
     data["policies"]["solver"]["max_staleness"] = 0
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["solver"]

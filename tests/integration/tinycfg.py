@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 
+from masrl.families import config_path
+
 ROOT = Path(__file__).resolve().parents[2]
 TEAM = ["solver", "verifier", "refiner", "finalizer"]
 
@@ -37,11 +39,12 @@ def _tiny_data(data: dict) -> dict:
     return {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
 
 
-def tiny_config(base: str | dict = "math_team_shared", run_dir: Path | None = None, *, steps: int = 2,
+def tiny_config(base: str | dict = "math/team_shared", run_dir: Path | None = None, *, steps: int = 2,
                 hash_agents: list[str] | None = None, **overrides) -> dict:
     """A shipped config (by name) or a dict, shrunk to run in seconds on ``tiny-random``."""
     if isinstance(base, str):
-        data = yaml.safe_load((ROOT / "configs" / f"{base}.yaml").read_text())
+        path = ROOT / base if (ROOT / base).is_file() else config_path(base)  # examples/x.yaml, or math/solver
+        data = yaml.safe_load(path.read_text())
     else:
         data = copy.deepcopy(base)
     data["model"] = "tiny-random"

@@ -1,19 +1,17 @@
 """Writing a function from its documentation: the generator, the team of readers and the one-call coder."""
 
 import re
-from pathlib import Path
 
 import pytest
 from helpers import run_scripted
 
 from masrl.config import SandboxConfig, load_config
-from masrl.data.code_docs import EXAMPLE_NAMES, generate, holds
-from masrl.data.sources import build_tasks
 from masrl.driver.rollout.services import Services
 from masrl.errors import ConfigError
-from masrl.workflows.code_docs import CodeDocsAgent, CodeDocsTeam
+from masrl.families import build_tasks, config_path
+from masrl.families.code.docs import CodeDocsAgent, CodeDocsTeam
+from masrl.families.code.docs_tasks import EXAMPLE_NAMES, generate, holds
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 OPS = {"plus": "+", "multiplied by": "*", "minus": "-"}
 
 
@@ -48,12 +46,12 @@ def test_each_task_shows_its_functions_entry_once_among_others_under_invented_na
 
 
 def test_the_shipped_configs_build_their_splits_and_a_missing_entry_count_is_named():
-    for name in ("code_docs_team", "code_docs_agent"):
-        cfg = load_config(str(CONFIGS / f"{name}.yaml"), ["data.train.n=50"])
+    for name in ("code/docs_team", "code/docs_agent"):
+        cfg = load_config(config_path(name), ["data.train.n=50"])
         train, held_out = build_tasks(cfg)
         assert len(train) == 50 and len(held_out) == 48 and not {t.question for t in train} & {t.question for t in held_out}
         assert all(len(t.meta["context"]) == 24 for t in train + held_out)
-    cfg = load_config(str(CONFIGS / "code_docs_agent.yaml"), ["data.world.context_docs=0"])
+    cfg = load_config(config_path("code/docs_agent"), ["data.world.context_docs=0"])
     with pytest.raises(ConfigError, match="data.world.context_docs"):
         build_tasks(cfg)
 

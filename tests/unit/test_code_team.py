@@ -6,16 +6,16 @@ import pytest
 
 from masrl.agents import AgentSpec
 from masrl.config import SandboxConfig
-from masrl.data.code_gen import generate
 from masrl.data.test_spec import TestSpec as Spec
 from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.rollout.services import Services
 from masrl.errors import InfraError
+from masrl.families.code.code_gen import generate
+from masrl.families.code.roles import feedback, parse_code, parse_plan, parse_reflection
+from masrl.families.code.team import CodeSolver, CodeTeam
 from masrl.rewards import CreditReward, combine
 from masrl.tools.base import Tool, ToolUseError, run_tool, tool
 from masrl.trace import Trace
-from masrl.workflows.code_roles import feedback, parse_code, parse_plan, parse_reflection
-from masrl.workflows.code_team import CodeSolver, CodeTeam
 
 
 def test_code_parser_gives_credit_in_thirds():

@@ -1,5 +1,4 @@
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
@@ -8,18 +7,18 @@ from masrl.config import load_config
 from masrl.driver.builder import group_hosts
 from masrl.driver.checks import check_agents, check_policies, check_rewards
 from masrl.errors import ConfigError
-from masrl.workflows import build_workflow
+from masrl.families import build_workflow, shipped_configs
 
-CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+CONFIGS = list(shipped_configs().values())
 BASE = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
 
 
 def test_there_are_shipped_configs():
-    names = {p.stem for p in CONFIGS}
-    assert {"math_team_shared", "math_team_two_policies", "math_team_four_policies", "math_team_lora", "math_solver"} <= names
+    names = set(shipped_configs())
+    assert {"math/team_shared", "math/team_two_policies", "math/team_four_policies", "math/team_lora", "math/solver"} <= names
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: f"{p.parent.parent.name}/{p.stem}")
 def test_every_shipped_config_loads_and_builds(path):
     cfg = load_config(path)
     wf = build_workflow(cfg.workflow.name, cfg.workflow.options)

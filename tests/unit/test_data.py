@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from masrl.data import arithmetic
 from masrl.data.answers import answers_equivalent, extract_gold, to_number
 from masrl.data.loader import load_math_tasks
 from masrl.errors import DataError
+from masrl.families.math import arithmetic
 
 
 def test_arithmetic_is_seeded_and_distinct():

@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 
 from masrl.config import DataSourceConfig
-from masrl.data.code_docs import generate
 from masrl.data.mix import data_report, kind_of, mix, sampling_shift, shift
-from masrl.data.qa_tasks import world_tasks
-from masrl.data.sources import more_tasks_hint
 from masrl.data.tasks import Task
+from masrl.families import more_tasks_hint
+from masrl.families.code.docs_tasks import generate
+from masrl.families.qa.world import world_tasks
 
 
 def _tasks(kinds: dict[str, int]) -> list[Task]:

@@ -8,9 +8,9 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
 from masrl.driver.rollout.context import WorkflowContext
+from masrl.families.math.debate import Debate, vote
 from masrl.rewards import CreditReward, combine
 from masrl.trace import Trace
-from masrl.workflows.debate import Debate, vote
 
 
 def test_vote_takes_the_most_common_number_and_breaks_ties_by_order():

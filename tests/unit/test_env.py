@@ -8,9 +8,9 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
 from masrl.driver.rollout.context import WorkflowContext
-from masrl.envs import HiddenSum
+from masrl.families import build_workflow
+from masrl.families.hidden_sum import HiddenSum
 from masrl.trace import Trace
-from masrl.workflows.env import EnvWorkflow
 
 
 class Scripted:
@@ -43,7 +43,7 @@ def _xy(seed, max_value=20):
 
 def test_relay_and_correct_sum_pay_both_agents():
     x, y = _xy(5)
-    tr, engine = _episode(EnvWorkflow(), 5, {"scout": [f"<message>It is {x}.</message>"],
+    tr, engine = _episode(build_workflow("env", {}), 5, {"scout": [f"<message>It is {x}.</message>"],
                                               "solver": [f"<answer>{x + y}</answer>"]})
     scout, solver = tr.calls
     assert [(c.agent, c.turn) for c in tr.calls] == [("scout", 0), ("solver", 1)]
@@ -54,14 +54,15 @@ def test_relay_and_correct_sum_pay_both_agents():
 
 def test_no_relay_no_bonus_and_a_wrong_sum_pays_nothing():
     x, y = _xy(6)
-    tr, _ = _episode(EnvWorkflow(), 6, {"scout": ["<message>hello</message>"], "solver": [f"<answer>{x + y + 1}</answer>"]})
+    tr, _ = _episode(build_workflow("env", {}), 6,
+                     {"scout": ["<message>hello</message>"], "solver": [f"<answer>{x + y + 1}</answer>"]})
     assert [c.credit for c in tr.calls] == [0.0, 0.0] and tr.metrics["outcome"] == 0.0
     assert "solver/accuracy" not in tr.metrics  # judged only when the number reached it
 
 
 def test_two_rounds_let_the_solver_ask_back():
     x, y = _xy(7)
-    wf = EnvWorkflow(env="hidden_sum", rounds=2)
+    wf = build_workflow("env", {"env": "hidden_sum", "rounds": 2})
     tr, engine = _episode(wf, 7, {"scout": ["<message>ready</message>", f"<message>{x}</message>"],
                                   "solver": ["<message>what is x?</message>", f"<answer>{x + y}</answer>"]})
     assert [c.agent for c in tr.calls] == ["scout", "solver", "scout", "solver"]
@@ -74,4 +75,4 @@ def test_seeded_reset_and_custom_env_errors():
     a, b = HiddenSum(), HiddenSum()
     assert a.reset(3) == b.reset(3) and a.reset(3) != a.reset(4)
     with pytest.raises(Exception, match="workflow.options.env"):
-        EnvWorkflow(env="nowhere")
+        build_workflow("env", {"env": "nowhere"})

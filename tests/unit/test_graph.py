@@ -12,18 +12,19 @@ import yaml
 
 from masrl.agents import AgentSpec
 from masrl.config import WorldConfig
-from masrl.data.qa_tasks import ensure_world, world_tasks
 from masrl.data.tasks import Task
 from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.rollout.services import Services
 from masrl.errors import ConfigError
+from masrl.families import graph_path
+from masrl.families.qa.rag import RAG
+from masrl.families.qa.world import ensure_world, world_tasks
 from masrl.trace import Trace
 from masrl.workflows.expr import EvalError, ExprError, compile_expr, compile_template
 from masrl.workflows.graph import Graph
-from masrl.workflows.rag import RAG
 
 ROOT = Path(__file__).resolve().parents[2]
-RAG_GRAPH = yaml.safe_load((ROOT / "configs" / "graphs" / "rag.yaml").read_text())
+RAG_GRAPH = yaml.safe_load((graph_path("qa/graphs/rag.yaml")).read_text())
 
 
 def test_expressions_evaluate_and_refuse_what_is_not_in_the_language():

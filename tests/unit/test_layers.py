@@ -15,6 +15,7 @@ PKG = SRC / "masrl"
 FLOORS = [
     ("cli",),
     ("driver",),
+    ("families",),
     ("workflows", "envs", "rewards"),
     ("worker",),
     ("engines",),

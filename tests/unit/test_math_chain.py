@@ -1,19 +1,17 @@
 """Chained word problems: the generator, the team of steppers and the two single agents."""
 
-from pathlib import Path
 
 import pytest
 from helpers import run_scripted
 
 from masrl.config import load_config
-from masrl.data.chain import apply, generate, step_question
-from masrl.data.sources import build_tasks
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
-from masrl.workflows.math_chain import MathChainAgent, MathChainTeam
-from masrl.workflows.math_roles import CHECKER_SYSTEM
+from masrl.families import build_tasks, config_path
+from masrl.families.math.chain import apply, generate, step_question
+from masrl.families.math.chain_team import MathChainAgent, MathChainTeam
+from masrl.families.math.roles import CHECKER_SYSTEM
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 SIGN = {"add": "+", "sub": "-", "packs": "+", "split": "/", "times": "*"}
 
 
@@ -42,11 +40,11 @@ def test_problems_chain_their_events_and_the_answer_is_the_last_count():
 
 
 def test_the_shipped_configs_build_their_splits_and_a_wrong_level_is_named():
-    for name in ("math_chain_team", "math_chain_agent", "math_chain_stepwise"):
-        cfg = load_config(str(CONFIGS / f"{name}.yaml"), ["data.train.n=50"])
+    for name in ("math/chain_team", "math/chain_agent", "math/chain_stepwise"):
+        cfg = load_config(config_path(name), ["data.train.n=50"])
         train, held_out = build_tasks(cfg)
         assert len(train) == 50 and len(held_out) == 64 and not {t.question for t in train} & {t.question for t in held_out}
-    cfg = load_config(str(CONFIGS / "math_chain_team.yaml"), ["data.train.levels=[1]"])
+    cfg = load_config(config_path("math/chain_team"), ["data.train.levels=[1]"])
     with pytest.raises(ConfigError, match=r"data.train.levels.*2, 3, 4, 5"):
         build_tasks(cfg)
 

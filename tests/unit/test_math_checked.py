@@ -8,11 +8,11 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
 from masrl.driver.rollout.context import WorkflowContext
+from masrl.families.math.checked import MathChecked
+from masrl.families.math.solver import MathSolver
 from masrl.tools.base import ToolUseError, run_tool
 from masrl.tools.calculator import calculate, calculator_tool, show
 from masrl.trace import Trace
-from masrl.workflows.math_checked import MathChecked
-from masrl.workflows.math_solver import MathSolver
 
 
 @pytest.mark.parametrize("text, want", [("47 + 38", 85), ("(5 x 6) + 3", 33), ("9 × 4 - 2", 34), ("1,200 - 7", 1193),
@@ -114,7 +114,7 @@ def test_one_solver_with_the_calculator_answers_with_its_computed_calculation(so
 @pytest.mark.parametrize("text, want", [("<expr>47 + 38</expr>", "85"), ("<expr>47 ** 38</expr>", None),
                                         ("the answer is 85", None)])
 def test_the_expression_style_solver_is_prompted_as_the_checker_and_answers_with_the_calculators_value(text, want):
-    from masrl.workflows import math_roles as P
+    from masrl.families.math import roles as P
 
     wf = MathSolver(calculator=True, style="expression")
     agents = {n: AgentSpec(n, "p", r.parser) for n, r in wf.roles().items()}

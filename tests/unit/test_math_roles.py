@@ -7,9 +7,9 @@ import pytest
 from masrl.agents import AgentSpec
 from masrl.data.tasks import Task
 from masrl.driver.rollout.context import WorkflowContext
+from masrl.families.math.team import MathTeam, verdict_credit
 from masrl.rewards import CreditReward, combine
 from masrl.trace import Trace
-from masrl.workflows.math_team import MathTeam, verdict_credit
 
 
 class Scripted:

@@ -1,5 +1,5 @@
+from masrl.families.math.roles import parse_finalizer, parse_solver, parse_verifier
 from masrl.parsing import TagSpec, is_number, one_of, parse_tags
-from masrl.workflows.math_roles import parse_finalizer, parse_solver, parse_verifier
 
 SOLVER = [TagSpec("solution"), TagSpec("answer", is_number)]
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from masrl.data.qa_tasks import ensure_world, load_qa_tasks, world_tasks
+from masrl.data.qa_tasks import load_qa_tasks
 from masrl.errors import DataError
+from masrl.families.qa.world import ensure_world, world_tasks
 
 
 def test_world_tasks_are_seeded_split_by_level_and_carry_supporting_facts(tmp_path):

@@ -1,7 +1,7 @@
 import json
 
 from masrl.data.qa_scoring import exact_match, normalize_answer, token_f1
-from masrl.data.qa_world import build_world, documents, questions, write_world
+from masrl.families.qa.world_gen import build_world, documents, questions, write_world
 from masrl.tools.retrieval import LocalRetriever
 
 

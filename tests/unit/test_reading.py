@@ -1,15 +1,14 @@
 """The reading family: questions with their passages inline, the team of readers and the one-call agent."""
 
-from pathlib import Path
 
 import pytest
 from helpers import run_scripted
 
 from masrl.config import load_config
-from masrl.data.qa_tasks import world_tasks
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
-from masrl.workflows.reading import (
+from masrl.families import config_path
+from masrl.families.qa.reading import (
     READER_EXAMPLES,
     SELECT_EXAMPLES,
     ReadingAgent,
@@ -17,8 +16,9 @@ from masrl.workflows.reading import (
     passages_of,
     quoted,
 )
+from masrl.families.qa.world import world_tasks
 
-TEAM = str(Path(__file__).resolve().parents[2] / "configs" / "reading_team.yaml")
+TEAM = str(config_path("qa/reading_team"))
 
 
 def _tasks(n=40, seed=3, context_docs=8):
@@ -253,7 +253,7 @@ def test_context_docs_is_a_checked_setting(tmp_path):
     with pytest.raises(ConfigError, match="context_docs"):
         load_config(TEAM, ["data.world.context_docs=-1"])
     with pytest.raises(ConfigError, match="docs_per_reader"):
-        from masrl.workflows import build_workflow
+        from masrl.families import build_workflow
 
         build_workflow("reading_team", {"docs_per_reader": 0})
 

@@ -1,17 +1,14 @@
 """Two-hop reading: the team that splits by passages and by hops, and its one-call control."""
 
-from pathlib import Path
 
 import pytest
 from helpers import run_scripted
 
 from masrl.config import load_config
-from masrl.data.qa_tasks import world_tasks
 from masrl.errors import ConfigError, DataError
-from masrl.workflows import build_workflow
-from masrl.workflows.reading_hops import HOP_CASES, ReadingHops, ReadingHopsAgent, title_of
-
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+from masrl.families import build_workflow, config_path
+from masrl.families.qa.reading_hops import HOP_CASES, ReadingHops, ReadingHopsAgent, title_of
+from masrl.families.qa.world import world_tasks
 
 
 def _task(kind="In what year was the founder of"):
@@ -84,9 +81,9 @@ def test_a_task_without_a_bridge_says_which_levels_to_set():
         run_scripted(ReadingHops(), one_hop, {"reader": ["<doc>1</doc>"] * 3})
 
 
-@pytest.mark.parametrize("name", ["reading_hops.yaml", "reading_hops_agent.yaml"])
+@pytest.mark.parametrize("name", ["qa/reading_hops", "qa/reading_hops_agent"])
 def test_the_shipped_two_hop_configs_load(name):
-    cfg = load_config(CONFIGS / name)
+    cfg = load_config(config_path(name))
     assert cfg.data.train.levels == [2] and cfg.data.world.context_docs == 24
 
 

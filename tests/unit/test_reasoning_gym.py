@@ -7,9 +7,9 @@ import pytest
 rg = pytest.importorskip("reasoning_gym")
 
 from masrl.config import DataSourceConfig  # noqa: E402
-from masrl.data import reasoning_gym as R  # noqa: E402
-from masrl.data.sources import check_source, load_tasks  # noqa: E402
 from masrl.errors import ConfigError  # noqa: E402
+from masrl.families import check_source, load_tasks  # noqa: E402
+from masrl.families.reasoning_gym import tasks as R  # noqa: E402
 
 MIX = {"datasets": {
     "basic_arithmetic": {"weight": 2, "config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
@@ -91,7 +91,7 @@ def test_other_sources_still_refuse_options():
 
 
 def test_prompts_show_one_example_of_each_dataset_in_the_librarys_answer_format():
-    from masrl.workflows import rg_roles as P
+    from masrl.families.reasoning_gym import roles as P
 
     task = R.generate(1, seed=1, options=MIX)[0]
     shown = P.solver_examples(task)
@@ -111,8 +111,8 @@ def test_prompts_show_one_example_of_each_dataset_in_the_librarys_answer_format(
 
 
 def test_the_calculator_solver_parses_an_answer_alone_or_an_expression_and_an_answer():
-    from masrl.workflows.rg import _ARITHMETIC
-    from masrl.workflows.rg_roles import parse_calc_solver
+    from masrl.families.reasoning_gym.roles import parse_calc_solver
+    from masrl.families.reasoning_gym.workflows import _ARITHMETIC
 
     assert parse_calc_solver("<answer>nus</answer>").ok
     both = parse_calc_solver("<expr>3 * 4</expr><answer>12</answer>")

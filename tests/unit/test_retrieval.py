@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from masrl.data.qa_world import write_world
 from masrl.errors import DataError
+from masrl.families.qa.world_gen import write_world
 from masrl.tools.retrieval import BM25Index, LocalRetriever, RetrievalError, RetrieverClient
 from masrl.tools.retrieval.client import RequestRejected
 from masrl.tools.retrieval.server import RetrieverServer, wait_healthy
@@ -92,7 +92,7 @@ def test_bad_requests_get_4xx_with_a_message(server, body, status, needle):
 def test_oversized_body_and_unknown_routes(server):
     host, port = server.url.removeprefix("http://").split(":")
     s = socket.create_connection((host, int(port)), timeout=10)
-    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 99999999\r\n\r\n")
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 99999999\r\n\r\n")
     chunks = []
     while True:  # the server answers and closes; read to the end
         chunk = s.recv(4096)

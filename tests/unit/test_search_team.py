@@ -6,12 +6,10 @@ import pytest
 from helpers import run_scripted
 
 from masrl.config import RetrieverConfig, WorldConfig
-from masrl.data.qa_tasks import ensure_world, world_tasks
 from masrl.driver.rollout.services import Services
 from masrl.errors import InfraError
-from masrl.rewards import CreditReward, combine
-from masrl.trace import Trace
-from masrl.workflows.search_roles import (
+from masrl.families.qa.search import SearchAgent, SearchTeam
+from masrl.families.qa.search_roles import (
     parse_agent,
     parse_evidence,
     parse_plan,
@@ -19,7 +17,9 @@ from masrl.workflows.search_roles import (
     parse_subquestion,
     split_subquestions,
 )
-from masrl.workflows.search_team import SearchAgent, SearchTeam
+from masrl.families.qa.world import ensure_world, world_tasks
+from masrl.rewards import CreditReward, combine
+from masrl.trace import Trace
 
 
 def test_parsers_on_good_and_broken_outputs():

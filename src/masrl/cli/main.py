@@ -29,13 +29,30 @@ def _interrupt_handler(grace_s: float = 20.0):
     return handler
 
 
+def _config_file(arg: str):
+    """The YAML file a command reads: a path, or a shipped config's name (``math/solver``)."""
+    from masrl.families import config_path
+
+    return config_path(arg)
+
+
+def _configs(args) -> int:
+    """``masrl configs``: the shipped configs by name, each with the first line of its header."""
+    from masrl.families import shipped_configs
+
+    for name, path in shipped_configs().items():
+        lines = [x[1:].strip() for x in path.read_text().splitlines() if x.startswith("#")]
+        print(f"{name:34} {lines[0] if lines else ''}")
+    return 0
+
+
 def _train(args) -> int:
     import signal
 
     from masrl.config import load_config
     from masrl.driver.run.loop import train
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(_config_file(args.config), args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler())
     try:
         results = train(cfg, resume=args.resume)
@@ -53,7 +70,7 @@ def _eval(args) -> int:
     from masrl.config import load_config
     from masrl.driver.run.loop import evaluate
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(_config_file(args.config), args.overrides)
     evaluate(cfg, checkpoint=args.checkpoint)
     return 0
 
@@ -73,7 +90,7 @@ def _serve(args) -> int:
     from masrl.driver.serving.serve import serve
     from masrl.tools.web import ServerLimits
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(_config_file(args.config), args.overrides)
     signal.signal(signal.SIGINT, _interrupt_handler(5.0))
     try:
         limits = ServerLimits(idle_timeout_s=args.read_timeout_s, body_timeout_s=args.read_timeout_s,
@@ -97,12 +114,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a workflow's agents (eval before and after)")
-    t.add_argument("config", help="YAML run config")
+    t.add_argument("config", help="a YAML run config, or a shipped one by name (math/solver; `masrl configs` lists them)")
     t.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. train.steps=5")
     t.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     t.set_defaults(fn=_train)
     e = sub.add_parser("eval", help="evaluate on the held-out set")
-    e.add_argument("config")
+    e.add_argument("config", help="a YAML run config or a shipped one's name")
     e.add_argument("overrides", nargs="*")
     e.add_argument("--checkpoint", help="a step_NNNNNN checkpoint folder or a run directory")
     e.set_defaults(fn=_eval)
@@ -114,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=_report)
     s = sub.add_parser("serve", help="serve a config's agents (a checkpoint's weights) behind an OpenAI-compatible "
                                      "API: model = agent name")
-    s.add_argument("config")
+    s.add_argument("config", help="a YAML run config or a shipped one's name")
     s.add_argument("overrides", nargs="*")
     s.add_argument("--checkpoint", help="a step_NNNNNN checkpoint folder or a run directory")
     s.add_argument("--host", default="127.0.0.1")
@@ -130,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default="compare.html")
     c.set_defaults(fn=_compare)
+    k = sub.add_parser("configs", help="list the shipped configs (family/name), each with its header's first line")
+    k.set_defaults(fn=_configs)
     from masrl.cli import tools as cli_tools
 
     cli_tools.add_commands(sub)

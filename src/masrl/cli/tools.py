@@ -88,7 +88,7 @@ def _query(args) -> int:
 
 
 def _qa_world(args) -> int:
-    from masrl.data.qa_world import write_world
+    from masrl.families.qa.world_gen import write_world
 
     t0 = time.time()
     corpus, questions = write_world(args.out, args.docs, args.questions, seed=args.seed)
@@ -98,7 +98,7 @@ def _qa_world(args) -> int:
 
 
 def _arithmetic(args) -> int:
-    from masrl.data.arithmetic import generate
+    from masrl.families.math.arithmetic import generate
 
     out = output_file(args.out, "--out")
     tasks = generate(args.n, seed=args.seed, levels=args.levels)

@@ -1,13 +1,14 @@
 """Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
 
-Built-ins: the seeded generators (``arithmetic``, ``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``,
-``episodes``), ``reasoning_gym`` (the library's datasets, mixed and configured in ``options``), ``humaneval``
-and ``file`` (JSONL or Parquet rows of ``kind`` math | code | qa). Your own is ``source: 'module:function'``:
-a function ``f(spec: SourceSpec) -> Iterable[Task | dict]``. Rows it returns as dicts are read like a file's
-rows of ``kind`` (the same field aliases, the same errors naming the row), so a source that only fetches rows
-needs no parsing of its own; ``options`` are yours (``data.train.options``; a built-in that takes options checks
-them itself). Every source's rows go through one row loop (``loader.tasks_from_rows``), and held-out questions
-are removed from training by text.
+The framework's: ``episodes`` (seeds for an environment), ``humaneval`` and ``file`` (JSONL or Parquet rows
+of ``kind`` math | code | qa); every task family adds its own (``masrl.families``: ``arithmetic``,
+``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``, ``reasoning_gym``), and the driver looks names up
+in their union. Your own is ``source: 'module:function'``: a function ``f(spec: SourceSpec) ->
+Iterable[Task | dict]``. Rows it returns as dicts are read like a file's rows of ``kind`` (the same field
+aliases, the same errors naming the row), so a source that only fetches rows needs no parsing of its own;
+``options`` are yours (``data.train.options``; a source that takes options checks them itself). Every
+source's rows go through one row loop (``loader.tasks_from_rows``), and held-out questions are removed from
+training by text.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any, Callable, Iterable
 
 from masrl.config import DataSourceConfig, RunConfig, WorldConfig
 from masrl.config.loading import load_object
-from masrl.data import arithmetic, chain, code_gen
 from masrl.data.loader import RowTask, math_task, read_rows, tasks_from_rows
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
@@ -55,36 +55,6 @@ def _row_kinds() -> dict[str, RowTask]:
     return {"math": math_task, "code": code_task, "qa": qa_task}
 
 
-def _arithmetic(s: SourceSpec) -> list[Task]:
-    return arithmetic.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
-
-
-def _code_gen(s: SourceSpec) -> list[Task]:
-    return code_gen.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
-
-
-def _code_docs(s: SourceSpec) -> list[Task]:
-    from masrl.data import code_docs
-
-    if s.world.context_docs < 2:
-        raise ConfigError(f"data.world.context_docs: source 'code_docs' shows each task's function among others' "
-                          f"documentation entries and needs at least 2 of them a task (24 in the shipped configs); "
-                          f"got {s.world.context_docs}")
-    return code_docs.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), docs=s.world.context_docs,
-                              exclude=set(s.exclude))
-
-
-def _math_chain(s: SourceSpec) -> list[Task]:
-    return chain.generate(s.n or 1000, seed=s.seed, levels=list(s.levels), exclude=set(s.exclude))
-
-
-def _qa_world(s: SourceSpec) -> list[Task]:
-    from masrl.data.qa_tasks import world_tasks
-
-    return world_tasks(s.n or 1000, seed=s.seed, world_docs=s.world.docs, world_seed=s.world.seed,
-                       levels=list(s.levels), exclude=set(s.exclude), context_docs=s.world.context_docs)
-
-
 def _episodes(s: SourceSpec) -> list[Task]:
     """Seeds for an environment's episodes (workflow ``env``)."""
     rng = random.Random(f"episodes-{s.seed}")
@@ -98,50 +68,31 @@ def _humaneval(s: SourceSpec) -> list[Task]:
     return load_humaneval()[: s.n]
 
 
-def _reasoning_gym(s: SourceSpec) -> list[Task]:
-    from masrl.data import reasoning_gym
-
-    return reasoning_gym.generate(s.n or 1000, seed=s.seed, options=s.options, exclude=s.exclude)
-
-
-def _reasoning_gym_options(options: dict, key: str):
-    from masrl.data import reasoning_gym
-
-    return reasoning_gym.parse_options(options, key)
-
-
 def _file(s: SourceSpec) -> list[dict]:
     return read_rows(s.path)  # type: ignore[arg-type]
 
 
+# the framework's own sources; each task family adds its generators (masrl.families.SOURCES has them all)
 SOURCES: dict[str, Source] = {
-    "arithmetic": Source(_arithmetic, levels=(1, 2, 3, 4)),
-    "code_gen": Source(_code_gen, levels=(1, 2), more="code_gen's function families hold about 440 distinct tasks at "
-                                                     "levels 1-2"),
-    "code_docs": Source(_code_docs, levels=(1, 2), more="code_docs invents a new function name for every task: "
-                                                        "raise n"),
-    "math_chain": Source(_math_chain, levels=chain.LEVELS),
-    "qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions"),
     "episodes": Source(_episodes),
-    "reasoning_gym": Source(_reasoning_gym, levels=(1,), options=_reasoning_gym_options,
-                            more="A dataset's config bounds its distinct questions: widen its difficulty knobs"),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),
     "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }
+Sources = dict[str, Source]
 
 
-def more_tasks_hint(src: DataSourceConfig) -> str:
+def more_tasks_hint(src: DataSourceConfig, sources: Sources) -> str:
     """How to get more tasks from ``src``'s source (empty where the source does not say)."""
-    builtin = SOURCES.get(src.source)
+    builtin = sources.get(src.source)
     return builtin.more if builtin is not None else ""
 
 
-def check_source(src: DataSourceConfig, key: str) -> Source:
-    """The source ``src`` names, with its settings checked; errors name ``key`` and the fix."""
-    builtin = SOURCES.get(src.source)
+def check_source(src: DataSourceConfig, key: str, sources: Sources) -> Source:
+    """The source ``src`` names (among ``sources``), with its settings checked; errors name ``key`` and the fix."""
+    builtin = sources.get(src.source)
     if builtin is None:
         if ":" not in src.source:
-            raise ConfigError(f"{key}.source: unknown source '{src.source}'; use one of {', '.join(SOURCES)} or your "
+            raise ConfigError(f"{key}.source: unknown source '{src.source}'; use one of {', '.join(sources)} or your "
                               f"own 'module:function' (f(spec: SourceSpec) -> tasks or rows)")
         fn = load_object(src.source, f"{key}.source")
         if not callable(fn):
@@ -160,11 +111,11 @@ def check_source(src: DataSourceConfig, key: str) -> Source:
     return builtin
 
 
-def load_tasks(src: DataSourceConfig, *, exclude: set[str] | None = None, world: WorldConfig | None = None,
-               key: str = "data") -> list[Task]:
+def load_tasks(src: DataSourceConfig, *, sources: Sources, exclude: set[str] | None = None,
+               world: WorldConfig | None = None, key: str = "data") -> list[Task]:
     """The tasks of one split: the source's tasks, its dict rows read as ``src.kind`` rows, the
     first ``n`` kept, ``exclude``'s questions left out."""
-    source = check_source(src, key)
+    source = check_source(src, key, sources)
     spec = SourceSpec(src.n, src.seed, tuple(src.levels), src.kind, src.path, dict(src.options),
                       world or WorldConfig(), frozenset(exclude or ()))
     origin = src.path if src.source == "file" else f"{key}.source '{src.source}'"
@@ -193,11 +144,11 @@ def _as_rows(items: Iterable, origin: str) -> Iterable:
         yield x
 
 
-def build_tasks(cfg: RunConfig) -> tuple[list[Task], list[Task]]:
+def build_tasks(cfg: RunConfig, sources: Sources) -> tuple[list[Task], list[Task]]:
     """Train and held-out tasks; train tasks never repeat an eval question."""
-    eval_tasks = load_tasks(cfg.data.eval, world=cfg.data.world, key="data.eval")
-    train_tasks = load_tasks(cfg.data.train, exclude={t.question for t in eval_tasks}, world=cfg.data.world,
-                             key="data.train")
+    eval_tasks = load_tasks(cfg.data.eval, sources=sources, world=cfg.data.world, key="data.eval")
+    train_tasks = load_tasks(cfg.data.train, sources=sources, exclude={t.question for t in eval_tasks},
+                             world=cfg.data.world, key="data.train")
     if not train_tasks and cfg.train.steps > 0:
         raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "
                           "train question is also a held-out one); point data.train and data.eval at different files "

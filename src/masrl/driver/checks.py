@@ -16,12 +16,11 @@ from masrl.agents import AgentSpec
 from masrl.algorithms.estimators import check_estimator, needs_critic, needs_reference
 from masrl.config import RunConfig
 from masrl.config.loading import load_object
-from masrl.data.sources import check_source
 from masrl.errors import ConfigError, ModelError
+from masrl.families import build_workflow, check_source
 from masrl.models import resolve_model
 from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
-from masrl.workflows import build_workflow
 from masrl.workflows.base import Workflow
 
 

@@ -1,8 +1,6 @@
-"""Multi-agent environments: ``reset`` / per-agent ``step``, run as a workflow (``workflow: {name: env}``)."""
+"""Multi-agent environments: ``reset`` / per-agent ``step``, run as a workflow (``workflow: {name: env}``). The
+interface lives here; environments live with their task family (``masrl.families``: ``hidden_sum``)."""
 
 from masrl.envs.base import Environment, StepResult
-from masrl.envs.hidden_sum import HiddenSum
 
-REGISTRY = {"hidden_sum": HiddenSum}
-
-__all__ = ["Environment", "StepResult", "HiddenSum", "REGISTRY"]
+__all__ = ["Environment", "StepResult"]

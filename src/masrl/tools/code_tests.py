@@ -183,3 +183,25 @@ class CodeVerifier:
         report = judge(spec, run, p.nonce)
         report.duration_s = time.perf_counter() - t0
         return report
+
+
+def summarize_report(report) -> dict:
+    """The JSON-able result of the ``run_tests`` tool."""
+    return {"pass_rate": report.pass_rate, "all_passed": report.all_passed,
+            "cases": [[c.verdict, c.message] for c in report.cases], "first_failure": report.first_failure}
+
+
+def code_tools(services) -> dict:
+    """The ``run_tests`` tool on the run's code verifier, set up now: a sandbox below
+    ``sandbox.require`` stops the run before it starts."""
+    from masrl.tools.base import Tool, ToolUseError
+
+    verifier = services.code_verifier()
+
+    async def run_tests(code: str, tests: TestSpec) -> dict:
+        """Run a program against test cases in the sandbox; returns the pass rate and each case's verdict."""
+        if not code.strip():
+            raise ToolUseError("no code to run")
+        return summarize_report(await verifier.verify(code, tests))
+
+    return {"run_tests": Tool.from_function(run_tests, timeout_s=services.tool_timeout_s)}

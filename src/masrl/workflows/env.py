@@ -1,4 +1,4 @@
-"""Run a multi-agent environment (``masrl.envs``) as a workflow on masrl's traces.
+"""Run a multi-agent environment (``masrl.envs.Environment``) as a workflow on masrl's traces.
 
     workflow: {name: env, options: {env: hidden_sum, rounds: 1}}     # or env: my.module:MyEnv
     data.train: {source: episodes, n: 2000, seed: 1}                  # one seeded episode per task
@@ -19,17 +19,15 @@ from masrl.trace import Trace
 class EnvWorkflow:
     name = "env"
 
-    def __init__(self, env: str = "hidden_sum", max_steps: int = 64, **options):
-        from masrl.envs import REGISTRY
-
-        if env in REGISTRY:
-            self.factory = REGISTRY[env]
-        else:
+    def __init__(self, env: "str | type" = "hidden_sum", max_steps: int = 64, **options):
+        if isinstance(env, str):  # a family's environment by name reaches here as its class (masrl.families)
             from masrl.config.loading import load_object
 
             self.factory = load_object(env, "workflow.options.env")
+        else:
+            self.factory = env
         self.options, self.max_steps = options, max_steps
-        self.env_name = env
+        self.env_name = env if isinstance(env, str) else getattr(env, "name", env.__name__)
         self._roles = self.factory(**options).roles()
 
     def roles(self) -> dict[str, AgentRole]:

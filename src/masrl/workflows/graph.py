@@ -1,6 +1,6 @@
 """Workflows written as a graph in YAML, for users who do not want to write Python.
 
-    workflow: {name: graph, options: {path: configs/graphs/rag.yaml}}     # or options: {graph: {...}}
+    workflow: {name: graph, options: {path: qa/graphs/rag.yaml}}     # or options: {graph: {...}}
 
 A graph file::
 
@@ -124,7 +124,7 @@ def tool_factory(name: str):
 
         return lambda services: search_tools(services)[name]
     if name == "run_tests":
-        from masrl.workflows.code_roles import code_tools
+        from masrl.tools.code_tests import code_tools
 
         return lambda services: code_tools(services)["run_tests"]
     if ":" in name:

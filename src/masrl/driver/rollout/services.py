@@ -58,7 +58,7 @@ class Services:
             else:
                 corpus = c.corpus
                 if corpus is None:
-                    from masrl.data.qa_tasks import ensure_world
+                    from masrl.families.qa.world import ensure_world
 
                     w = self.world_cfg
                     corpus = str(ensure_world(w.docs, w.seed, w.dir) / "corpus.jsonl")

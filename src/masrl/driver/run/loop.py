@@ -12,7 +12,7 @@ from rich.console import Console
 
 from masrl.config import RunConfig, dump_config
 from masrl.data.mix import data_report, mix
-from masrl.data.sources import build_tasks, more_tasks_hint, split_validation
+from masrl.data.sources import split_validation
 from masrl.data.tasks import Task
 from masrl.driver import faults
 from masrl.driver.builder import Runtime, build_runtime
@@ -37,6 +37,7 @@ from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
+from masrl.families import build_tasks, more_tasks_hint
 from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 

@@ -210,6 +210,6 @@ def _json_response(data: dict, status: int = 200):
 
 def _answer(status: int, message: str, param: str | None = None):
     resp = _json_response(error_body(status, message, param), status)
-    if status in (408, 413):  # the body was not read whole: the connection cannot carry another request
+    if status in (401, 403, 408, 413):  # the body was not read whole: the connection cannot carry another request
         resp.force_close()
     return resp

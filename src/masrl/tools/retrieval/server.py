@@ -192,7 +192,10 @@ class RetrieverServer:
         @aio.middleware
         async def guard(request, handler):
             refused = self._refusal(request, self.api_key)
-            return refused if refused is not None else await handler(request)
+            if refused is not None:
+                refused.force_close()  # its body was never read
+                return refused
+            return await handler(request)
 
         return guard
 

@@ -1,0 +1,104 @@
+"""Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
+and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``
+and ``ENVS``; ``configs/*.yaml`` its runs). The framework (workflows' base, graphs, engines, worker, driver)
+knows none of them; the registries the driver looks names up in are built here, from the families and the
+framework's own.
+
+A shipped config is named by family and file: ``masrl train math/solver`` runs
+``families/math/configs/solver.yaml`` (a path to any YAML file works as well).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from masrl.config.loading import load_object
+from masrl.data import sources
+from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
+from masrl.data.sources import Source
+from masrl.errors import ConfigError
+from masrl.families import code, hidden_sum, math, qa, reasoning_gym
+from masrl.workflows import WORKFLOWS as FRAMEWORK_WORKFLOWS
+
+ROOT = Path(__file__).resolve().parent
+FAMILIES = {"math": math, "code": code, "qa": qa, "reasoning_gym": reasoning_gym, "hidden_sum": hidden_sum}
+
+
+def _merged(attr: str, base: dict) -> dict:
+    out = dict(base)
+    for fam, pkg in FAMILIES.items():
+        for name, value in getattr(pkg, attr, {}).items():
+            if name in out:
+                raise RuntimeError(f"families.{fam}.{attr}: '{name}' is already registered")
+            out[name] = value
+    return out
+
+
+WORKFLOWS: dict[str, Any] = _merged("WORKFLOWS", FRAMEWORK_WORKFLOWS)
+SOURCES: dict[str, Source] = _merged("SOURCES", FRAMEWORK_SOURCES)
+ENVS: dict[str, Any] = _merged("ENVS", {})
+
+
+def build_workflow(name: str, options: dict):
+    """The workflow ``name`` (a registered one or ``module:Class``) built with ``options``; a family's
+    environment and a shipped graph file are found by name (``env: hidden_sum``, ``path: qa/graphs/rag.yaml``)."""
+    cls = WORKFLOWS.get(name) or load_object(name, "workflow")
+    options = dict(options)
+    if name == "env" and isinstance(options.get("env", "hidden_sum"), str) and options.get("env", "hidden_sum") in ENVS:
+        options["env"] = ENVS[options.get("env", "hidden_sum")]
+    if name == "graph" and isinstance(options.get("path"), str):
+        options["path"] = str(graph_path(options["path"]))
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"workflow.options for '{name}': {exc}") from None
+
+
+def graph_path(path: str) -> Path:
+    """A graph file: the path as given, else a shipped one (``qa/graphs/rag.yaml`` under a family's configs)."""
+    p = Path(path).expanduser()
+    if p.is_file() or p.is_absolute():
+        return p
+    fam, _, rest = path.partition("/")
+    shipped = ROOT / fam / "configs" / rest
+    return shipped if fam in FAMILIES and shipped.is_file() else p
+
+
+def shipped_configs() -> dict[str, Path]:
+    """Every shipped config by its name (``family/file``), e.g. ``math/solver``."""
+    return {f"{fam}/{p.stem}": p for fam in FAMILIES for p in sorted((ROOT / fam / "configs").glob("*.yaml"))}
+
+
+def config_path(arg: str) -> Path:
+    """What ``masrl train ARG`` reads: the file ``ARG``, else the shipped config of that name (``math/solver``)."""
+    p = Path(arg).expanduser()
+    if p.is_file():
+        return p
+    shipped = shipped_configs()
+    name = arg[:-5] if arg.endswith(".yaml") else arg
+    if name in shipped:
+        return shipped[name]
+    import difflib
+
+    close = difflib.get_close_matches(name, list(shipped), n=4, cutoff=0.5)
+    raise ConfigError(f"config '{arg}': no such file, and no shipped config of that name"
+                      + (f"; did you mean {', '.join(close)}?" if close else "")
+                      + " (shipped: family/name, e.g. math/solver; `masrl configs` lists them)")
+
+
+# the data loop over every registered source (data/sources.py's, with the families' generators)
+def check_source(src, key: str) -> Source:
+    return sources.check_source(src, key, SOURCES)
+
+
+def load_tasks(src, **kwargs):
+    return sources.load_tasks(src, sources=SOURCES, **kwargs)
+
+
+def build_tasks(cfg):
+    return sources.build_tasks(cfg, SOURCES)
+
+
+def more_tasks_hint(src) -> str:
+    return sources.more_tasks_hint(src, SOURCES)

@@ -1,0 +1,23 @@
+"""Questions over a seeded world of people, cities and organisations (``qa_world``): search it (the search team,
+one search agent, decompose-retrieve-answer RAG, also as a YAML graph) or read the passages that come with each
+question (the reading teams of 8 and 24 passages, two-hop reading, and the single readers)."""
+
+from __future__ import annotations
+
+from masrl.data.sources import Source, SourceSpec
+from masrl.families.qa.rag import RAG
+from masrl.families.qa.reading import ReadingAgent, ReadingTeam
+from masrl.families.qa.reading_hops import ReadingHops, ReadingHopsAgent
+from masrl.families.qa.search import SearchAgent, SearchTeam
+from masrl.families.qa.world import world_tasks
+
+
+def _qa_world(s: SourceSpec):
+    return world_tasks(s.n or 1000, seed=s.seed, world_docs=s.world.docs, world_seed=s.world.seed,
+                       levels=list(s.levels), exclude=set(s.exclude), context_docs=s.world.context_docs)
+
+
+WORKFLOWS = {"search_team": SearchTeam, "search_agent": SearchAgent, "reading_team": ReadingTeam,
+             "reading_agent": ReadingAgent, "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,
+             "rag": RAG}
+SOURCES = {"qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions")}

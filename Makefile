@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Does a team beat one agent? Train a team of steppers (one call per event) and one solver with the same
-# calculator on chained math problems, about equal training calls, SmolLM2-135M-Instruct, and print both side
-# by side on held-out problems. SEED picks the seed; ARGS go to scripts/cpu_team_vs_agent.py (e.g.
-# ARGS="--family chain-stepwise" for the single agent that takes a turn per event, ARGS="train.steps=12").
+# Does a team beat one agent? Train a team of steppers (one call per event) and the two single agents it is
+# measured against (one that steps through the events itself, one that writes one expression), all with the same
+# calculator, on chained math problems, about equal training calls, SmolLM2-135M-Instruct, and print them side by
+# side on held-out problems. SEED picks the seed; ARGS go to scripts/cpu_team_vs_agent.py (e.g. ARGS="train.steps=12").
 SEED ?= 0
 demo: $(STAMP)
 	$(PY) scripts/cpu_team_vs_agent.py --seed $(SEED) --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)

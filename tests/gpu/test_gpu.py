@@ -266,7 +266,7 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu_and_generates_the_same_greedy_text
 
 
 def test_cli_trains_the_lora_team_on_cuda(tmp_path):
-    cmd = [sys.executable, "-m", "masrl.cli", "train", os.path.join(ROOT, "configs", "math_team_lora.yaml"), "device=cuda",
+    cmd = [sys.executable, "-m", "masrl.cli", "train", "math/team_lora", "device=cuda",
            "model=random-smollm2-135m", "train.steps=2", "train.eval_before=false", "train.eval_after=false",
            "data.train.n=40", "rollout.tasks_per_step=4", "rollout.samples_per_task=4",
            "rewards=[{type: outcome}, {type: format, weight: 0.5}, {type: 'helpers:agent_hash_reward'}]",
@@ -413,10 +413,10 @@ def test_ray_places_two_policies_on_two_gpus_and_a_sharded_nccl_policy_matches_o
             tr.rt.close()
         return rec, before, after
 
-    out = {"two local": run("two_local", "math_team_two_policies", "local"),
-           "two ray": run("two_ray", "math_team_two_policies", "ray", num_gpus=1),
-           "one local": run("one_local", "math_team_shared", "local"),
-           "one dp2": run("one_dp2", "math_team_shared", "ray", num_gpus=1, data_parallel=2, shard_optimizer=True)}
+    out = {"two local": run("two_local", "math/team_two_policies", "local"),
+           "two ray": run("two_ray", "math/team_two_policies", "ray", num_gpus=1),
+           "one local": run("one_local", "math/team_shared", "local"),
+           "one dp2": run("one_dp2", "math/team_shared", "ray", num_gpus=1, data_parallel=2, shard_optimizer=True)}
     for name, (rec, _, after) in out.items():
         pol = {p: (round(m["loss"], 6), round(m.get("gpu_peak_gb", 0), 3), round(m["optimizer_state_gb"], 4))
                for p, m in rec["policies"].items()}

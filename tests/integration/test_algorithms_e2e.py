@@ -17,7 +17,7 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-@pytest.mark.parametrize("base", ["math_team_shared", "math_team_lora"])
+@pytest.mark.parametrize("base", ["math/team_shared", "math/team_lora"])
 def test_variant_updates(name, base, tmp_path):
     data = tiny_config(base, tmp_path, steps=1)
     data["algorithm"].update(VARIANTS[name])

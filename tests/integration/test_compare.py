@@ -20,7 +20,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("compare")
     dirs = []
-    for base, name in (("math_team_shared", "team"), ("math_solver", "solo")):
+    for base, name in (("math/team_shared", "team"), ("math/solver", "solo")):
         for seed in (0, 1):
             data = tiny_config(base, root / f"{name}-{seed}", steps=2, name=name, seed=seed)
             data["train"].update(eval_before=True, eval_after=True, eval_every=1)

@@ -17,7 +17,7 @@ def _traces(name, tmp_path):
 
 
 def test_python_and_graph_rag_give_the_same_traces(tmp_path):
-    py, graph = _traces("rag_shared", tmp_path), _traces("rag_graph", tmp_path)
+    py, graph = _traces("qa/rag_shared", tmp_path), _traces("qa/rag_graph", tmp_path)
     assert len(py) == len(graph) == 6
 
     def shape(t):

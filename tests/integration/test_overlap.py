@@ -31,7 +31,7 @@ def _sampled(w, policy: str, i: int):
 
 
 def test_the_engine_samples_its_copy_until_the_update_is_published(tmp_path):
-    tr, workers, _ = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    tr, workers, _ = prepared_trainer(_data("math/team_shared", tmp_path), tmp_path)
     w = workers["shared"]
     assert w.overlaps_update and w.engine.model is not w.host.model
     v0, ids0, lp0 = _sampled(w, "shared", 0)
@@ -50,7 +50,7 @@ def test_the_engine_samples_its_copy_until_the_update_is_published(tmp_path):
 
 
 def test_a_lora_copy_shares_the_base_and_copies_only_the_adapters(tmp_path):
-    tr, workers, _ = prepared_trainer(_data("math_team_lora", tmp_path), tmp_path)
+    tr, workers, _ = prepared_trainer(_data("math/team_lora", tmp_path), tmp_path)
     w = next(iter(workers.values()))
     live = dict(w.host.model.named_parameters())
     copied = {n for n, p in w.copy.model.named_parameters() if p.data_ptr() != live[n].data_ptr()}
@@ -64,7 +64,7 @@ def test_a_lora_copy_shares_the_base_and_copies_only_the_adapters(tmp_path):
 def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
     """An engine batch started during an update is not held back by it and is tagged with the old
     version; the update trains only what it took and keeps the calls that arrived meanwhile."""
-    tr, workers, _ = prepared_trainer(_data("math_team_shared", tmp_path), tmp_path)
+    tr, workers, _ = prepared_trainer(_data("math/team_shared", tmp_path), tmp_path)
     w = workers["shared"]
     for i in range(4):  # rewarded calls for one update
         _sampled(w, "shared", 100 + i)
@@ -77,7 +77,7 @@ def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
 
 
 def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_updates(tmp_path):
-    data = _data("math_team_shared", tmp_path)
+    data = _data("math/team_shared", tmp_path)
     # staleness 1 holds the third update's tasks back until the first update is published, so that
     # update trains calls of version 1 however fast the episodes run (unbounded, a fast machine could
     # finish all of them on version 0 during the first update, and the check below would be luck)
@@ -121,7 +121,7 @@ def test_on_the_paged_engine_an_update_reaches_running_calls_between_steps(tmp_p
     a call's version is the weights it started on. Then a whole async run trains on it."""
     import threading
 
-    data = _data("math_team_shared", tmp_path, engine="paged", gpu_memory_utilization=0.01)
+    data = _data("math/team_shared", tmp_path, engine="paged", gpu_memory_utilization=0.01)
     tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["shared"]
     assert w.swaps_mid_call

@@ -116,11 +116,11 @@ def test_policies_and_ranks_spread_over_three_nodes(tmp_path):
         address = cluster.stdout.readline().strip()
         assert address, "the test cluster did not start"
         node_of = lambda line: line.split("(")[1].split(")")[0]  # noqa: E731
-        out, actors, step = _spread_run(tmp_path, "team3", "math_team_three_policies", address, env)
+        out, actors, step = _spread_run(tmp_path, "team3", "math/team_three_policies", address, env)
         assert "3 node(s)" in out and len(actors) == 3
         assert len({node_of(a) for a in actors}) == 3, actors  # one node each
         assert set(step["policies"]) == {"solver", "verifier", "writer"}
-        out, actors, step = _spread_run(tmp_path, "dp2", "math_team_shared", address, env, data_parallel=2)
+        out, actors, step = _spread_run(tmp_path, "dp2", "math/team_shared", address, env, data_parallel=2)
         assert len(actors) == 2 and len({node_of(a) for a in actors}) == 2, actors
         assert step["policies"]["shared"]["optimizer_steps"] >= 1
     finally:

@@ -64,18 +64,24 @@ def fake_reward(text: str) -> float:
 
 # -- rollout -------------------------------------------------------------------------------------
 
-def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: int) -> dict:
+def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: int, engine: str = "paged") -> dict:
     import torch
 
     from masrl.config import SamplingParams
-    from masrl.engines.static import StaticEngine
     from masrl.messages import GenRequest
     from masrl.models import load_model
 
     model, tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
     rng = random.Random(0)
     out = {}
-    eng = StaticEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
+    if engine == "paged":  # the default on CUDA (rollout.engine: auto)
+        from masrl.engines.paged import PagedEngine
+
+        eng = PagedEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
+    else:
+        from masrl.engines.static import StaticEngine
+
+        eng = StaticEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     for B in batches:
         prompts = [[rng.randrange(100, 49000) for _ in range(prompt_len)] for _ in range(B)]
@@ -394,11 +400,14 @@ def main() -> None:
     ap.add_argument("--only", default="rollout,update,grpo,team")
     ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
     ap.add_argument("--json", help="also write all numbers to this file")
+    ap.add_argument("--engine", choices=["paged", "static"], default="paged",
+                    help="the rollout part's engine: paged (the default on CUDA) or the static one")
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child
         fns = {
-            "rollout": lambda: child_rollout(rest[0], [int(x) for x in rest[1].split(",")], int(rest[2]), int(rest[3])),
+            "rollout": lambda: child_rollout(rest[0], [int(x) for x in rest[1].split(",")], int(rest[2]), int(rest[3]),
+                                             *rest[4:5]),
             "update": lambda: child_update(rest[0], int(rest[1])),
             "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest[:4]), *rest[4:5], *(int(x) for x in rest[5:])),
             "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
@@ -413,7 +422,7 @@ def main() -> None:
     for part, measure in (("rollout", measure_rollout), ("update", measure_update), ("grpo", measure_grpo),
                           ("team", measure_team)):
         if part in only:
-            rows += measure(report, a.quick)
+            rows += measure(report, a.quick) if part != "rollout" else measure(report, a.quick, a.engine)
     print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")
@@ -421,18 +430,18 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(report, indent=2, default=str))
 
 
-def measure_rollout(report: dict, quick: bool) -> list[tuple]:
+def measure_rollout(report: dict, quick: bool, engine: str = "paged") -> list[tuple]:
     rows = []
     batches = "1,64" if quick else "1,64,256"
     for shape in ("135m",) if quick else ("135m", "0.5b"):
-        r = run_child("rollout", shape, batches, "256", "128")
+        r = run_child("rollout", shape, batches, "256", "128", engine)
         report[f"rollout_{shape}"] = r
         for B in batches.split(","):
             x = r.get(B) or r.get(int(B))
             if x:
                 bar = 20 if B == "1" else (10 if B == "256" else None)
                 ratio = x["ours_tps"] / x["hf_tps"]
-                rows.append((f"rollout tok/s, {shape} shape, batch {B}", f"{x['ours_tps']:,.0f}",
+                rows.append((f"rollout tok/s ({engine} engine), {shape} shape, batch {B}", f"{x['ours_tps']:,.0f}",
                              f"generate {x['hf_tps']:,.0f}",
                              f"{ratio:.1f}x" + (f" (bar {bar}x: {'met' if ratio >= bar else 'missed'})" if bar else "")))
         if "step_ms" in r:

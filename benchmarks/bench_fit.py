@@ -1,6 +1,6 @@
 """What fits one GPU: full fine-tuning of a big shape, one GRPO step, with and without optimizer offload.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_fit.py [--shape 7b] [--calls 64] [--tokens 256]
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_fit.py [--shape 7b] [--calls 64] [--tokens 256]
 
 Each setting runs in a child process of its own (an out-of-memory error ends that child only) and
 prints the step's rollout and update seconds and the peak GPU memory, or the error. The policy is

@@ -1,7 +1,7 @@
 """One GRPO step of a policy sharded with FSDP2 over N GPUs (``policies.X.fsdp``): step time split into
 rollout, weight sync and update, peak memory per GPU, update MFU.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_fsdp.py [--shape 7b|8b] [--ranks 2]
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_fsdp.py [--shape 7b|8b] [--ranks 2]
         [--tasks 64] [--samples 8] [--tokens 512] [--checkpointing]
 
 Each rank is a process of its own (``torch.multiprocessing``, NCCL on 127.0.0.1) holding one

@@ -1,7 +1,7 @@
 """masrl vs peers on one GPU: rollout tokens/s, update MFU, a GRPO step vs TRL, the LoRA math team.
 
-Run on a GPU host (set up with scripts/gpu_prepare.sh here, then there):
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_gpu.py [--only rollout,update,grpo,team] [--quick]
+Run on a GPU host (set up with scripts/gpu/prepare.sh here, then there):
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_gpu.py [--only rollout,update,grpo,team] [--quick]
 
 Every measurement runs in its own child process and prints JSON that this driver collects; the
 driver prints one table with the command, the GPU, the versions and the ratios. Models are built

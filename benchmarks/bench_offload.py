@@ -3,7 +3,7 @@ bf16 with fp32 masters and a reference model each (KL), trained 2 steps with not
 with ``offload_optimizer``, with ``offload_optimizer`` + ``offload_reference``, and with all three
 of those plus ``offload_weights``.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_offload.py
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_offload.py
 
 Each side runs in its own child process (clean peak-memory counters) and reports the peak GPU
 memory allocated, the rollout and update seconds of the second step, and the seconds and GB

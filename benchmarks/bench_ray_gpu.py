@@ -3,7 +3,7 @@ policies in two Ray actors on two GPUs (``placement: ray``); and one policy on o
 same policy data-parallel on two GPUs (``data_parallel: 2``, NCCL for gradients, gloo for the
 exchanged samples).
 
-    source scripts/gpu_setup.sh && bash scripts/gpu_ray_install.sh && python3 benchmarks/bench_ray_gpu.py
+    source scripts/gpu/setup.sh && bash scripts/gpu/ray_install.sh && python3 benchmarks/bench_ray_gpu.py
 
 Workload: the math team (four agents) on Qwen2.5-0.5B-shaped policies with random weights, bf16
 with fp32 masters, 8 tasks x 4 samples a step (128 calls), 64 new tokens each (EOS ignored), a

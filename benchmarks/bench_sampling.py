@@ -1,6 +1,6 @@
 """The decode step's sampler: torch's ``sample_tokens`` against the fused Triton sampler, one GPU.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_sampling.py
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_sampling.py
 
 Random bf16 logits (``randn * 4``) of SmolLM2's vocabulary (49,152) and Qwen2.5's (151,936) at 1, 64 and
 256 rows, every row sampled at T = 1 with its own uniform number, and every row greedy (evaluation).

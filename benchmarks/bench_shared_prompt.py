@@ -1,6 +1,6 @@
 """The update when a call's samples share a long prompt: packed rows against the shared-prefix layout.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/bench_shared_prompt.py [--shape 135m] [--prompt 2900]
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_shared_prompt.py [--shape 135m] [--prompt 2900]
 
 GRPO samples every call several times (8 here), so every sample of a call carries the same prompt: a
 reading agent's 24 passages are ~2,900 tokens, its answer ~16. The packed layout (the CUDA default) runs

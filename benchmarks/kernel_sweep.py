@@ -15,7 +15,7 @@
 Each time is the median over 15 replays of a CUDA graph holding 20 launches, divided by 20 (the launch
 cost a graph removes, as in the engine). Random bf16 data.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm,split]
+    source scripts/gpu/setup.sh && python3 benchmarks/kernel_sweep.py [--only attention,fused,gemm,split]
 """
 
 from __future__ import annotations

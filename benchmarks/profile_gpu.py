@@ -2,7 +2,7 @@
 static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
 the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
-    source scripts/gpu_setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
+    source scripts/gpu/setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
         [--cases 0.5b:256,0.5b:64:2048]   (shape:batch[:prompt tokens])
 """
 

@@ -19,9 +19,9 @@ import re
 
 from masrl.agents import AgentRole
 from masrl.data.answers import answers_equivalent, to_number
-from masrl.tools.base import ToolUseError, tool
 from masrl.families.math import roles as P
 from masrl.families.math.roles import parse_solver
+from masrl.tools.base import ToolUseError, tool
 from masrl.workflows.prompting import few_shot
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}

@@ -1,5 +1,5 @@
 """GPU tests: skipped without CUDA (CI has none); run them on a GPU host with
-``source scripts/gpu_setup.sh && python3 -m pytest tests/gpu -m gpu -rA``."""
+``source scripts/gpu/setup.sh && python3 -m pytest tests/gpu -m gpu -rA``."""
 
 import asyncio
 import copy

@@ -1,4 +1,4 @@
-"""scripts/gpu_detach.sh, the way long GPU jobs outlive a call: real bash processes, a few seconds."""
+"""scripts/gpu/detach.sh, the way long GPU jobs outlive a call: real bash processes, a few seconds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_detach.sh"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu" / "detach.sh"
 
 
 def sh(*args, jobs: Path, timeout=60):

@@ -163,9 +163,7 @@ class RolloutConfig(Strict):
                                                           "(next turns over a cached past, short prompts) runs as "
                                                           "token rows of the decode step, through its CUDA graphs, not "
                                                           "as eager forwards; null (default): on where the decode step "
-                                                          "replays CUDA graphs, true/false: always/never (long-tail "
-                                                          "sync@paged on an H100, 3 runs each: 1.21x calls/s, "
-                                                          "docs/benchmarks.md)")
+                                                          "replays CUDA graphs, true/false: always/never")
     overlap_chunks: bool | None = Field(None, description="paged engine: queue the next decode chunk (the same calls, "
                                                            "from the device's last tokens) before the host takes "
                                                            "the tokens of the one in flight, so the device decodes "

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# On the GPU host, after `source scripts/gpu_setup.sh`: issue 21's throughput measurements with
+# On the GPU host, after `source scripts/gpu/setup.sh`: issue 21's throughput measurements with
 # benchmarks/bench_async.py, one after the other, each table also written as JSON under $OUT.
 #   PARTS: any of solver, solver2 (engine on a second GPU), long_tail, long_calls (the long tail with
 #   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the static engine as the
 #   baseline, the paged one streaming each call back as it ends), ray (two policies in two Ray actors on
-#   two GPUs; needs scripts/gpu_ray_install.sh first), graph_prefill (the long tail's sync@paged with
+#   two GPUs; needs scripts/gpu/ray_install.sh first), graph_prefill (the long tail's sync@paged with
 #   rollout.graph_prefill off and on, alternated ROUNDS times, default 2: issue 28's token-row prefill),
 #   overlap_chunks (the same with rollout.overlap_chunks: a decode chunk queued while the host takes the last);
 #   default: those the host can run.

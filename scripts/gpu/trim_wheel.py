@@ -1,6 +1,6 @@
 """Write a copy of a wheel without some top-level subpackages (and their RECORD lines):
-``python scripts/trim_wheel.py IN.whl OUT_DIR ray/jars ray/rllib ...``. Used to make Ray's wheel
-small enough to travel with one GPU-host call (scripts/gpu_prepare_ray.sh)."""
+``python scripts/gpu/trim_wheel.py IN.whl OUT_DIR ray/jars ray/rllib ...``. Used to make Ray's wheel
+small enough to travel with one GPU-host call (scripts/gpu/prepare_ray.sh)."""
 
 import sys
 import zipfile

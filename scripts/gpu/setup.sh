@@ -1,5 +1,5 @@
-# Source this on the GPU host, at the repo root: `source scripts/gpu_setup.sh`.
-# It installs the wheels from .gpu/wheels (see scripts/gpu_prepare.sh) into /tmp/site without
+# Source this on the GPU host, at the repo root: `source scripts/gpu/setup.sh`.
+# It installs the wheels from .gpu/wheels (see scripts/gpu/prepare.sh) into /tmp/site without
 # network, puts the repo's src/ and tests/ on the path, points masrl's cache at /tmp/masrl-cache, and
 # prints what the run will use. Every GPU run starts this way.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl \

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# On the GPU host, after `source scripts/gpu_setup.sh`, carrying [".gpu", ".gpu-ray"]:
-# `bash scripts/gpu_ray_install.sh` installs the trimmed Ray wheel and its dependencies from
-# .gpu-ray (made by scripts/gpu_prepare_ray.sh) into /tmp/site, unless the host already has Ray.
+# On the GPU host, after `source scripts/gpu/setup.sh`, carrying [".gpu", ".gpu-ray"]:
+# `bash scripts/gpu/ray_install.sh` installs the trimmed Ray wheel and its dependencies from
+# .gpu-ray (made by scripts/gpu/prepare_ray.sh) into /tmp/site, unless the host already has Ray.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 if python3 -c "import ray" 2>/dev/null; then
   python3 -c "import ray; print('[gpu_ray] ray', ray.__version__, 'already installed')"; exit 0
 fi

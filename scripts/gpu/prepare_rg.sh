@@ -4,7 +4,7 @@
 # (cellpylib, zss: pure Python; pycosat: C, built with a local Python 3.12, e.g. pyenv's). There, in the call that
 # carries [".gpu-rg"]: python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-rg/*.whl
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 if [ -z "${PY312:-}" ]; then  # the first Python 3.12 that runs (a pyenv shim may name one it cannot start)
   for c in python3.12 $(ls "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 2>/dev/null); do

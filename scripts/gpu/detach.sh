@@ -2,14 +2,14 @@
 # Run a long job on a GPU host whose calls are cut at a time limit: start it detached (its own process
 # session, so it outlives the call that started it), then wait for it from later calls.
 #
-#   bash scripts/gpu_detach.sh start NAME COMMAND...   # returns at once; logs to $JOBS/NAME.log
-#   bash scripts/gpu_detach.sh wait NAME [SECONDS]     # waits up to SECONDS (default 540) and prints the log's tail;
+#   bash scripts/gpu/detach.sh start NAME COMMAND...   # returns at once; logs to $JOBS/NAME.log
+#   bash scripts/gpu/detach.sh wait NAME [SECONDS]     # waits up to SECONDS (default 540) and prints the log's tail;
 #                                                      # exit 0 once the job ended (its status in $JOBS/NAME.rc), 3 if
 #                                                      # it is still running
-#   bash scripts/gpu_detach.sh stop NAME               # ends the job and everything it started
+#   bash scripts/gpu/detach.sh stop NAME               # ends the job and everything it started
 #
 # $JOBS defaults to /tmp/masrl-jobs (/tmp survives between calls while the host stays warm). The environment
-# of the starting call (e.g. after `source scripts/gpu_setup.sh`) is the job's.
+# of the starting call (e.g. after `source scripts/gpu/setup.sh`) is the job's.
 set -uo pipefail
 JOBS=${JOBS:-/tmp/masrl-jobs}
 mkdir -p "$JOBS"

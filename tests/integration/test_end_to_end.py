@@ -38,8 +38,14 @@ def test_shipped_config_trains_end_to_end(name, tmp_path):
     assert [(r["step"], r["eval"]) for r in all_lines if "eval" in r] == [(2, "after")]
     for rec in lines:
         assert rec["rollout"]["failed"] == 0
-        assert set(rec["rollout"]["agents"]) == set(cfg.agents)
-        for p in cfg.policies:
+        if cfg.workflow.name == "textarena":  # a game can end before a seat moves (tiny-random's moves are invalid)
+            assert set(rec["rollout"]["agents"]) <= set(cfg.agents) and rec["rollout"]["agents"]
+        else:
+            assert set(rec["rollout"]["agents"]) == set(cfg.agents)
+        called = {cfg.agents[a].policy for a in rec["rollout"]["agents"]}
+        for p, pc in cfg.policies.items():
+            if pc.frozen or p not in called:  # a fixed opponent never trains; a seat that never moved has nothing
+                continue
             m = rec["policies"][p]
             assert m["trained_tokens"] > 0 and m["optimizer_steps"] >= 1
             assert all(v == v for v in m.values())  # no NaN

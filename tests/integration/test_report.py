@@ -131,3 +131,32 @@ def test_an_async_run_reports_its_staleness_histogram_and_corrections(tmp_path):
         assert mis.find_elements(By.CSS_SELECTOR, "polyline")
     finally:
         driver.quit()
+
+
+@pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver")
+def test_a_games_moves_and_winner_show_in_the_trace_browser(tmp_path):
+    pytest.importorskip("textarena")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from masrl.cli.report import build_report
+
+    d = tmp_path / "game"
+    data = tiny_config("games/tictactoe_vs_random", d, steps=1)
+    data["train"].update(log_traces=2)
+    train(load_config(data=data))
+    target = next(json.loads(x) for x in (d / "traces.jsonl").read_text().splitlines())
+    page = build_report(d)
+    driver = _browser(tmp_path)
+    try:
+        driver.get(page.resolve().as_uri())
+        Select(driver.find_element(By.ID, "step-select")).select_by_value("1")
+        Select(driver.find_element(By.ID, "task-select")).select_by_value(target["task_id"])
+        sample = driver.find_element(By.CSS_SELECTOR, f"[data-trace='{target['trace_id']}']")
+        moves = sample.find_element(By.CSS_SELECTOR, ".moves").text
+        for m in target["state"]["moves"]:
+            assert f"P{m['seat']} {m['agent']} {m['move'][:20]}" in moves
+        assert target["state"]["reason"][:30] in moves
+        assert target["final_answer"] in sample.text  # who won
+    finally:
+        driver.quit()

@@ -31,7 +31,8 @@ def size_overrides(path: Path) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+@pytest.mark.parametrize("path", CONFIGS, ids=[f"{p.parent.parent.name}/{p.stem}" if p.parent.name == "configs" else p.stem
+                                           for p in CONFIGS])
 def test_a_shipped_config_reaches_step_one_as_shipped(path, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)  # configs name their graph files relative to the repository
     monkeypatch.syspath_prepend(str(ROOT / "examples"))  # as its header says: PYTHONPATH=examples

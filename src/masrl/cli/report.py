@@ -175,6 +175,7 @@ function show(){const box=document.getElementById('traces');box.innerHTML='';con
   for(const tr of D.traces.filter(x=>x.step===st&&x.task_id===task)){
     const s=el('div',{class:'sample','data-trace':tr.trace_id});
     s.appendChild(el('div',{},'sample '+tr.sample_idx+' · final answer: '+JSON.stringify(tr.final_answer)+' · metrics: '+JSON.stringify(tr.metrics)));
+    if(tr.state&&Array.isArray(tr.state.moves))s.appendChild(el('div',{class:'moves'},'moves: '+tr.state.moves.map(m=>'P'+m.seat+' '+m.agent+' '+m.move+(m.invalid?' (invalid)':'')).join(' · ')+(tr.state.reason?' · '+tr.state.reason:'')));
     if(tr.error)s.appendChild(el('div',{class:'err'},'error: '+tr.error));
     for(const c of tr.calls){const d=el('div',{class:'call','data-call':c.call_id});
       const h=el('h4',{},`turn ${c.turn} · ${c.agent} (policy ${c.policy}) · reward ${c.reward===null?'-':(+c.reward).toFixed(3)} · advantage ${c.advantage===null||c.advantage===undefined?'-':(+c.advantage).toFixed(3)}`);

@@ -18,11 +18,12 @@ from masrl.data import sources
 from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
 from masrl.data.sources import Source
 from masrl.errors import ConfigError
-from masrl.families import code, hidden_sum, math, qa, reasoning_gym
+from masrl.families import code, games, hidden_sum, math, qa, reasoning_gym
 from masrl.workflows import WORKFLOWS as FRAMEWORK_WORKFLOWS
 
 ROOT = Path(__file__).resolve().parent
-FAMILIES = {"math": math, "code": code, "qa": qa, "reasoning_gym": reasoning_gym, "hidden_sum": hidden_sum}
+FAMILIES = {"math": math, "code": code, "qa": qa, "reasoning_gym": reasoning_gym, "games": games,
+            "hidden_sum": hidden_sum}
 
 
 def _merged(attr: str, base: dict) -> dict:

@@ -1,0 +1,168 @@
+"""Two or more players in a TextArena game, each an agent mapped to a policy in config (``workflow: textarena``).
+
+    workflow:
+      name: textarena
+      options: {game: TicTacToe-v0-train, players: [player_0, player_1], swap_seats: false}
+
+``players`` names the agent in each seat; the same policy behind both is self-play on one policy (the seat is in
+the prompt and in the agent's name, so each seat has its own GRPO groups: a seat's advantage is not mistaken for
+skill), two policies learn against each other, a frozen policy is a fixed opponent (the untrained model), and
+``random`` is a built-in player that picks a random legal move (no model). ``swap_seats: true`` swaps the first two
+players every other episode (by the episode's seed), so the first agent plays both seats.
+
+Each episode is one game from the task's seed (``source: episodes``): every move is one call of the agent whose
+turn it is, on the library's own observation; the reply's bracketed move (``[4]``, ``[check]``) goes to the game,
+which judges it by its own rules (an invalid move is asked again once, then loses the game). The prompt shows
+``examples`` worked turns first (default 2): the game's own opening observation at seeds of their own, each
+answered with one of the moves it lists, so that a small model sees the reply format (untrained SmolLM2-135M
+answers a bare board in prose and loses every game by an invalid move). At the end each call
+is credited its player's reward from the library (+1 win, -1 loss, 0 draw in two-player games; paid by the
+``credit`` reward), and the format reward pays a reply that is one bracketed move.
+
+Metrics, per agent (``<agent>/...``, from the traces where it played): ``score`` (win 1, draw 0.5, loss 0), ``win``,
+``draw``, ``loss``, ``invalid`` (its moves the game refused), ``lost_by_invalid``, and ``seat0_score`` /
+``seat1_score``. ``outcome`` is the first listed agent's score. ``trace.state`` keeps the moves and the winner, which
+``masrl report`` shows with the calls.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from masrl.agents import AgentRole
+from masrl.data.tasks import Task
+from masrl.errors import ConfigError
+from masrl.families.games import arena
+from masrl.parsing import ParseResult
+from masrl.trace import Trace
+from masrl.workflows.prompting import few_shot
+
+RANDOM = "random"
+SYSTEM = ("You are {seat} in a game of {game}. Read the game and reply with your next move only: one of the "
+          "available moves, in square brackets, exactly as the game writes it (for example {example}).")
+
+
+def parse_move(text: str) -> ParseResult:
+    """A reply that is one bracketed move: ``[4]``, ``[check]``, ``[0 3]`` (partial credit for a move with more text)."""
+    import re
+
+    found = re.findall(r"\[[^\[\]]{1,60}\]", text)
+    if not found:
+        return ParseResult(False, 0.0, {}, ["no bracketed move"])
+    whole = text.strip() == found[0]
+    return ParseResult(whole, 1.0 if whole else 0.5, {"move": found[0]}, [] if whole else ["text around the move"])
+
+
+class TextArenaGame:
+    name = "textarena"
+
+    def __init__(self, game: str = "TicTacToe-v0-train", players: list[str] | None = None, swap_seats: bool = False,
+                 max_moves: int = 100, max_new_tokens: int = 12, example: str = "[4]", examples: int = 2):
+        self.game, self.players = game, list(players or ["player_0", "player_1"])
+        self.swap_seats, self.max_moves, self.max_new_tokens, self.example = swap_seats, max_moves, max_new_tokens, example
+        if not 0 <= examples <= 4:
+            raise ConfigError("workflow.options.examples: 0-4 worked turns")
+        agents = [p for p in self.players if p != RANDOM]
+        if not agents:
+            raise ConfigError("workflow.options.players: at least one seat needs an agent (not every seat 'random')")
+        if len(set(agents)) != len(agents):
+            raise ConfigError(f"workflow.options.players: {self.players} gives one agent two seats; give each seat its "
+                              f"own agent (for self-play map both agents to one policy) so that each seat has its own "
+                              f"baseline")
+        if max_moves < 1:
+            raise ConfigError("workflow.options.max_moves must be at least 1")
+        arena.check_game(game, len(self.players))
+        self.shots = arena.worked_turns(game, len(self.players), examples)
+
+    def roles(self) -> dict[str, AgentRole]:
+        return {p: AgentRole(p, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
+                for p in self.players if p != RANDOM}
+
+    def seats(self, seed: int) -> list[str]:
+        """The agent in each seat for the episode of ``seed``: the first two players swapped every other one."""
+        order = list(self.players)
+        if self.swap_seats and len(order) >= 2 and seed % 2 == 1:
+            order[0], order[1] = order[1], order[0]
+        return order
+
+    async def run(self, task: Task, ctx) -> None:
+        seed = int(task.meta.get("seed", 0))
+        seats = self.seats(seed)
+        game = arena.Game(self.game, len(seats), seed).start()
+        rng = random.Random(f"textarena-random-{seed}")
+        calls: dict[int, list] = {i: [] for i in range(len(seats))}
+        moves: list[dict[str, Any]] = []
+        invalid = {i: 0 for i in range(len(seats))}
+        while not game.done:
+            if len(moves) >= self.max_moves:
+                raise arena.ArenaError(f"TextArena '{self.game}' (seed {seed}) did not end within {self.max_moves} "
+                                       f"moves (workflow.options.max_moves)")
+            pid, obs = game.observe()
+            if seats[pid] == RANDOM:
+                action = arena.random_move(obs, rng, self.game)
+            else:
+                call = await ctx.call(seats[pid], self._messages(pid, obs), turn=len(calls[pid]))
+                calls[pid].append(call)
+                action = call.parsed.get("move") or (call.completion or "").strip()
+            bad = game.move(pid, action)
+            invalid[pid] += int(bad)
+            moves.append({"seat": pid, "agent": seats[pid], "move": action, "invalid": bad})
+        for pid, made in calls.items():
+            for call in made:  # every move of a player is paid its game's result
+                call.credit = game.rewards.get(pid, 0.0)
+        ctx.state.update(seats=seats, moves=moves, rewards={str(k): v for k, v in game.rewards.items()},
+                         invalid=invalid, reason=_reason(game.info))
+        ctx.finish(self._verdict(seats, game.rewards))
+
+    def _messages(self, pid: int, obs: str) -> list[dict[str, str]]:
+        system = SYSTEM.format(seat=f"Player {pid}", game=self.game.split("-v")[0], example=self.example)
+        return few_shot(system, self.shots, obs)
+
+    @staticmethod
+    def _verdict(seats: list[str], rewards: dict[int, float]) -> str:
+        if not rewards:
+            return "no result"
+        best = max(rewards.values())
+        winners = [pid for pid, r in rewards.items() if r == best]
+        if len(winners) == len(rewards):
+            return "draw"
+        return ", ".join(f"Player {pid} ({seats[pid]})" for pid in winners) + " wins"
+
+    def score(self, trace: Trace, task: Task) -> dict[str, float]:
+        seats = trace.state.get("seats") or self.seats(int(task.meta.get("seed", 0)))
+        rewards = {int(k): v for k, v in (trace.state.get("rewards") or {}).items()}
+        invalid = {int(k): v for k, v in (trace.state.get("invalid") or {}).items()}
+        moves = trace.state.get("moves") or []
+        out: dict[str, float] = {}
+        for pid, agent in enumerate(seats):
+            if agent == RANDOM:
+                continue
+            result = _result(pid, rewards)
+            made = sum(1 for m in moves if m["seat"] == pid)
+            out.update({f"{agent}/score": result, f"{agent}/win": float(result == 1.0), f"{agent}/draw": float(result == 0.5),
+                        f"{agent}/loss": float(result == 0.0), f"{agent}/invalid": invalid.get(pid, 0) / made if made else 0.0,
+                        f"{agent}/lost_by_invalid": float(bool(moves) and moves[-1]["seat"] == pid and moves[-1]["invalid"]
+                                                          and result == 0.0),
+                        f"{agent}/seat{pid}_score": result})
+        first = self.players[0] if self.players[0] != RANDOM else next(p for p in self.players if p != RANDOM)
+        out["outcome"] = out.get(f"{first}/score", 0.0)
+        out["moves"] = float(len(moves))
+        return out
+
+
+def _result(pid: int, rewards: dict[int, float]) -> float:
+    """1 for a win (the best reward, alone), 0.5 for a draw (the best, shared by all), 0 for a loss."""
+    if not rewards or pid not in rewards:
+        return 0.0
+    best = max(rewards.values())
+    if rewards[pid] < best:
+        return 0.0
+    return 0.5 if all(r == best for r in rewards.values()) else 1.0
+
+
+def _reason(info: dict) -> str:
+    for v in info.values():
+        if isinstance(v, dict) and v.get("reason"):
+            return str(v["reason"])
+    return str(info.get("reason", ""))

@@ -1,0 +1,90 @@
+"""TextArena games as they are (workflow: textarena): the library's boards, moves, rules and results, each seat an
+agent; scripted moves on the real library, and bad input named before any model loads."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+ta = pytest.importorskip("textarena")
+
+from helpers import run_scripted  # noqa: E402
+
+from masrl.data.tasks import Task  # noqa: E402
+from masrl.errors import ConfigError  # noqa: E402
+from masrl.families import build_workflow  # noqa: E402
+from masrl.families.games import arena  # noqa: E402
+from masrl.families.games.workflow import TextArenaGame, parse_move  # noqa: E402
+
+GAME = "TicTacToe-v0-train"
+
+
+def _task(seed: int) -> Task:
+    return Task(f"ep-{seed}", f"episode {seed}", None, {"seed": seed})
+
+
+def test_a_won_game_pays_each_seat_its_result_and_records_the_moves():
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
+    # the seat that moves first at seed 3 takes the top row; the other plays the middle row's edges
+    first = arena.Game(GAME, 2, 3).start().observe()[0]
+    moves = {f"player_{first}": ["[0]", "[1]", "[2]"], f"player_{1 - first}": ["[3]", "[5]"]}
+    trace, _ = run_scripted(wf, _task(3), moves)
+    winner = f"player_{first}"
+    assert trace.final_answer == f"Player {first} ({winner}) wins"
+    assert [c.credit for c in trace.calls if c.agent == winner] == [1.0, 1.0, 1.0]
+    assert [c.credit for c in trace.calls if c.agent != winner] == [-1.0, -1.0]
+    m = trace.metrics
+    assert m[f"{winner}/score"] == 1.0 and m[f"player_{1 - first}/loss"] == 1.0 and m[f"{winner}/invalid"] == 0.0
+    assert m["outcome"] == m["player_0/score"] and m["moves"] == 5.0
+    assert [(x["agent"], x["move"]) for x in trace.state["moves"]][:2] == [(winner, "[0]"), (f"player_{1 - first}", "[3]")]
+    # GRPO groups by (task, agent, turn): each seat's moves are its own agent's, numbered by its own move count
+    assert [c.turn for c in trace.calls if c.agent == winner] == [0, 1, 2]
+
+
+def test_the_games_own_rule_for_invalid_moves_one_retry_then_the_game_is_lost():
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
+    first = arena.Game(GAME, 2, 5).start().observe()[0]
+    moves = {f"player_{first}": ["I pick the center", "still prose"], f"player_{1 - first}": ["[4]"]}
+    trace, _ = run_scripted(wf, _task(5), moves)
+    bad = f"player_{first}"
+    assert trace.metrics[f"{bad}/invalid"] == 1.0 and trace.metrics[f"{bad}/lost_by_invalid"] == 1.0
+    assert trace.metrics[f"player_{1 - first}/win"] == 1.0
+    assert [x["invalid"] for x in trace.state["moves"]] == [True, True]
+    assert "format" in trace.state["reason"]
+
+
+def test_the_random_player_moves_among_the_listed_moves_and_seats_swap_every_other_game():
+    wf = TextArenaGame(GAME, ["player", "random"], swap_seats=True, examples=0)
+    assert wf.seats(4) == ["player", "random"] and wf.seats(7) == ["random", "player"]
+    assert set(wf.roles()) == {"player"}
+    obs = arena.Game(GAME, 2, 1).start().observe()[1]
+    picks = {arena.random_move(obs, random.Random(k)) for k in range(60)}
+    assert picks == {f"[{i}]" for i in range(9)}
+    trace, _ = run_scripted(wf, _task(7), {"player": [f"[{i}]" for i in range(9)]})
+    assert trace.metrics["player/seat1_score"] == trace.metrics["player/score"]  # seed 7: the player has seat 1
+    assert all(x["agent"] == "random" or x["move"].startswith("[") for x in trace.state["moves"])
+
+
+def test_a_reply_is_one_bracketed_move():
+    assert parse_move("[4]").ok and parse_move("[4]").fields == {"move": "[4]"}
+    assert not parse_move("I play [4] now").ok and parse_move("I play [4] now").fields == {"move": "[4]"}
+    assert parse_move("the center").score == 0.0
+
+
+def test_prompts_show_worked_turns_from_the_game_itself():
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=2)
+    assert len(wf.shots) == 2
+    for obs, move in wf.shots:
+        assert "Available Moves" in obs and move in obs
+
+
+def test_bad_games_and_seatings_are_refused_before_any_model_loads():
+    with pytest.raises(ConfigError, match="no game 'TicTacToe-v9'; did you mean TicTacToe-v0"):
+        build_workflow("textarena", {"game": "TicTacToe-v9"})
+    with pytest.raises(ConfigError, match="does not start with 3 players.*has to be 2"):
+        build_workflow("textarena", {"game": GAME, "players": ["a", "b", "c"]})
+    with pytest.raises(ConfigError, match="one agent two seats"):
+        build_workflow("textarena", {"game": GAME, "players": ["a", "a"]})
+    with pytest.raises(ConfigError, match="needs an agent"):
+        build_workflow("textarena", {"game": GAME, "players": ["random", "random"]})

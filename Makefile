@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 CONFIG ?= math/team_shared
 
-.PHONY: venv demo gpu-demo train test lint bench bench-tools clean
+.PHONY: venv demo gpu-demo train test test-fast lint bench bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest tests -p no:cacheprovider
+
+# the fast tier: everything but the slow tests (whole runs, clusters, every shipped config), a few minutes
+test-fast: $(STAMP) lint
+	$(PY) -m pytest tests -p no:cacheprovider -m "not slow"
 
 bench: $(STAMP)
 	$(PIP) install -q "trl>=0.20"

@@ -40,7 +40,8 @@ def test_a_source_of_your_own_gives_the_tasks_and_a_run_trains_on_them(tmp_path)
 
 @pytest.mark.parametrize("source, options, match", [
     ("helpers:no_such_source", {}, "data.train.source 'helpers:no_such_source': module 'helpers' has no attribute"),
-    ("arithmetc", {}, "data.train.source: unknown source 'arithmetc'; use one of arithmetic, code_gen"),
+    ("arithmetc", {}, "data.train.source: unknown source 'arithmetc'; did you mean arithmetic\\? use one of "
+                      "arithmetic, code_docs"),
     ("arithmetic", {"offset": 1}, "data.train.options: source 'arithmetic' takes no options"),
     ("helpers:TextHashReward", {}, None),  # callable, but not a source: its failure is named below
 ])

@@ -92,7 +92,12 @@ def check_source(src: DataSourceConfig, key: str, sources: Sources) -> Source:
     builtin = sources.get(src.source)
     if builtin is None:
         if ":" not in src.source:
-            raise ConfigError(f"{key}.source: unknown source '{src.source}'; use one of {', '.join(sources)} or your "
+            import difflib
+
+            close = difflib.get_close_matches(src.source, list(sources), n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            raise ConfigError(f"{key}.source: unknown source '{src.source}'; {hint}use one of {', '.join(sorted(sources))} "
+                              f"or your "
                               f"own 'module:function' (f(spec: SourceSpec) -> tasks or rows)")
         fn = load_object(src.source, f"{key}.source")
         if not callable(fn):

@@ -83,9 +83,10 @@ def config_path(arg: str) -> Path:
     import difflib
 
     close = difflib.get_close_matches(name, list(shipped), n=4, cutoff=0.5)
-    raise ConfigError(f"config '{arg}': no such file, and no shipped config of that name"
-                      + (f"; did you mean {', '.join(close)}?" if close else "")
-                      + " (shipped: family/name, e.g. math/solver; `masrl configs` lists them)")
+    what = f"config file '{arg}' does not exist" if p.is_absolute() or arg.endswith((".yaml", ".yml")) else \
+        f"config '{arg}': no such file, and no shipped config of that name"
+    raise ConfigError(what + (f"; did you mean {', '.join(close)}?" if close else "")
+                      + " (shipped configs are named family/name, e.g. math/solver; `masrl configs` lists them)")
 
 
 # the data loop over every registered source (data/sources.py's, with the families' generators)

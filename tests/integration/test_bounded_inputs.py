@@ -11,7 +11,6 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,13 +29,7 @@ class Served:
     def __init__(self):
         self.proc, self.url, seen = start_serve(CONFIG, "model=tiny-random", "--read-timeout-s", "2", timeout_s=180)
         self.port = int(self.url.rsplit(":", 1)[1])
-        self.lines = list(seen)  # the server's log, drained on a thread so that it never blocks on a full pipe
-        self._reader = threading.Thread(target=self._drain, daemon=True)
-        self._reader.start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.lines.append(line)
+        self.lines = seen  # the server's log, read on start_serve's thread so that it never blocks on a full pipe
 
     def log_since(self, n: int) -> str:
         time.sleep(0.3)

@@ -108,7 +108,8 @@ def run_async(tr, updates: int, check=None) -> tuple[list[dict], list]:
 
 def start_serve(cfg_path, *extra: str, timeout_s: float = 120):
     """``masrl serve CFG --port 0 EXTRA`` as a subprocess (tests/ on its path, for configs' test
-    rewards); returns the process, its base URL (``http://127.0.0.1:PORT``) and the lines it printed."""
+    rewards); returns the process, its base URL (``http://127.0.0.1:PORT``) and the lines it printed (a list that
+    keeps growing: its output is read on a thread until it exits)."""
     import os
     import re
     import subprocess
@@ -127,6 +128,11 @@ def start_serve(cfg_path, *extra: str, timeout_s: float = 120):
         seen.append(line)
         m = re.search(r"at (http://127\.0\.0\.1:\d+)/v1", line)
         if m:
+            # keep reading what it prints (into ``seen``): a server whose log fills an unread pipe blocks on its next
+            # line, which a test that sends many malformed requests (one log line each) would take for a hang
+            import threading
+
+            threading.Thread(target=lambda: seen.extend(proc.stdout), daemon=True).start()
             return proc, m.group(1), seen
     proc.kill()
     raise AssertionError("masrl serve did not come up:\n" + "".join(seen))

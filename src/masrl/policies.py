@@ -34,6 +34,8 @@ class PolicySpec:
     max_staleness: int | None = None  # calls sampled more than this many versions ago are dropped
     rollout_device: str | None = None  # resolved: where its engine samples, when not ``device``
     engine: object | None = None  # EngineConfig: served by an OpenAI-compatible endpoint
+    snapshot_of: str | None = None  # frozen, and given this policy's weights every ``snapshot_every`` steps (a pool)
+    snapshot_every: int = 10
 
     @property
     def is_lora(self) -> bool:

@@ -47,3 +47,51 @@ def test_a_game_that_raises_fails_its_episode_alone(tmp_path):
     assert rec["rollout"]["failed"] == len(failed)
     assert rec["policies"]["shared"]["trained_tokens"] > 0  # the other episodes trained
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_an_opponent_pool_takes_turns_receiving_the_players_weights_and_a_resume_keeps_it(tmp_path):
+    data = tiny_config("games/tictactoe_pool", tmp_path, steps=3)
+    for name in ("past_0", "past_1", "past_2"):
+        data["policies"][name]["snapshot_every"] = 1
+    data["workflow"]["options"]["examples"] = 0
+    tr = Trainer(load_config(data=data), run_dir=tmp_path)
+    tr.prepare(resume=False)
+    host = {p: w for w in tr.rt.workers for p in w.policy_names}
+    start = host["past_0"].fingerprint("past_0")
+    assert host["past_1"].fingerprint("past_1") == start == host["past_2"].fingerprint("past_2")  # the untrained model
+    seen = []
+    for _ in range(2):
+        asyncio.run(tr.train_step())
+        asyncio.run(tr._after_step(_Quiet()))
+        seen.append(host["player"].fingerprint("player"))
+    assert seen[0] != seen[1] != start  # the player trained
+    assert host["past_0"].fingerprint("past_0") == seen[0]  # step 1: the first member took the player's weights
+    assert host["past_1"].fingerprint("past_1") == seen[1]  # step 2: the next one
+    assert host["past_2"].fingerprint("past_2") == start  # not its turn yet
+    tr.save_checkpoint()
+    asyncio.run(tr.rt.controller.aclose())
+
+    again = Trainer(load_config(data=data), run_dir=tmp_path)
+    again.prepare(resume=True)
+    host = {p: w for w in again.rt.workers for p in w.policy_names}
+    assert host["past_0"].fingerprint("past_0") == seen[0] and host["past_1"].fingerprint("past_1") == seen[1]
+    assert host["past_2"].fingerprint("past_2") == start
+    asyncio.run(again.rt.controller.aclose())
+
+
+class _Quiet:
+    def log_step(self, step, rec):
+        pass
+
+
+def test_a_pool_member_must_be_a_frozen_copy_of_a_trained_policy(tmp_path):
+    from masrl.driver.checks import check_run
+    from masrl.errors import ConfigError
+
+    data = tiny_config("games/tictactoe_pool", tmp_path, steps=1)
+    data["policies"]["past_0"]["frozen"] = False
+    with pytest.raises(ConfigError, match="policies.past_0.snapshot_of: .*set policies.past_0.frozen: true"):
+        check_run(load_config(data=data))
+    data["policies"]["past_0"].update(frozen=True, snapshot_of="playr")
+    with pytest.raises(ConfigError, match="no policy 'playr'"):
+        check_run(load_config(data=data))

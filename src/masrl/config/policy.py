@@ -120,6 +120,10 @@ class PolicyConfig(Strict):
                                            "rank's engine samples from a full copy gathered after every update")
     frozen: bool = Field(False, description="never trained (no optimizer); a frozen policy without LoRA on the "
                                              "same model as a LoRA base is served by that base, adapters off")
+    snapshot_of: str | None = Field(None, description="an opponent pool's member: frozen, and given the weights of this "
+                                                      "(trainable, full-model) policy every `snapshot_every` steps, the "
+                                                      "members that name the same policy taking turns, oldest first")
+    snapshot_every: int = Field(10, ge=1, description="steps between two snapshots of `snapshot_of` into its pool")
 
 
 class RuntimeConfig(Strict):

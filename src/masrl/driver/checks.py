@@ -83,6 +83,7 @@ def check_critics(cfg: RunConfig) -> None:
 def check_policies(cfg: RunConfig) -> list[PolicySpec]:
     """Every policy resolved to a ``PolicySpec``; LoRA policies on one base share its device."""
     specs = [_policy_spec(cfg, name, p) for name, p in cfg.policies.items()]
+    _check_snapshots(cfg, {s.name: s for s in specs})
     shared: dict[str, set[str]] = {}
     for s in specs:
         if s.is_lora:
@@ -118,7 +119,30 @@ def _policy_spec(cfg: RunConfig, name: str, p) -> PolicySpec:
                       offload_weights=p.offload_weights, share_from=dict(p.share_from), share_is_cap=p.share_is_cap,
                       critic=p.critic, num_cpus=p.num_cpus, num_gpus=p.num_gpus, data_parallel=p.data_parallel,
                       shard_optimizer=p.shard_optimizer, fsdp=p.fsdp, max_staleness=p.max_staleness,
-                      rollout_device=_rollout_device(cfg, name, p, device))
+                      rollout_device=_rollout_device(cfg, name, p, device), snapshot_of=p.snapshot_of,
+                      snapshot_every=p.snapshot_every)
+
+
+def _check_snapshots(cfg: RunConfig, specs: dict[str, PolicySpec]) -> None:
+    """An opponent pool's members: frozen full models of the policy they trail, in this process."""
+    for name, s in specs.items():
+        src = s.snapshot_of
+        if src is None:
+            continue
+        key = f"policies.{name}.snapshot_of"
+        if src not in specs:
+            raise ConfigError(f"{key}: no policy '{src}' (policies: {', '.join(specs)})")
+        if not cfg.policies[name].frozen:
+            raise ConfigError(f"{key}: a pool member takes its weights from '{src}' and is never trained itself; set "
+                              f"policies.{name}.frozen: true")
+        if not specs[src].trainable:
+            raise ConfigError(f"{key}: '{src}' is not trained, so its snapshots would never change")
+        if s.is_lora or specs[src].is_lora or s.model != specs[src].model:
+            raise ConfigError(f"{key}: a snapshot is a full model of the same model as '{src}' ({specs[src].model}, "
+                              f"no LoRA on either)")
+        if cfg.runtime.placement != "local" or specs[src].data_parallel > 1 or specs[src].fsdp:
+            raise ConfigError(f"{key}: opponent pools run with runtime.placement local and an unsharded, single-rank "
+                              f"'{src}'")
 
 
 def _rollout_device(cfg: RunConfig, name: str, p, device: str) -> str | None:

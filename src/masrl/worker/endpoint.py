@@ -107,6 +107,10 @@ class EndpointHost(PolicyHost):
     def load(self, directory, *, with_optimizer=True) -> None:
         return None
 
+    def load_weights(self, policy, directory) -> None:
+        raise MasrlError(f"policy '{policy}' is served by {self.cfg.base_url}: masrl cannot give it weights "
+                         f"(an opponent pool's snapshots are policies masrl hosts)")
+
     def fingerprint(self, policy) -> list[float]:
         return []
 

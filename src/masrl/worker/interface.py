@@ -206,6 +206,12 @@ class PolicyHost(abc.ABC):
     def load(self, directory: str, *, with_optimizer: bool = True) -> None:
         """Read what ``save`` wrote."""
 
+    @host_method("all", _none)
+    @abc.abstractmethod
+    def load_weights(self, policy: str, directory: str) -> None:
+        """Give ``policy`` (trainable or frozen) the weights another policy's ``save`` wrote in ``directory`` (its
+        folder), and hand them to the engine: how an opponent pool takes a snapshot of the policy it trails."""
+
     @host_method("first")
     @abc.abstractmethod
     def fingerprint(self, policy: str) -> list[float]:

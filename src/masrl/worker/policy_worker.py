@@ -377,6 +377,9 @@ class PolicyWorker(PolicyHost):
             stack.close()
             self._publish(list(self.emas))
 
+    def load_weights(self, policy: str, directory: str) -> None:
+        saving.load_weights_into(self, policy, Path(directory))
+
     def fingerprint(self, policy: str) -> list[float]:
         """A cheap summary of a policy's weights (sum and sum of squares), to tell if they changed;
         summed on the CPU, so that equal weights give equal numbers wherever they are kept. Sharded

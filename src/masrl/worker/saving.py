@@ -45,12 +45,32 @@ def save_worker(worker, d: Path, *, weights_only: bool = False) -> None:
         return
     for name in worker.trainable_names:
         state.save_policy(worker.host, name, None if weights_only else worker.optimizers.get(name), d / name)
+    for name in _snapshot_names(worker):  # frozen, but not fixed: an opponent pool's member
+        state.save_policy(worker.host, name, None, d / name)
     for name, ema in worker.emas.items():
         torch.save(ema.state_dict(), d / name / "ema.pt")
     for critic in _distinct_critics(worker):  # a shared one is written by each holder
         (d / "critics").mkdir(parents=True, exist_ok=True)
         torch.save(critic.state_dict(), d / "critics" / f"{critic.name}.pt")
     _save_counters(worker, d)
+
+
+def load_weights_into(worker, policy: str, d: Path) -> None:
+    """``policy``'s weights from a folder another policy's save wrote (``d`` holds its ``model.safetensors``),
+    then handed to the engine. Full models only (a snapshot of a LoRA adapter is not built)."""
+    if policy not in worker.host.policies:
+        raise MasrlError(f"this host holds no policy '{policy}' (it holds {', '.join(worker.host.policies)})")
+    if worker.host.is_lora or worker.host.sharded is not None:
+        raise MasrlError(f"policy '{policy}': weights can be copied into a full, unsharded model only")
+    with torch.no_grad():
+        state._load_weights(worker.host, policy, d)
+    worker._publish([policy])
+
+
+def _snapshot_names(worker) -> list[str]:
+    """Frozen policies that hold snapshots of another (an opponent pool): saved with the checkpoint, as their
+    weights change during the run."""
+    return [p.name for p in worker.specs.values() if getattr(p, "snapshot_of", None)]
 
 
 def _save_sharded(worker, d: Path, weights_only: bool = False) -> None:
@@ -95,6 +115,10 @@ def load_worker(worker, d: Path, *, with_optimizer: bool = True) -> None:
             _load_sharded(worker, name, d, with_optimizer)
             continue
         state.load_policy(worker.host, name, worker.optimizers.get(name), d / name, with_optimizer=with_optimizer)
+    for name in _snapshot_names(worker):
+        if (d / name / "model.safetensors").is_file():
+            with torch.no_grad():
+                state._load_weights(worker.host, name, d / name)
     for critic in _distinct_critics(worker):
         f = d / "critics" / f"{critic.name}.pt"
         if f.is_file():

@@ -30,6 +30,7 @@ from masrl.driver.observe.metrics import (
     summarize_traces,
 )
 from masrl.driver.observe.progress import progress
+from masrl.driver.rollout import pools
 from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest, eval_best, validate
@@ -106,6 +107,8 @@ class Trainer:
         elif resume:
             self._forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
             self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
+        if self.step == 0:  # an opponent pool starts as copies of the policy it trails (random weights differ by host)
+            pools.start(self.cfg, self.rt.workers, self.run_dir)
 
     def _forget_after(self, step: int) -> None:
         """Drop metric and trace lines of steps after ``step`` (they ran past the checkpoint and are redone)."""
@@ -300,6 +303,9 @@ class Trainer:
     async def _after_step(self, loggers) -> None:
         """What a step's end may bring: a checkpoint, a validation (``keep_best``), an evaluation; timed."""
         cfg, timing = self.cfg, {}
+        taken = pools.refresh(cfg, self.rt.workers, self.step, self.run_dir)
+        for member, source in taken.items():
+            self.log(f"[masrl] step {self.step}: {member} now holds {source}'s weights (opponent pool)")
         if cfg.train.save_every and self.step % cfg.train.save_every == 0:
             t0 = time.perf_counter()
             self.save_checkpoint()

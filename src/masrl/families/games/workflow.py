@@ -7,8 +7,10 @@
 ``players`` names the agent in each seat; the same policy behind both is self-play on one policy (the seat is in
 the prompt and in the agent's name, so each seat has its own GRPO groups: a seat's advantage is not mistaken for
 skill), two policies learn against each other, a frozen policy is a fixed opponent (the untrained model), and
-``random`` is a built-in player that picks a random legal move (no model). ``swap_seats: true`` swaps the first two
-players every other episode (by the episode's seed), so the first agent plays both seats.
+``random`` is a built-in player that picks a random legal move (no model). A seat written ``pool_0|pool_1|pool_2``
+takes one of those agents per episode (by its seed): with each on a member of an opponent pool (policies with
+``snapshot_of``, docs/games.md) the player meets its own past selves. ``swap_seats: true`` swaps the first two
+seats every other episode (by the episode's seed), so the first agent plays both seats.
 
 Each episode is one game from the task's seed (``source: episodes``): every move is one call of the agent whose
 turn it is, on the library's own observation; the reply's bracketed move (``[4]``, ``[check]``) goes to the game,
@@ -63,7 +65,8 @@ class TextArenaGame:
         self.swap_seats, self.max_moves, self.max_new_tokens, self.example = swap_seats, max_moves, max_new_tokens, example
         if not 0 <= examples <= 4:
             raise ConfigError("workflow.options.examples: 0-4 worked turns")
-        agents = [p for p in self.players if p != RANDOM]
+        self.options = [[a.strip() for a in str(p).split("|")] for p in self.players]  # each seat's agents
+        agents = [a for opts in self.options for a in opts if a != RANDOM]
         if not agents:
             raise ConfigError("workflow.options.players: at least one seat needs an agent (not every seat 'random')")
         if len(set(agents)) != len(agents):
@@ -76,12 +79,14 @@ class TextArenaGame:
         self.shots = arena.worked_turns(game, len(self.players), examples)
 
     def roles(self) -> dict[str, AgentRole]:
-        return {p: AgentRole(p, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
-                for p in self.players if p != RANDOM}
+        return {a: AgentRole(a, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
+                for opts in self.options for a in opts if a != RANDOM}
 
     def seats(self, seed: int) -> list[str]:
-        """The agent in each seat for the episode of ``seed``: the first two players swapped every other one."""
-        order = list(self.players)
+        """The agent in each seat for the episode of ``seed``: one of a seat's agents (``a|b``) drawn by the seed,
+        the first two seats swapped every other episode."""
+        order = [opts[0] if len(opts) == 1 else random.Random(f"seat-{seed}-{i}").choice(opts)
+                 for i, opts in enumerate(self.options)]
         if self.swap_seats and len(order) >= 2 and seed % 2 == 1:
             order[0], order[1] = order[1], order[0]
         return order
@@ -145,7 +150,7 @@ class TextArenaGame:
                         f"{agent}/lost_by_invalid": float(bool(moves) and moves[-1]["seat"] == pid and moves[-1]["invalid"]
                                                           and result == 0.0),
                         f"{agent}/seat{pid}_score": result})
-        first = self.players[0] if self.players[0] != RANDOM else next(p for p in self.players if p != RANDOM)
+        first = next(a for opts in self.options for a in opts if a != RANDOM)
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out

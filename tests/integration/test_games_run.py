@@ -95,3 +95,30 @@ def test_a_pool_member_must_be_a_frozen_copy_of_a_trained_policy(tmp_path):
     data["policies"]["past_0"].update(frozen=True, snapshot_of="playr")
     with pytest.raises(ConfigError, match="no policy 'playr'"):
         check_run(load_config(data=data))
+
+
+def test_checkpoints_play_each_other_in_a_head_to_head_table(tmp_path):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from masrl.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    folders = {}
+    for name, seed in (("A", 0), ("B", 1)):
+        run = tmp_path / name
+        args = ["train", "games/tictactoe_vs_frozen", "model=tiny-random", "train.steps=1", "train.eval_before=false",
+                "train.eval_after=false", "train.save_every=1", "rollout.tasks_per_step=2", f"seed={seed}",
+                "workflow.options.examples=0", f"output_dir={run}"]
+        assert main(args) == 0
+        folders[name] = run / "checkpoints" / "step_000001" / "player"
+    cmd = [sys.executable, str(root / "scripts" / "head_to_head.py"), "games/tictactoe_vs_frozen",
+           *(f"{k}={v}" for k, v in folders.items()), "--games", "4", "model=tiny-random", "workflow.options.examples=0"]
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = dict(re.findall(r"^\| (A|B) \| ([\d. |]+) \|$", out.stdout, re.M))
+    assert set(rows) == {"A", "B"}, out.stdout
+    cells = {r: [float(x) for x in v.split(" | ")] for r, v in rows.items()}
+    assert all(len(v) == 2 and all(0.0 <= x <= 1.0 for x in v) for v in cells.values())

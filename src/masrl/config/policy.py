@@ -124,6 +124,9 @@ class PolicyConfig(Strict):
                                                       "(trainable, full-model) policy every `snapshot_every` steps, the "
                                                       "members that name the same policy taking turns, oldest first")
     snapshot_every: int = Field(10, ge=1, description="steps between two snapshots of `snapshot_of` into its pool")
+    init_from: str | None = Field(None, description="a full-model policy's folder in a checkpoint "
+                                                    "(runs/R/checkpoints/best/NAME) whose weights this policy starts from; "
+                                                    "with frozen: true, a fixed opponent from another run")
 
 
 class RuntimeConfig(Strict):

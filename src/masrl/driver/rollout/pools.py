@@ -31,6 +31,23 @@ def _copy(host_of: dict, source: str, members: list[str], run_dir: Path) -> None
             host_of[member].load_weights(member, str(Path(d) / source))
 
 
+def load_initial(cfg, workers) -> list[str]:
+    """Policies with ``init_from`` take those weights (a fresh run's start); the names of those that did."""
+    from masrl.errors import ConfigError
+
+    host_of = {name: w for w in workers for name in w.policy_names}
+    done = []
+    for name, p in cfg.policies.items():
+        if p.init_from:
+            folder = Path(p.init_from).expanduser()
+            if not (folder / "model.safetensors").is_file():
+                raise ConfigError(f"policies.{name}.init_from: {folder} holds no model.safetensors (give a policy's "
+                                  f"folder in a checkpoint, e.g. runs/R/checkpoints/best/{name})")
+            host_of[name].load_weights(name, str(folder))
+            done.append(name)
+    return done
+
+
 def start(cfg, workers, run_dir: Path) -> None:
     """Every member takes its source's starting weights (a pretrained model's anyway; random-weight models are
     drawn per host)."""

@@ -107,7 +107,9 @@ class Trainer:
         elif resume:
             self._forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
             self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
-        if self.step == 0:  # an opponent pool starts as copies of the policy it trails (random weights differ by host)
+        if self.step == 0:  # init_from first; then an opponent pool starts as copies of the policy it trails
+            for name in pools.load_initial(self.cfg, self.rt.workers):
+                self.log(f"[masrl] {name} starts from {self.cfg.policies[name].init_from}")
             pools.start(self.cfg, self.rt.workers, self.run_dir)
 
     def _forget_after(self, step: int) -> None:
@@ -371,6 +373,8 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
     path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
     trainer = Trainer(cfg, console=console)
     trainer.rt = build_runtime(cfg, log=trainer.log, plan=trainer.plan)
+    for name in pools.load_initial(cfg, trainer.rt.workers):  # e.g. a fixed opponent from another run
+        trainer.log(f"[masrl] {name} starts from {cfg.policies[name].init_from}")
     if path is not None:
         trainer.load_checkpoint(path, with_optimizer=False)
         trainer.log(f"[masrl] evaluating {path}")

@@ -1,12 +1,13 @@
 """Checkpoints of a game against each other, both seats: a table of each row's score against each column.
 
     .venv/bin/python scripts/head_to_head.py games/tictactoe_vs_frozen A=runs/x/checkpoints/best/player \\
-        B=runs/y/checkpoints/step_000040/player [--games 64] [KEY=VALUE ...]
+        B=runs/y/checkpoints/step_000040/player C=untrained [--games 64] [KEY=VALUE ...]
 
 Each pair plays the held-out games of the config (new seeds, seats swapped every other game: ``swap_seats``) with
 the row's weights in the config's first seat agent's policy and the column's in the second's (``init_from`` on
 both, the second frozen), through ``masrl eval``; a cell is the row's score (win 1, draw 0.5, loss 0), averaged
-over the games. The diagonal is a policy against itself. KEY=VALUE overrides go to every evaluation (e.g.
+over the games. ``NAME=untrained`` is the config's model as it loads, with no checkpoint. The diagonal is a policy
+against itself. KEY=VALUE overrides go to every evaluation (e.g.
 ``model=tiny-random``).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+UNTRAINED = "untrained"  # a player with no checkpoint: the config's model as it loads
 
 
 def seat_policies(config: str) -> tuple[str, str, str]:
@@ -35,14 +37,17 @@ def seat_policies(config: str) -> tuple[str, str, str]:
 
 
 def score(config: str, row: str, col: str, games: int, overrides: list[str]) -> float:
-    agent, p_row, p_col = seat_policies(config)
+    _, p_row, p_col = seat_policies(config)
     with tempfile.TemporaryDirectory() as out:
+        start = [f"policies.{p}.init_from={folder}" for p, folder in ((p_row, row), (p_col, col)) if folder != UNTRAINED]
         cmd = [sys.executable, "-m", "masrl.cli", "eval", config, f"data.eval.n={games}",
-               "workflow.options.swap_seats=true", f"policies.{p_row}.init_from={row}",
-               f"policies.{p_col}.init_from={col}", f"policies.{p_col}.frozen=true", f"output_dir={out}", *overrides]
+               "workflow.options.swap_seats=true", *start, f"policies.{p_col}.frozen=true", f"output_dir={out}",
+               *overrides]
         subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
         summary = json.loads((Path(out) / "eval.json").read_text())
-    return float(summary["agents"][agent].get("score", summary["outcome"]))
+    # the first seat's agent's score over every game (``outcome``): also where it never moved (an opponent that
+    # opened with two invalid moves), which leaves it out of the per-agent figures
+    return float(summary["outcome"])
 
 
 def main() -> None:
@@ -51,7 +56,7 @@ def main() -> None:
     ap.add_argument("players", nargs="+", help="NAME=FOLDER: a policy's folder in a checkpoint, or KEY=VALUE overrides")
     ap.add_argument("--games", type=int, default=64)
     a = ap.parse_intermixed_args()
-    named = {k: v for k, v in (x.split("=", 1) for x in a.players) if Path(v).is_dir()}
+    named = {k: v for k, v in (x.split("=", 1) for x in a.players) if v == UNTRAINED or Path(v).is_dir()}
     overrides = [x for x in a.players if x.split("=", 1)[0] not in named]
     names = list(named)
     print(f"{a.config}: row's score against column (win 1, draw 0.5), {a.games} held-out games, both seats\n")

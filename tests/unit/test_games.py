@@ -88,3 +88,29 @@ def test_bad_games_and_seatings_are_refused_before_any_model_loads():
         build_workflow("textarena", {"game": GAME, "players": ["a", "a"]})
     with pytest.raises(ConfigError, match="needs an agent"):
         build_workflow("textarena", {"game": GAME, "players": ["random", "random"]})
+
+
+def test_a_split_plays_its_games_with_its_own_seating_and_bad_seatings_are_named():
+    from masrl.config import DataSourceConfig
+    from masrl.data.sources import SOURCES, check_source, load_tasks
+
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
+    held_out = DataSourceConfig(source="episodes", n=6, seed=2, options={"players": ["player_0", "random"],
+                                                                           "swap_seats": True})
+    check_source(held_out, "data.eval", SOURCES)
+    wf.check_split(held_out, "data.eval")
+    tasks = load_tasks(held_out, sources=SOURCES)
+    seatings = [wf.seats(t.meta["seed"], t.meta) for t in tasks]
+    assert {tuple(s) for s in seatings} == {("player_0", "random"), ("random", "player_0")}
+    assert wf.seats(tasks[0].meta["seed"]) == ["player_0", "player_1"]  # training games keep the workflow's seats
+    odd = next(t for t in tasks if t.meta["seed"] % 2 == 1)
+    trace, _ = run_scripted(wf, odd, {"player_0": [f"[{i}]" for i in range(9)]})
+    assert trace.state["seats"] == ["random", "player_0"] and "player_1/score" not in trace.metrics
+    assert trace.metrics["outcome"] == trace.metrics["player_0/score"] == trace.metrics["player_0/seat1_score"]
+    for options, match in [({"players": ["player_0", "nobody"]}, "no agent 'nobody'"),
+                           ({"players": ["player_0"]}, "1 seats, but the game is played with 2"),
+                           ({"players": ["random", "random"]}, "needs an agent")]:
+        with pytest.raises(ConfigError, match=match):
+            wf.check_split(DataSourceConfig(source="episodes", options=options), "data.eval")
+    with pytest.raises(ConfigError, match="takes players and swap_seats.*not seats"):
+        check_source(DataSourceConfig(source="episodes", options={"seats": ["a"]}), "data.eval", SOURCES)

@@ -56,10 +56,26 @@ def _row_kinds() -> dict[str, RowTask]:
 
 
 def _episodes(s: SourceSpec) -> list[Task]:
-    """Seeds for an environment's episodes (workflow ``env``)."""
+    """Seeds for an environment's episodes (workflows ``env`` and ``textarena``); ``options`` (the seating of a
+    split's games, e.g. held-out games against the random player) go to every task's ``meta``."""
     rng = random.Random(f"episodes-{s.seed}")
     seeds = [rng.getrandbits(48) for _ in range(s.n or 1000)]
-    return [Task(f"ep-{s.seed}-{i}", f"episode {x}", None, {"seed": x}) for i, x in enumerate(seeds)]
+    return [Task(f"ep-{s.seed}-{i}", f"episode {x}", None, {"seed": x, **s.options}) for i, x in enumerate(seeds)]
+
+
+def _episode_options(options: dict, key: str) -> None:
+    """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: workflow ``textarena``'s
+    seating, checked against its agents by the workflow."""
+    unknown = sorted(set(options) - {"players", "swap_seats"})
+    if unknown:
+        raise ConfigError(f"{key}.options: source 'episodes' takes players and swap_seats (a split's seating in "
+                          f"workflow textarena), not {', '.join(unknown)}")
+    players = options.get("players")
+    if players is not None and (not isinstance(players, list) or len(players) < 1
+                                or not all(isinstance(p, str) and p for p in players)):
+        raise ConfigError(f"{key}.options.players: a list of agent names, one per seat (e.g. [player_0, random])")
+    if not isinstance(options.get("swap_seats", False), bool):
+        raise ConfigError(f"{key}.options.swap_seats: true or false")
 
 
 def _humaneval(s: SourceSpec) -> list[Task]:
@@ -74,7 +90,7 @@ def _file(s: SourceSpec) -> list[dict]:
 
 # the framework's own sources; each task family adds its generators (masrl.families.SOURCES has them all)
 SOURCES: dict[str, Source] = {
-    "episodes": Source(_episodes),
+    "episodes": Source(_episodes, options=_episode_options),
     "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),
     "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }

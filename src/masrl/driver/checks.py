@@ -41,6 +41,13 @@ def check_run(cfg: RunConfig) -> RunPlan:
     for split in ("train", "eval"):
         check_source(getattr(cfg.data, split), f"data.{split}")
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
+    for split in ("train", "eval"):  # a split's options that the workflow reads (a game's seating)
+        src = getattr(cfg.data, split)
+        if hasattr(workflow, "check_split"):
+            workflow.check_split(src, f"data.{split}")
+        elif src.source == "episodes" and src.options:
+            raise ConfigError(f"data.{split}.options: the seating of source 'episodes' is read by workflow "
+                              f"textarena, not '{cfg.workflow.name}'; remove them")
     agents = check_agents(cfg, workflow)
     check_estimator(cfg.algorithm)
     check_critics(cfg)

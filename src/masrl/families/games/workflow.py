@@ -23,7 +23,8 @@ is credited its player's reward from the library (+1 win, -1 loss, 0 draw in two
 
 Metrics, per agent (``<agent>/...``, from the traces where it played): ``score`` (win 1, draw 0.5, loss 0), ``win``,
 ``draw``, ``loss``, ``invalid`` (its moves the game refused), ``lost_by_invalid``, and ``seat0_score`` /
-``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one). ``trace.state`` keeps the moves and the winner, which
+``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one).
+``trace.state`` keeps the moves and the winner, which
 ``masrl report`` shows with the calls.
 """
 

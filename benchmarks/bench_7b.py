@@ -29,10 +29,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gpu as B  # noqa: E402
+import harness
+
+GPU_BENCH = harness.ROOT / "benchmarks" / "bench_gpu.py"  # its rollout, team and grpo_ours children
 
 
 def child_trl_lora(prompts_n: int, samples: int, new_tokens: int, steps: int) -> dict:
@@ -44,21 +44,21 @@ def child_trl_lora(prompts_n: int, samples: int, new_tokens: int, steps: int) ->
 
     from masrl.models import load_model
 
-    model, tok = load_model(B.SHAPES["7b"], seed=0, dtype=torch.bfloat16, device=B.DEV)
-    ds = Dataset.from_list([{"prompt": m} for m in B.grpo_prompts(prompts_n)] * steps)
+    model, tok = load_model(harness.SHAPES["7b"], seed=0, dtype=torch.bfloat16, device=harness.DEV)
+    ds = Dataset.from_list([{"prompt": m} for m in harness.grpo_prompts(prompts_n)] * steps)
     times: list[float] = []
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
-            B.sync()
+            harness.sync()
             self.t = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
-            B.sync()
+            harness.sync()
             times.append(time.perf_counter() - self.t)
 
     def reward(completions, **kw):
-        return [B.fake_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+        return [harness.fake_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
 
     args = GRPOConfig(
         # micro-batches of 16 sequences (128 at once would not fit a 7B model's activations), one
@@ -74,7 +74,7 @@ def child_trl_lora(prompts_n: int, samples: int, new_tokens: int, steps: int) ->
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
                           peft_config=lora, callbacks=[Timer()])
     trainer.train()
-    return {"steps": [{"step_s": t} for t in times], "samples": prompts_n * samples, "peak_gb": B.peak_gb()}
+    return {"steps": [{"step_s": t} for t in times], "samples": prompts_n * samples, "peak_gb": harness.peak_gb()}
 
 
 def main() -> None:
@@ -87,11 +87,11 @@ def main() -> None:
         print("RESULT " + json.dumps(child_trl_lora(*(int(x) for x in a.child[1:]))), flush=True)
         return
     only = set(a.only.split(","))
-    print(B.header().replace("bench_gpu.py", "bench_7b.py"), flush=True)
+    print(harness.header().replace("bench_gpu.py", "bench_7b.py"), flush=True)
     rows: list[tuple] = []
     if "rollout" in only:
         batches = "1,64" if a.quick else "1,64,256"
-        r = B.run_child("rollout", "7b", batches, "64" if a.quick else "256", "128")
+        r = harness.run_child(GPU_BENCH, "rollout", "7b", batches, "64" if a.quick else "256", "128")
         for b in batches.split(","):
             x = r.get(b)
             if x:
@@ -100,12 +100,13 @@ def main() -> None:
         if "step_ms" in r:
             rows.append(("  decode step (graph replay), 7B", ", ".join(f"b{k}: {v:.2f} ms" for k, v in r["step_ms"].items()),
                          "", ""))
-    team = B.run_child("team", *(("2", "4", "4") if a.quick else ("2", "32", "8")), "7b", timeout=1200) if "team" in only else {}
+    team_args = ("2", "4", "4") if a.quick else ("2", "32", "8")
+    team = harness.run_child(GPU_BENCH, "team", *team_args, "7b", timeout=1200) if "team" in only else {}
     trl_args = ("16", "4", "64", "2") if a.quick else ("128", "8", "64", "2")
     trl = run_trl(trl_args) if "trl" in only else {}
     rows += team_rows(team, trl)
     if "single" in only:  # one agent on TRL's prompts and sample count: the same workload on both sides
-        one = B.run_child("grpo_ours", *trl_args[:3], "1", "7b", "16", timeout=1200)
+        one = harness.run_child(GPU_BENCH, "grpo_ours", *trl_args[:3], "1", "7b", "16", timeout=1200)
         if one.get("steps"):
             s = one["steps"][-1]
             n = int(trl_args[0]) * int(trl_args[1])
@@ -123,7 +124,7 @@ def run_trl(args) -> dict:
     import subprocess
 
     proc = subprocess.run([sys.executable, __file__, "--child", "trl", *args], capture_output=True, text=True,
-                          timeout=1500, cwd=B.ROOT)
+                          timeout=1500, cwd=harness.ROOT)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not lines:
         tail = proc.stderr.strip().splitlines()[-8:]

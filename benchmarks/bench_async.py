@@ -44,8 +44,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
-sys.path.insert(0, str(ROOT / "benchmarks"))  # long_tail: the workflow
 
 TEAM = ["solver", "verifier", "refiner", "finalizer"]
 WORKFLOWS = {"solver": ("math_solver", ["solver"]), "team": ("math_team", TEAM), "team_two": ("math_team", TEAM),
@@ -78,7 +76,7 @@ def config(a, mode: str) -> dict:
             "rollout": {"tasks_per_step": a.tasks, "samples_per_task": a.samples, "mode": "sync",
                         "max_in_flight": 2 * per_step, "max_batch_size": a.max_batch or per_step,
                         "engine": engine or "auto"},
-            "rewards": [{"type": "helpers:task_hash_reward"}],
+            "rewards": [{"type": "harness:task_hash_reward"}],
             "algorithm": {"micro_batch_tokens": a.micro_batch_tokens},
             "train": {"steps": a.steps + 1, "eval_before": False, "eval_after": False, "save_every": 0}}
     if mode != "sync":

@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_gpu import decode_profile  # benchmarks/ is on the path when this runs as a script
+from harness import decode_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}

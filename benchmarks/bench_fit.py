@@ -16,10 +16,8 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gpu as B  # noqa: E402
+import harness
 
 SETTINGS = {
     "plain": {},
@@ -42,9 +40,9 @@ def child(shape: str, setting: str, calls: int, tokens: int) -> dict:
     algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=4096,
                            activation_checkpointing=opts.get("activation_checkpointing", False))
     t0 = time.perf_counter()
-    spec = PolicySpec("p", B.SHAPES[shape], optim=OptimConfig(lr=1e-6), device=B.DEV,
+    spec = PolicySpec("p", harness.SHAPES[shape], optim=OptimConfig(lr=1e-6), device=harness.DEV,
                       offload_optimizer=opts.get("offload_optimizer", False))
-    w = PolicyWorker(B.SHAPES[shape], [spec], algo, device=B.DEV, precision="bf16",
+    w = PolicyWorker(harness.SHAPES[shape], [spec], algo, device=harness.DEV, precision="bf16",
                      engine_options={"max_batch_size": calls})
     load_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in w.host.model.parameters())
@@ -55,17 +53,17 @@ def child(shape: str, setting: str, calls: int, tokens: int) -> dict:
         gen = [GenCall(f"c{rep}-{i}", "p", [{"role": "user", "content": " ".join(str(rng.randrange(10**6))
                                                                               for _ in range(40))}], sp,
                        key={"task_id": i // 4}) for i in range(calls)]
-        B.sync()
+        harness.sync()
         t1 = time.perf_counter()
         res = w.generate(gen)
-        B.sync()
+        harness.sync()
         t2 = time.perf_counter()
-        w.commit_rewards({r.call_id: B.fake_reward(r.text + r.call_id) for r in res})
+        w.commit_rewards({r.call_id: harness.fake_reward(r.text + r.call_id) for r in res})
         m = w.train_step()["p"]
-        B.sync()
+        harness.sync()
         steps.append({"rollout_s": t2 - t1, "update_s": time.perf_counter() - t2,
                       "trained_tokens": m["trained_tokens"], "offload_s": m.get("offload_s", 0.0)})
-    return {"params_b": n_params / 1e9, "load_s": load_s, "steps": steps, "peak_gb": B.peak_gb(),
+    return {"params_b": n_params / 1e9, "load_s": load_s, "steps": steps, "peak_gb": harness.peak_gb(),
             "total_gb": torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 0}
 
 
@@ -80,11 +78,11 @@ def main() -> None:
     if a.child:
         print("RESULT " + json.dumps(child(a.child[0], a.child[1], int(a.child[2]), int(a.child[3]))), flush=True)
         return
-    print(B.header().replace("bench_gpu.py", "bench_fit.py"), flush=True)
+    print(harness.header().replace("bench_gpu.py", "bench_fit.py"), flush=True)
     rows = []
     for setting in a.settings.split(","):
         proc = subprocess.run([sys.executable, __file__, "--child", a.shape, setting, str(a.calls), str(a.tokens)],
-                              capture_output=True, text=True, timeout=1200, cwd=B.ROOT)
+                              capture_output=True, text=True, timeout=1200, cwd=harness.ROOT)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
             err = [x for x in proc.stderr.strip().splitlines() if "Error" in x or "error" in x][-1:] or ["?"]

@@ -22,13 +22,10 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gpu as B  # noqa: E402
+import harness
 
 
 def rank_main(rank: int, world: int, port: int, a: dict, out: str) -> None:
@@ -41,11 +38,11 @@ def rank_main(rank: int, world: int, port: int, a: dict, out: str) -> None:
     from masrl.policies import PolicySpec
     from masrl.worker.policy_worker import PolicyWorker
 
-    cuda = B.DEV.startswith("cuda")
+    cuda = harness.DEV.startswith("cuda")
     dev = f"cuda:{rank}" if cuda else "cpu"
     if cuda:
         torch.cuda.set_device(rank)
-    model = B.SHAPES[a["shape"]]
+    model = harness.SHAPES[a["shape"]]
     algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=a["micro_batch_tokens"],
                            activation_checkpointing=a["checkpointing"])
     spec = PolicySpec("p", model, optim=OptimConfig(lr=1e-6), device=dev, fsdp=True, data_parallel=world)
@@ -64,20 +61,20 @@ def rank_main(rank: int, world: int, port: int, a: dict, out: str) -> None:
             for t in mine for k in range(a["samples"])]
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        B.sync()
+        harness.sync()
         t1 = time.perf_counter()
         res = w.generate(calls)
-        B.sync()
+        harness.sync()
         t2 = time.perf_counter()
-        w.commit_rewards({r.call_id: B.fake_reward(r.text + r.call_id) for r in res})
+        w.commit_rewards({r.call_id: harness.fake_reward(r.text + r.call_id) for r in res})
         m = w.train_step()["p"]
-        B.sync()
+        harness.sync()
         t3 = time.perf_counter()
         steps.append({"rollout_s": t2 - t1, "train_step_s": t3 - t2, "update_s": m["update_s"],
                       "weight_sync_s": m["weight_sync_s"], "weight_sync_gb": m["weight_sync_gb"],
                       "prompt_tokens": sum(r.n_prompt_tokens for r in res),
                       "completion_tokens": sum(r.n_completion_tokens for r in res),
-                      "peak_gb": B.peak_gb()})
+                      "peak_gb": harness.peak_gb()})
     torch.save({"load_s": load_s, "steps": steps, "held_params": sum(p.to_local().numel()
                 for p in w.host.policy_parameters("p")), "params": sum(p.numel() for p in w.host.policy_parameters("p"))},
                f"{out}/rank{rank}.pt")
@@ -105,17 +102,17 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.start_processes(rank_main, args=(args.ranks, port, a, out), nprocs=args.ranks, join=True, start_method="spawn")
     ranks = [torch.load(f"{out}/rank{r}.pt", weights_only=False) for r in range(args.ranks)]
-    print(B.header().replace("bench_gpu.py", "bench_fsdp.py"))
+    print(harness.header().replace("bench_gpu.py", "bench_fsdp.py"))
     from masrl.models import RANDOM_SHAPES
 
-    cfg = RANDOM_SHAPES[B.SHAPES[args.shape]](49152)
+    cfg = RANDOM_SHAPES[harness.SHAPES[args.shape]](49152)
     st = [r["steps"][-1] for r in ranks]
     n = args.tasks * args.samples
     mean_prompt = sum(s["prompt_tokens"] for s in st) // n
-    flops = B.useful_flops(cfg, [(range(mean_prompt), range(args.tokens))]) * n  # every trained call, all ranks
+    flops = harness.useful_flops(cfg, [(range(mean_prompt), range(args.tokens))]) * n  # every trained call, all ranks
     upd = max(s["update_s"] for s in st)
-    mfu = flops / upd / (B.PEAK_TFLOPS * 1e12 * args.ranks)
-    print(f"\n{args.shape} shape ({B.SHAPES[args.shape]}, {ranks[0]['params'] / 1e9:.2f}B parameters), "
+    mfu = flops / upd / (harness.PEAK_TFLOPS * 1e12 * args.ranks)
+    print(f"\n{args.shape} shape ({harness.SHAPES[args.shape]}, {ranks[0]['params'] / 1e9:.2f}B parameters), "
           f"{args.ranks} ranks, full fine-tuning, "
           f"{args.tasks} tasks x {args.samples} samples x {args.tokens} tokens, second step\n")
     print("| rank | params held | rollout s | update s | weight sync s (GiB) | train step s | peak GiB |")

@@ -29,37 +29,30 @@ import argparse
 import json
 import os
 import random
-import subprocess
-import sys
 import time
-import zlib
 from pathlib import Path
+
+from harness import (
+    DEV,
+    PEAK_TFLOPS,
+    SHAPES,
+    decode_profile,
+    fake_reward,
+    grpo_prompts,
+    header,
+    peak_gb,
+    sync,
+    update_workload,
+    useful_flops,
+)
+from harness import run_child as _run_child
 
 from masrl.families import config_path
 
-ROOT = Path(__file__).resolve().parents[1]
-PEAK_TFLOPS = 989.0
-SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b", "7b": "random-qwen2.5-7b", "8b": "random-llama3.1-8b"}
-if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
-    SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
-DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")
 
-
-def peak_gb() -> float:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
-
-
-def sync():
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def fake_reward(text: str) -> float:
-    return (zlib.crc32(text.encode()) % 1000) / 1000.0
+def run_child(*args: str, timeout: int = 900) -> dict:
+    """One of this script's measurements in a fresh process (``--child``)."""
+    return _run_child(__file__, *args, timeout=timeout)
 
 
 # -- rollout -------------------------------------------------------------------------------------
@@ -112,57 +105,7 @@ def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: i
     return out
 
 
-def replay_ms(replay, rewind=None, n: int = 20) -> float:
-    """Median milliseconds of ``replay()`` by CUDA events; ``rewind()``, if given, runs before each, untimed."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(n):
-        if rewind is not None:
-            rewind()
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[n // 2]
-
-
-def decode_profile(eng, batches) -> dict:
-    """Median milliseconds of one replayed decode step per batch (the engine's floor per token)."""
-    res = {}
-    for B in batches:
-        key = next((k for k in eng.graphs if k[0] == B), None)
-        if key is not None:
-            res[B] = replay_ms(eng.graphs[key][0].replay)
-    return res
-
-
 # -- update --------------------------------------------------------------------------------------
-
-def update_workload(n=32, lo=256, hi=1024, prompt=32, seed=0):
-    if os.environ.get("MASRL_BENCH_MODEL"):  # checking the script on a CPU
-        n, lo, hi = 8, 64, 128
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        L = rng.randint(lo, hi)
-        ids = [rng.randrange(100, 49000) for _ in range(L)]
-        rows.append((ids[:prompt], ids[prompt:]))
-    return rows
-
-
-def useful_flops(cfg, rows) -> float:
-    D, L, inter = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
-    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    hd = D // H
-    linear = L * (D * H * hd + 2 * D * Hkv * hd + H * hd * D + 3 * D * inter)
-    tokens = sum(len(p) + len(c) for p, c in rows)
-    comp = sum(len(c) for _, c in rows)
-    attn = sum(6 * L * (len(p) + len(c)) ** 2 * H * hd for p, c in rows)  # causal: half of 4 S^2 H hd, x3
-    return 6 * linear * tokens + attn + 6 * cfg.vocab_size * D * comp
-
 
 def child_update(side: str, repeats: int) -> dict:
     import torch
@@ -236,19 +179,6 @@ def child_update(side: str, repeats: int) -> dict:
 
 
 # -- GRPO step vs TRL --------------------------------------------------------------------------------
-
-def grpo_prompts(n):
-    names = ["Tom", "Mei", "Omar", "Ana", "Raj", "Lena", "Kofi", "Ivy"]
-    things = ["apples", "pencils", "books", "coins", "cards", "stamps", "shells", "marbles"]
-    rng = random.Random(0)
-    qs = []
-    for i in range(n):
-        a, b = rng.randint(2, 60), rng.randint(2, 60)
-        qs.append(f"{names[i % 8]} has {a} {things[(i // 8) % 8]} and gets {b} more. How many {things[(i // 8) % 8]} now?")
-    system = ("You solve math word problems. Write the calculation in <solution></solution> and the final number in "
-              "<answer></answer>.")
-    return [[{"role": "system", "content": system}, {"role": "user", "content": q}] for q in qs]
-
 
 def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int, shape: str = "0.5b",
                     lora: int = 0) -> dict:
@@ -337,14 +267,13 @@ def child_team(steps: int, tasks: int, samples: int, shape: str = "0.5b") -> dic
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
 
-    sys.path.insert(0, str(ROOT / "tests"))  # helpers: the hash reward
     cfg = load_config(config_path("math/team_lora"), [
         f"device={DEV}", f"model={SHAPES[shape]}", f"train.steps={steps}", "train.eval_before=false",
         "train.eval_after=false", "train.save_every=0", f"rollout.tasks_per_step={tasks}",
         f"rollout.samples_per_task={samples}", "rollout.max_batch_size=256", "rollout.max_in_flight=512",
         f"algorithm.micro_batch_tokens={4096 if shape == '7b' else 16384}", f"output_dir=/tmp/masrl-bench-team-{os.getpid()}",
         # random weights never write the tag format: a hash of each completion gives groups reward variance
-        "rewards=[{type: outcome}, {type: format, weight: 0.5}, {type: 'helpers:agent_hash_reward'}]"])
+        "rewards=[{type: outcome}, {type: format, weight: 0.5}, {type: 'harness:agent_hash_reward'}]"])
     tr = Trainer(cfg)
     tr.prepare(resume=False)
     recs = []
@@ -363,36 +292,6 @@ def child_team(steps: int, tasks: int, samples: int, shape: str = "0.5b") -> dic
 
 
 # -- driver ------------------------------------------------------------------------------------------
-
-def run_child(*args: str, timeout: int = 900) -> dict:
-    cmd = [sys.executable, __file__, "--child", *args]
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    for line in proc.stdout.splitlines():
-        if line.startswith("  "):
-            print(line, flush=True)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = proc.stderr.strip().splitlines()[-12:]
-        print(f"  child {args} failed ({proc.returncode}) after {time.time() - t0:.0f}s:\n    " + "\n    ".join(tail), flush=True)
-        return {"error": tail[-1] if tail else f"exit {proc.returncode}"}
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def header() -> str:
-    import torch
-    import transformers
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    try:
-        import trl
-
-        trl_v = trl.__version__
-    except Exception:  # noqa: BLE001
-        trl_v = "not installed"
-    return (f"GPU: {gpu}; torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}, "
-            f"trl {trl_v}; command: python3 benchmarks/{Path(sys.argv[0]).name} {' '.join(sys.argv[1:])}")
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()

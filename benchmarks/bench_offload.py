@@ -53,8 +53,7 @@ def child(side: int, out: str) -> None:
     data["algorithm"] = {"micro_batch_size": 16, "kl_coef": 0.01}  # a reference model per policy, as with KL
     # random weights earn no task reward: a pseudo-random reward per completion gives every group
     # variance, so every policy really updates (an all-zero group would skip its update)
-    sys.path.insert(0, str(ROOT / "tests"))
-    data["rewards"] = [{"type": "helpers:task_hash_reward"}]
+    data["rewards"] = [{"type": "harness:task_hash_reward"}]
     tr = Trainer(load_config(data=data), run_dir=Path(out))
     tr.prepare(resume=False)
     peaks = {}

@@ -27,23 +27,29 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = {1: "math_team_shared", 2: "math_team_two_policies", 4: "math_team_four_policies"}
+CONFIGS = {1: "math/team_shared", 2: "math/team_two_policies", 4: "math/team_four_policies"}
 
 
 def child(n: int, placement: str, model: str, steps: int, out: str) -> None:
-    sys.path.insert(0, str(ROOT / "tests" / "integration"))
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tinycfg import tiny_config
+    import yaml
 
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
+    from masrl.families import config_path
 
-    data = tiny_config(CONFIGS[n], Path(out), steps=steps, threads=1, seed=0)
-    data["model"] = model
+    # the shipped config at a small size: 24 new tokens a call, 4 tasks x 4 samples a step, and a hash reward so
+    # that random weights' groups have reward variance and every policy really updates
+    data = yaml.safe_load(config_path(CONFIGS[n]).read_text())
+    data.update(model=model, seed=0, threads=1, output_dir=out, runtime={"placement": placement, "address": "local"},
+                rewards=[{"type": "outcome"}, {"type": "format", "weight": 0.5}, {"type": "harness:agent_hash_reward"}],
+                train={"steps": steps, "save_every": 0, "eval_before": False, "eval_after": False},
+                algorithm={"micro_batch_size": 4})
+    data["data"] = {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
+    for p in data["policies"].values():
+        p.pop("model", None)
     for a in data["agents"].values():
         a["max_new_tokens"] = 24
-    data["rollout"].update(tasks_per_step=4, samples_per_task=4)
-    data["runtime"] = {"placement": placement, "address": "local"}
+    data["rollout"] = {"tasks_per_step": 4, "samples_per_task": 4, "max_wait_ms": 5}
     tr = Trainer(load_config(data=data), run_dir=Path(out))
     t0 = time.perf_counter()
     tr.prepare(resume=False)

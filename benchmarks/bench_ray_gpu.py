@@ -64,7 +64,6 @@ def _echo_seconds(payload_bytes: int, trips: int, reps: int = 20) -> float:
 def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -> None:
     import yaml
 
-    sys.path.insert(0, str(ROOT / "tests"))
     from masrl.config import load_config
     from masrl.driver.run.loop import Trainer
 
@@ -84,7 +83,7 @@ def child(side: str, model: str, device: str, steps: int, gpus: int, out: str) -
     data["rollout"] = {"tasks_per_step": 8, "samples_per_task": 4}
     data["train"] = {"steps": steps, "eval_before": False, "eval_after": False, "save_every": 100}
     data["algorithm"] = {"micro_batch_size": 16}
-    data["rewards"] = [{"type": "helpers:task_hash_reward"}]
+    data["rewards"] = [{"type": "harness:task_hash_reward"}]
     data["runtime"] = {"placement": placement, "address": "local"}
     t0 = time.perf_counter()
     tr = Trainer(load_config(data=data), run_dir=Path(out))

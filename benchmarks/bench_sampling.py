@@ -11,13 +11,8 @@ the fused tokens against the float64 inverse-CDF draw (``sample_kernel.agrees``)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import harness
 import torch
-
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_gpu as B  # noqa: E402
 
 from masrl.engines import sample_kernel  # noqa: E402
 from masrl.engines.sampling import BatchFlags, sample_tokens  # noqa: E402
@@ -40,13 +35,13 @@ def case(rows: int, vocab: int, greedy: bool, gen: torch.Generator) -> tuple:
     t_new, lp_new = fused_side()
     same = float((t_ref == t_new).float().mean())
     exact = sample_kernel.agrees(logits.float(), temps, u, t_new, lp_new)
-    ms_t = B.replay_ms(torch_side, n=50)
-    ms_f = B.replay_ms(fused_side, n=50)
+    ms_t = harness.replay_ms(torch_side, n=50)
+    ms_f = harness.replay_ms(fused_side, n=50)
     return ms_t, ms_f, same, exact
 
 
 def main() -> None:
-    print(B.header(), flush=True)
+    print(harness.header(), flush=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print("| vocabulary | rows | rows' mode | torch us | fused us | torch / fused | same token | exact draw |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |")

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import platform
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gpu as B  # noqa: E402
+import harness
 
 
 def workload(calls: int, samples: int, prompt: int, completion: int, vocab: int, seed: int = 0):
@@ -75,9 +72,9 @@ def main() -> None:
     ap.add_argument("--completion", type=int, default=20)
     ap.add_argument("--budget", type=int, default=8192)
     args = ap.parse_args()
-    cuda = B.DEV.startswith("cuda")
-    host = ModelHost(B.SHAPES[args.shape], [PolicySpec("p", B.SHAPES[args.shape], optim=OptimConfig(lr=1e-5))],
-                     device=B.DEV, dtype=torch.bfloat16 if cuda else torch.float32)
+    cuda = harness.DEV.startswith("cuda")
+    host = ModelHost(harness.SHAPES[args.shape], [PolicySpec("p", harness.SHAPES[args.shape], optim=OptimConfig(lr=1e-5))],
+                     device=harness.DEV, dtype=torch.bfloat16 if cuda else torch.float32)
     rows = workload(args.calls, args.samples, args.prompt, args.completion, host.core.config.vocab_size)
     start = [p.detach().clone() for p in host.policy_parameters("p")]
     sides = {"rows whole (share_prefix=false)": AlgorithmConfig(group_key=["task_id"], share_prefix=False,
@@ -89,7 +86,7 @@ def main() -> None:
     dev = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
     print(f"`python3 benchmarks/bench_shared_prompt.py --shape {args.shape} --prompt {args.prompt}` on {dev}: "
           f"{args.calls} calls x {args.samples} samples, prompt {args.prompt} tokens, completions "
-          f"{args.completion}-{args.completion + 4}, budget {args.budget} tokens, {B.SHAPES[args.shape]}")
+          f"{args.completion}-{args.completion + 4}, budget {args.budget} tokens, {harness.SHAPES[args.shape]}")
     print("| side | layout | update s | peak GiB | speed-up |")
     print("| --- | --- | --- | --- | --- |")
     base = results["rows whole (share_prefix=false)"][0]

@@ -22,14 +22,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
-from pathlib import Path
 
+import harness
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_gpu as B  # noqa: E402
 
 DEV = "cuda"
 H, HKV, D, HIDDEN, INTER, VOCAB = 14, 2, 64, 896, 4864, 151936
@@ -46,7 +42,7 @@ def graph_us(fn, n: int = 20) -> float:
     with torch.cuda.graph(g):
         for _ in range(n):
             fn()
-    return B.replay_ms(g.replay, n=15) * 1000.0 / n
+    return harness.replay_ms(g.replay, n=15) * 1000.0 / n
 
 
 def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
@@ -203,7 +199,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="attention,fused,gemm,split")
     only = set(ap.parse_args().only.split(","))
-    print(B.header(), flush=True)
+    print(harness.header(), flush=True)
     rows: list = []
     if "attention" in only:
         attention(rows)

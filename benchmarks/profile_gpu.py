@@ -9,15 +9,11 @@ the top kernels by GPU time; issue 28's bar is the paged decode step at batch 25
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
+import harness
 import torch
 from torch.profiler import ProfilerActivity, profile
-
-sys.path.insert(0, str(Path(__file__).parent))
-import bench_gpu as B  # noqa: E402
 
 
 def table(prof, n=18) -> str:
@@ -36,17 +32,17 @@ def kernels_in(prof) -> tuple[int, float]:
 
 
 def build_engine(kind: str, shape: str):
-    """The static or the paged engine of the bench_gpu shape, bf16, on ``B.DEV``."""
+    """The static or the paged engine of the bench_gpu shape, bf16, on ``harness.DEV``."""
     from masrl.models import load_model
 
-    model, tok = load_model(B.SHAPES[shape], seed=0, dtype=torch.bfloat16, device=B.DEV)
+    model, tok = load_model(harness.SHAPES[shape], seed=0, dtype=torch.bfloat16, device=harness.DEV)
     if kind == "paged":
         from masrl.engines.paged import PagedEngine
 
-        return PagedEngine(model, tok, [tok.eos_token_id], device=B.DEV, gpu_memory_utilization=0.05)
+        return PagedEngine(model, tok, [tok.eos_token_id], device=harness.DEV, gpu_memory_utilization=0.05)
     from masrl.engines.static import StaticEngine
 
-    return StaticEngine(model, tok, [tok.eos_token_id], device=B.DEV)
+    return StaticEngine(model, tok, [tok.eos_token_id], device=harness.DEV)
 
 
 def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128) -> None:
@@ -84,7 +80,7 @@ def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128) -> N
               f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
         print(table(prof, 14))
         g = eng.graphs[key][0]
-        print(f"graph replay: {B.replay_ms(g.replay, rewind, n=30):.3f} ms per step (median of 30); "
+        print(f"graph replay: {harness.replay_ms(g.replay, rewind, n=30):.3f} ms per step (median of 30); "
               f"kernels fused: {eng.stats['fused_kernels']}")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             rewind()
@@ -103,8 +99,8 @@ def update() -> None:
     from masrl.worker.precision import MasterWeightsAdamW
     from masrl.worker.training import train_policy
 
-    rows = B.update_workload()
-    host = ModelHost(B.SHAPES["0.5b"], [PolicySpec("p", B.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
+    rows = harness.update_workload()
+    host = ModelHost(harness.SHAPES["0.5b"], [PolicySpec("p", harness.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                      device="cuda:0", dtype=torch.bfloat16)
     opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     for budget in (16384, 32768):
@@ -121,7 +117,7 @@ def update() -> None:
         step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        flops = B.useful_flops(host.core.config, rows)
+        flops = harness.useful_flops(host.core.config, rows)
         print(f"\n== update 0.5B, micro_batch_tokens {budget}: {wall * 1000:.0f} ms wall, MFU {flops / wall / 989e12:.3f}, "
               f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -140,7 +136,7 @@ def main() -> None:
                     help="decode shapes, batches and prompt lengths, shape:batch[:prompt],... (prompt default 128)")
     a = ap.parse_args()
     only = set(a.only.split(","))
-    print(B.header(), flush=True)
+    print(harness.header(), flush=True)
     import traceback
 
     cases = [(c.split(":")[0], int(c.split(":")[1]), int((c.split(":") + ["128"])[2])) for c in a.cases.split(",")]

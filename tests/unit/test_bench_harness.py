@@ -1,0 +1,51 @@
+"""The benchmarks' shared module: its hash rewards, and that no benchmark reaches into tests/ or edits its path."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from masrl.data.tasks import Task
+from masrl.trace import Call, Trace
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _harness():
+    spec = importlib.util.spec_from_file_location("harness", BENCH / "harness.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["harness"] = mod  # as a benchmark script imports it (its dataclasses need their module)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trace(task_id: str, texts: list[tuple[str, str]]) -> Trace:
+    tr = Trace("tr", task_id, 0)
+    for i, (agent, text) in enumerate(texts):
+        tr.calls.append(Call(f"c{i}", "tr", task_id, 0, agent, "p", i, [], completion=text))
+    return tr
+
+
+def test_the_hash_rewards_are_deterministic_and_vary_by_text_task_and_agent():
+    h = _harness()
+    texts = [("solver", f"answer {i}") for i in range(12)] + [("verifier", "ok")]
+    a = h.agent_hash_reward().allocate(_trace("t1", texts), Task("t1", "q", None, {}))
+    again = h.agent_hash_reward().allocate(_trace("t1", texts), Task("t1", "q", None, {}))
+    assert [r.reward for r in a] == [r.reward for r in again]
+    assert len({r.reward for r in a}) > 5 and all(0.0 <= r.reward < 1.0 for r in a)
+    only = h.agent_hash_reward(agents=["verifier"]).allocate(_trace("t1", texts), Task("t1", "q", None, {}))
+    assert [r.call_id for r in only] == ["c12"]
+    same = [("solver", "same")] * 2
+    one = h.task_hash_reward().allocate(_trace("t1", same), Task("t1", "q", None, {}))
+    two = h.task_hash_reward().allocate(_trace("t2", same), Task("t2", "q", None, {}))
+    assert one[0].reward == one[1].reward and one[0].reward != two[0].reward  # a repeated text differs between tasks
+
+
+def test_no_benchmark_edits_its_path_or_imports_the_tests():
+    offenders = [f"{p.name}:{i + 1}" for p in sorted(BENCH.glob("*.py"))
+                 for i, line in enumerate(p.read_text().splitlines())
+                 if "sys.path.insert" in line or re.search(r"\b(helpers|tinycfg|bench_gpu):", line)
+                 or re.match(r"\s*(import bench_gpu|from bench_gpu|from helpers|import helpers)\b", line)]
+    assert offenders == []

@@ -557,3 +557,28 @@ def test_each_step_records_its_gpu_peak_and_what_holds_the_memory(tmp_path):
         held = sum(m[k] for k in ("weights", "optimizer", "engine_kv", "engine_weights"))
         assert m["peak_gib"] >= held
     tr.rt.close()
+
+
+def test_two_paged_engines_in_threads_capture_and_sample_at_once():
+    """Two policies in one process (independent players, a frozen opponent): each engine samples in a thread of its
+    own, and both capture their first graphs at the same moment. Each gives the greedy tokens it gives alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from masrl.engines.paged import PagedEngine
+    from masrl.models import load_model
+
+    engines, batches = [], []
+    for seed in (0, 1):
+        model, tok = load_model("random-smollm2-135m", seed=seed, dtype=torch.bfloat16, device="cuda")
+        engines.append(PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", max_batch_size=64))
+        batches.append([req(p, temperature=0.0, max_new_tokens=12 + i % 5) for i, p in enumerate(prompts(tok, 24))])
+    for _ in range(3):  # fresh graphs each round: a capture in one thread while the other captures or replays
+        for e in engines:
+            e.release()
+        with ThreadPoolExecutor(2) as pool:
+            together = list(pool.map(lambda k: engines[k].generate(batches[k]), (0, 1)))
+        alone = [engines[k].generate(batches[k]) for k in (0, 1)]
+        for k in (0, 1):
+            assert [o.completion_ids for o in together[k]] == [o.completion_ids for o in alone[k]]
+    assert all(e.stats["graphs_captured"] > 0 for e in engines)
+    print(f"[gpu] two engines in threads: graphs captured {[e.stats['graphs_captured'] for e in engines]}")

@@ -11,6 +11,7 @@ so a batch that mixes adapters runs two small matmuls per group and no per-adapt
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ import torch.nn.functional as F
 from masrl.modeling.lean import core_model
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_CAPTURE_LOCKS: dict[torch.device, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
 
 
 def capture_stream(dev: torch.device) -> torch.cuda.Stream:
@@ -28,6 +31,14 @@ def capture_stream(dev: torch.device) -> torch.cuda.Stream:
     if dev not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[dev] = torch.cuda.Stream(dev)
     return _CAPTURE_STREAMS[dev]
+
+
+def capture_lock(dev: torch.device) -> threading.Lock:
+    """Held for a warm-up and capture on the device's capture stream: engines of several policies in one process
+    sample in threads of their own, and two captures (or a warm-up and a capture) on the one shared stream at once
+    invalidate the capture (cudaErrorStreamCaptureInvalidated)."""
+    with _LOCKS_GUARD:
+        return _CAPTURE_LOCKS.setdefault(dev, threading.Lock())
 
 
 def batch_bucket(n: int) -> int:

@@ -17,7 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from masrl.engines import kernels, sample_kernel
-from masrl.engines.decode_weights import DecodeWeights, base_linear, capture_stream, lora_delta, residual_linear
+from masrl.engines.decode_weights import (
+    DecodeWeights,
+    base_linear,
+    capture_lock,
+    capture_stream,
+    lora_delta,
+    residual_linear,
+)
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
@@ -189,6 +196,10 @@ class GraphDecoder:
         return logits
 
     def _capture(self, B: int, S: int):
+        with capture_lock(self.dev):  # one capture at a time on the device's shared capture stream
+            return self._capture_locked(B, S)
+
+    def _capture_locked(self, B: int, S: int):
         saved = [(t, t.clone()) for t in self._step_state(B)]
         side = capture_stream(self.dev)
         side.wait_stream(torch.cuda.current_stream(self.dev))

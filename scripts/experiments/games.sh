@@ -15,8 +15,9 @@ set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-900}; OUT=${OUT:-out}
 TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
 TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
-# memory per run (SmolLM2-135M): a KV pool of 0.02 of the device and 2048-token update micro-batches, so that twelve
-# runs fit one 80 GB card
+# memory per run (SmolLM2-135M, a KV pool of 0.02 of the device per engine, 2048-token update micro-batches), peaks
+# measured on an H100: one policy 5-8 GiB, two independent policies 10.8, the pool (four engines) 11.9. On one 80 GB
+# card keep the sum under ~60 GiB: the four default arms' twelve runs did not fit (choose ARMS and SEEDS in waves)
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 "data.eval.n=$EVAL_GAMES"
         train.log_traces=4 "train.time_limit_s=$TL" rollout.samples_per_task=8
         rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.02

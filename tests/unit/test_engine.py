@@ -214,3 +214,26 @@ def test_bf16_decode_on_a_cpu_runs_attention_as_matmuls_and_keeps_the_logprobs(t
     monkeypatch.setattr(lean, "FEW_QUERIES", 0)  # the SDPA path, for the scale of bf16 error
     sdpa_errs = errors()
     assert max(errs) < 0.1 and max(errs) <= 2 * max(sdpa_errs) + 1e-3, (errs, sdpa_errs)
+
+
+def test_every_engine_declares_its_capabilities_and_a_weight_change_runs_where_it_may(tiny):
+    """The worker reads the Engine protocol's capabilities and asks no engine what it has: each engine declares
+    them; the paged engine swaps weights between steps, the others run the change at once."""
+    from masrl.engines.base import Engine
+    from masrl.engines.vllm_engine import VLLMEngine
+
+    model, tok = tiny
+    stops = stop_token_ids(tok)
+    for cls in (HFEngine, StaticEngine, PagedEngine, VLLMEngine):
+        assert {"joins_running_decode", "swaps_between_steps", "at_boundary", "take_counters"} <= set(dir(cls)), cls
+    assert PagedEngine.joins_running_decode and PagedEngine.swaps_between_steps
+    assert not HFEngine.swaps_between_steps and not StaticEngine.joins_running_decode
+    for kind in ("hf", "static", "paged"):
+        eng = HFEngine(model, tok, stops) if kind == "hf" else make(kind, model, tok, stops)
+        assert isinstance(eng, Engine)
+        ran = []
+        eng.at_boundary(lambda: ran.append(kind))  # no call running: every engine runs it now
+        assert ran == [kind]
+        eng.generate([req([5, 6, 7], max_new_tokens=3)])
+        counters = eng.take_counters()
+        assert (set(counters) == {"preemptions", "pool_peak"}) if kind == "paged" else counters == {}

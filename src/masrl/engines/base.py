@@ -9,7 +9,7 @@ batching over a paged KV cache held to a budget; Llama-family models). ``make_en
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 from masrl.messages import GenOutput, GenRequest
 
@@ -17,6 +17,9 @@ from masrl.messages import GenOutput, GenRequest
 @runtime_checkable
 class Engine(Protocol):
     device: str  # "cpu" | "cuda:N"
+    # what an engine can do beyond sampling a batch; the worker reads these and asks nothing else
+    joins_running_decode: bool  # a generate called while another runs joins its decode steps (batches overlap)
+    swaps_between_steps: bool  # at_boundary runs a weight change between two steps while calls go on
 
     def generate(self, requests: list[GenRequest]) -> list[GenOutput | Exception]:
         """Sample every row; rows may mix adapters, temperatures, top-p, limits and stop strings. A
@@ -43,6 +46,30 @@ class Engine(Protocol):
         """Bytes the engine keeps on its device between calls, beyond the model's weights: ``kv``
         (its KV cache) and ``weights`` (its own copies of weights); {} when it keeps none."""
         ...
+
+    def at_boundary(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (a weight change) where the engine allows one: between two steps, running calls going on
+        with the new weights (``swaps_between_steps``), or at once, the caller holding the engine's lock so that
+        no call runs (every other engine)."""
+        ...
+
+    def take_counters(self) -> dict[str, float]:
+        """Counters since the last take for the step's memory record (a paged engine: pre-emptions and its pool's
+        fullest point); {} where the engine keeps none."""
+        ...
+
+
+class EngineDefaults:
+    """The capabilities an engine without them declares: no joined batches, no mid-call weight swaps, no counters."""
+
+    joins_running_decode = False
+    swaps_between_steps = False
+
+    def at_boundary(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def take_counters(self) -> dict[str, float]:
+        return {}
 
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from masrl.engines import kernels, sample_kernel
+from masrl.engines.base import EngineDefaults
 from masrl.engines.decode_weights import (
     DecodeWeights,
     base_linear,
@@ -30,7 +31,7 @@ from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
 
 
-class GraphDecoder:
+class GraphDecoder(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, cuda_graphs: bool,
                  fused_kernels: bool):
         self.model = model

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from masrl.engines.base import EngineDefaults
 from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling import lean as llama_forward
@@ -54,7 +55,7 @@ class _HFForward:
         return out.logits[:, -1, :]
 
 
-class HFEngine:
+class HFEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, seed: int = 0, compact_ratio: float = 0.5,
                  fast_path: bool = True, min_prefix: int = 16):
         self.model = model

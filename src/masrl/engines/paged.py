@@ -60,6 +60,7 @@ class _Job:
 
 class PagedEngine(PagedSteps):
     joins_running_decode = True  # a second generate's calls join the running decode (the driver overlaps batches)
+    swaps_between_steps = True  # at_boundary: a weight change between two steps, running calls going on
 
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from masrl.engines.base import EngineDefaults
 from masrl.messages import GenOutput, GenRequest
 
 
@@ -35,7 +36,7 @@ def _core(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
-class VLLMEngine:
+class VLLMEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, max_model_len: int = 4096,
                  gpu_memory_utilization: float = 0.4, kv_cache_gb: int = 1, **_ignored):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are handed over directly

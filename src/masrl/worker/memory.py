@@ -86,9 +86,8 @@ def host_rows(host) -> list[dict]:
         engine = host.engine.memory() if host.engine_device == d else {}
         row = {"device": d, "process": os.getpid(), "weights": weights / GIB, "weight_copy": copy / GIB,
                "optimizer": opt / GIB, **{f"engine_{k}": engine.get(k, 0) / GIB for k in ("kv", "weights", "buffers")}}
-        take = getattr(host.engine, "take_counters", None)  # a paged engine: its pool's use and pre-emptions
-        if take is not None and host.engine_device == d:
-            row.update({f"engine_{k}": v for k, v in take().items()})
+        if host.engine_device == d:  # a paged engine: its pool's use and pre-emptions
+            row.update({f"engine_{k}": v for k, v in host.engine.take_counters().items()})
         if claim(d, host):
             peak, reserved = step_peak(d)
             row.update(peak_gib=peak / GIB, reserved_gib=reserved / GIB)

@@ -81,8 +81,8 @@ class PolicyWorker(PolicyHost):
                                           seed=seed, **(engine_options or {}))
         # a paged engine under overlap_update takes new weights between two steps, mid-call (at_boundary):
         # its batches then hold no lock, and a publish never waits for the longest running call
-        self.swaps_mid_call = self.overlaps_update and not self.fsdp and hasattr(self.engine, "at_boundary")
-        self.joins_batches = getattr(self.engine, "joins_running_decode", False)
+        self.swaps_mid_call = self.overlaps_update and not self.fsdp and self.engine.swaps_between_steps
+        self.joins_batches = self.engine.joins_running_decode
         memory.enroll(self, {device, self.engine_device})
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
@@ -174,7 +174,7 @@ class PolicyWorker(PolicyHost):
 
     @property
     def engine_device(self) -> str:
-        return str(getattr(self.engine, "device", self.device))
+        return str(self.engine.device)
 
     def get_step(self) -> int:
         return self.step

@@ -59,19 +59,6 @@ class Engine(Protocol):
         ...
 
 
-class EngineDefaults:
-    """The capabilities an engine without them declares: no joined batches, no mid-call weight swaps, no counters."""
-
-    joins_running_decode = False
-    swaps_between_steps = False
-
-    def at_boundary(self, fn: Callable[[], None]) -> None:
-        fn()
-
-    def take_counters(self) -> dict[str, float]:
-        return {}
-
-
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
     """``kind``: hf | static | paged | vllm | auto (``auto_kind``: paged on CUDA when the model supports it,
     else hf)."""

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from masrl.engines import kernels, sample_kernel
-from masrl.engines.base import EngineDefaults
 from masrl.engines.decode_weights import (
     DecodeWeights,
     base_linear,
@@ -26,6 +25,7 @@ from masrl.engines.decode_weights import (
     lora_delta,
     residual_linear,
 )
+from masrl.engines.defaults import EngineDefaults
 from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes

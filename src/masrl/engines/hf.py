@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from masrl.engines.base import EngineDefaults
+from masrl.engines.defaults import EngineDefaults
 from masrl.engines.sampling import BatchFlags, counter_uniforms, sample_tokens
 from masrl.messages import GenOutput, GenRequest
 from masrl.modeling import lean as llama_forward

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from masrl.engines.base import EngineDefaults
+from masrl.engines.defaults import EngineDefaults
 from masrl.messages import GenOutput, GenRequest
 
 

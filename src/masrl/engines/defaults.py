@@ -1,0 +1,21 @@
+"""What an engine declares when it has none of the optional capabilities of the ``Engine`` protocol (engines/base.py).
+
+Its own module: base.py's ``make_engine`` imports every engine, so the engines cannot import base.py back.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class EngineDefaults:
+    """The capabilities an engine without them declares: no joined batches, no mid-call weight swaps, no counters."""
+
+    joins_running_decode = False
+    swaps_between_steps = False
+
+    def at_boundary(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def take_counters(self) -> dict[str, float]:
+        return {}

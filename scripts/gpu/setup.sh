@@ -5,6 +5,8 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/wheels/*.whl \
   2>&1 | grep -v "^WARNING: Target directory" || true
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}
+# vLLM and its wheels, once scripts/gpu/vllm_install.sh has put them there (after /tmp/site: masrl's pins win)
+[ -f /tmp/site-vllm/.installed-vllm ] && export PYTHONPATH=$PYTHONPATH:/tmp/site-vllm
 # masrl's cache (the tokenizer from .gpu/cache, the converted SmolLM2) lives in /tmp: files written
 # inside the repo's ignored folders do not all survive the next call's copy of the working tree
 mkdir -p /tmp/masrl-cache && { [ -d .gpu/cache ] && cp -rn .gpu/cache/. /tmp/masrl-cache/ 2>/dev/null; true; }

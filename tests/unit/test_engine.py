@@ -232,7 +232,7 @@ def test_every_engine_declares_its_capabilities_and_a_weight_change_runs_where_i
         eng = HFEngine(model, tok, stops) if kind == "hf" else make(kind, model, tok, stops)
         assert isinstance(eng, Engine)
         ran = []
-        eng.at_boundary(lambda: ran.append(kind))  # no call running: every engine runs it now
+        eng.at_boundary(lambda ran=ran, kind=kind: ran.append(kind))  # no call running: every engine runs it now
         assert ran == [kind]
         eng.generate([req([5, 6, 7], max_new_tokens=3)])
         counters = eng.take_counters()

@@ -96,3 +96,42 @@ def test_each_arm_says_how_many_training_tasks_it_had_and_runs_on_other_held_out
     (other / "data.json").write_text(json.dumps(d))
     (note,) = collect_runs([runs[2], other])["notes"]
     assert "different held-out sets" in note and "team seed 0: 5 tasks, 1 100%" in note
+
+
+def test_a_games_arms_agents_are_put_side_by_side_per_seat(tmp_path):
+    pytest.importorskip("textarena")
+    from masrl.cli.compare import build_compare
+
+    dirs = []
+    for seed in (0, 1):
+        run = tmp_path / f"ttt-{seed}"
+        assert main(["train", "games/tictactoe_selfplay", "model=tiny-random", "train.steps=1", "data.eval.n=4",
+                     "rollout.tasks_per_step=1", "rollout.samples_per_task=2", "workflow.options.examples=0",
+                     "train.save_every=0", f"seed={seed}", f"output_dir={run}"]) == 0
+        dirs.append(run)
+    (arm,) = collect_runs(dirs)["arms"]
+    lasts = [[json.loads(x) for x in open(d / "metrics.jsonl") if '"eval"' in x][-1]["agents"]["player_0"] for d in dirs]
+    got = arm["summary"]["agents_last"]["player_0"]
+    assert set(got) == {"score", "seat0_score", "seat1_score", "win", "draw", "loss", "invalid", "lost_by_invalid"}
+    for k in got:
+        assert got[k]["values"] == [m[k] for m in lasts]
+    page = build_compare(dirs, tmp_path / "cmp.html").read_text()
+    assert '"agents_last"' in page and "seat1_score" in page
+    if not (CHROMIUM and DRIVER):
+        return
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 f"--user-data-dir={tmp_path / 'profile'}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    try:
+        driver.get((tmp_path / "cmp.html").resolve().as_uri())
+        row = driver.find_element(By.CSS_SELECTOR, "#agents tr[data-agent='tictactoe_selfplay/player_0']")
+        assert row.is_displayed() and len(row.find_elements(By.TAG_NAME, "td")) == 10
+    finally:
+        driver.quit()

@@ -8,7 +8,9 @@ seeds and the min-max band;
 and a table: held-out before -> after (mean, min-max, per seed), the compute each arm spent, its
 model calls per held-out task, and how many distinct training tasks it had and how often each came
 back (an arm with more tasks a step over a small pool repeats them, `data.json`). Equal compute is
-read off the x axes, not assumed. Runs scored on different held-out sets are named above the table.
+read off the x axes, not assumed. Runs scored on different held-out sets are named above the table. Where the
+workflow scores each agent (a game's seats: ``score``, ``win``, ``draw``, ``seat0_score``, ...), a second table
+puts each arm's agents side by side at their last held-out evaluation.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import yaml
 
 from masrl.cli.page import read_jsonl, write_page
 from masrl.errors import MasrlError
+
+# per-agent held-out figures a workflow reports beside accuracy (a game's: docs/games.md), in the table's order
+AGENT_FIGURES = ("score", "seat0_score", "seat1_score", "win", "draw", "loss", "invalid", "lost_by_invalid")
 
 
 def run_curves(run_dir: Path) -> dict:
@@ -52,8 +57,11 @@ def run_curves(run_dir: Path) -> dict:
             per_task = sum(a.get("calls", 0) for a in r.get("agents", {}).values()) / max(1, r.get("traces", 1))
             evals.append({"step": r["step"], "label": r["eval"], "calls": c, "tokens": t, "context": x, "seconds": s,
                           "accuracy": r.get("outcome"), "calls_per_task": per_task})
+    last = next((r for r in reversed(records) if "eval" in r and r["eval"] not in ("validation", "best")), None)
+    agents = {a: {k: m[k] for k in AGENT_FIGURES if isinstance(m.get(k), (int, float))}
+              for a, m in (last or {}).get("agents", {}).items()}
     out = {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
-           "evals": evals, "best": best}
+           "evals": evals, "best": best, "agents_last": {a: f for a, f in agents.items() if f}}
     data = run_dir / "data.json"  # what the splits held (runs since 2026-12-04)
     if data.is_file():
         d = json.loads(data.read_text())
@@ -65,6 +73,16 @@ def run_curves(run_dir: Path) -> dict:
 
 def _spread(values: list[float]) -> dict:
     return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "values": values}
+
+
+def agent_figures(runs: list[dict]) -> dict:
+    """Each agent's figures at its seeds' last held-out evaluation, spread over the seeds that report them."""
+    figures: dict[str, dict[str, list[float]]] = {}  # agent -> figure -> one value per seed that has it
+    for r in runs:
+        for agent, got in r.get("agents_last", {}).items():
+            for k, v in got.items():
+                figures.setdefault(agent, {}).setdefault(k, []).append(v)
+    return {a: {k: _spread(v) for k, v in f.items()} for a, f in figures.items()}
 
 
 def arm_summary(runs: list[dict]) -> dict:
@@ -87,6 +105,9 @@ def arm_summary(runs: list[dict]) -> dict:
         finals = [r["steps"][-1][key] for r in runs if r["steps"]]
         if finals:
             out[f"train_{key}"] = _spread(finals)
+    figures = agent_figures(runs)
+    if figures:
+        out["agents_last"] = figures
     if all("data" in r and r["data"]["train_tasks"] for r in runs):  # how often a training task came back
         out["train_tasks"] = _spread([r["data"]["train_tasks"] for r in runs])
         out["draws_per_task"] = _spread([r["data"]["draws"] / r["data"]["train_tasks"] for r in runs])
@@ -128,6 +149,10 @@ _BODY = """<h1>masrl compare: held-out accuracy against training compute</h1>
 Compute counts model calls, completion tokens, prompt + completion tokens and rollout + update seconds spent in
 training so far.</div>
 <h2>Summary</h2><div id="notes"></div><table id="summary"></table>
+<div id="agents_box" hidden><h2>Per agent, at the last held-out evaluation</h2>
+<div class="muted">Each agent's own figures (a game's seats: score is win 1, draw 0.5; seat0_score and seat1_score
+the same in the first and second seat; invalid the share of its moves the game refused): mean over seeds
+(min-max).</div><table id="agents"></table></div>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
 <h2>Training outcome</h2><div class="charts" id="training"></div>"""
 
@@ -164,6 +189,12 @@ for(const a of D.arms){const s=a.summary,f=s.heldout_first,l=s.heldout_last,tr=e
     el('td',{},s.train_seconds?(+s.train_seconds.mean).toFixed(1):'-'),
     el('td',{},s.calls_per_task_last?(+s.calls_per_task_last.mean).toFixed(2):'-'),
     el('td',{},s.train_tasks?`${big(s.train_tasks.mean)} (${(+s.draws_per_task.mean).toFixed(1)})`:'-'));T.appendChild(tr);}
+const FIG=['score','seat0_score','seat1_score','win','draw','loss','invalid','lost_by_invalid'],A=document.getElementById('agents');
+const shown=FIG.filter(k=>D.arms.some(a=>Object.values(a.summary.agents_last||{}).some(f=>f[k])));
+if(shown.length){document.getElementById('agents_box').hidden=false;
+  A.appendChild(el('tr')).append(...['arm','agent'].concat(shown).map(h=>el('th',{},h)));
+  for(const a of D.arms)for(const [agent,f] of Object.entries(a.summary.agents_last||{})){const tr=el('tr',{'data-agent':a.name+'/'+agent});
+    tr.append(el('td',{},a.name),el('td',{},agent),...shown.map(k=>el('td',{},f[k]?`${f3(f[k].mean)} (${f3(f[k].min)}-${f3(f[k].max)})`:'-')));A.appendChild(tr);}}
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['context','prompt + completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}

@@ -7,8 +7,9 @@ Each pair plays the held-out games of the config (new seeds, seats swapped every
 the row's weights in the config's first seat agent's policy and the column's in the second's (``init_from`` on
 both, the second frozen), through ``masrl eval``; a cell is the row's score (win 1, draw 0.5, loss 0), averaged
 over the games. ``NAME=untrained`` is the config's model as it loads, with no checkpoint. The diagonal is a policy
-against itself. KEY=VALUE overrides go to every evaluation (e.g.
-``model=tiny-random``).
+against itself. Below the table, an Elo rating per player fitted to the off-diagonal cells (logistic, 400 points
+a factor of ten in odds, the mean at 1000), so that a longer list of checkpoints reads as one scale. KEY=VALUE
+overrides go to every evaluation (e.g. ``model=tiny-random``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,25 @@ def score(config: str, row: str, col: str, games: int, overrides: list[str]) -> 
     return float(summary["outcome"])
 
 
+def elo(names: list[str], cells: dict[tuple[str, str], float], iters: int = 2000) -> dict[str, float]:
+    """Ratings whose expected scores best fit ``cells`` (row's score against column, both seats): gradient ascent on
+    the log-likelihood of the logistic model, the mean held at 1000. Each step clips the ratings to +-800 around the
+    mean, so a player who won or lost everything ends far from the others but at a finite rating."""
+    r = {n: 0.0 for n in names}
+    pairs = [(a, b) for a in names for b in names if a != b and (a, b) in cells]
+    for _ in range(iters):
+        grad = {n: 0.0 for n in names}
+        for a, b in pairs:
+            expected = 1.0 / (1.0 + 10 ** ((r[b] - r[a]) / 400.0))
+            grad[a] += cells[(a, b)] - expected
+            grad[b] -= cells[(a, b)] - expected
+        for n in names:
+            r[n] = max(-800.0, min(800.0, r[n] + 20.0 * grad[n]))
+        mean = sum(r.values()) / len(r)
+        r = {n: v - mean for n, v in r.items()}
+    return {n: 1000.0 + v for n, v in r.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -62,9 +82,14 @@ def main() -> None:
     print(f"{a.config}: row's score against column (win 1, draw 0.5), {a.games} held-out games, both seats\n")
     print("| | " + " | ".join(names) + " |")
     print("| --- |" + " --- |" * len(names))
+    table: dict[tuple[str, str], float] = {}
     for r in names:
-        cells = [f"{score(a.config, named[r], named[c], a.games, overrides):.3f}" for c in names]
-        print(f"| {r} | " + " | ".join(cells) + " |", flush=True)
+        for c in names:
+            table[(r, c)] = score(a.config, named[r], named[c], a.games, overrides)
+        print(f"| {r} | " + " | ".join(f"{table[(r, c)]:.3f}" for c in names) + " |", flush=True)
+    if len(names) > 1:
+        ratings = elo(names, table)
+        print("\nElo (fitted to the table): " + ", ".join(f"{n} {ratings[n]:.0f}" for n in names))
 
 
 if __name__ == "__main__":

@@ -123,3 +123,5 @@ def test_checkpoints_play_each_other_in_a_head_to_head_table(tmp_path):
     assert set(rows) == {"A", "B", "U"}, out.stdout
     cells = {r: [float(x) for x in v.split(" | ")] for r, v in rows.items()}
     assert all(len(v) == 3 and all(0.0 <= x <= 1.0 for x in v) for v in cells.values())
+    ratings = dict(re.findall(r"(A|B|U) (\d+)", out.stdout.split("Elo (fitted to the table):")[1]))
+    assert set(ratings) == {"A", "B", "U"} and abs(sum(map(int, ratings.values())) / 3 - 1000) <= 1

@@ -6,7 +6,7 @@
 # (scripts/head_to_head.py, H2H_GAMES games, both seats). Writes $OUT/games.tgz (metrics, evals, logs) and
 # $OUT/h2h-*.md.
 #
-# Arms (ARMS, default "ttt_selfplay ttt_independent ttt_pool kuhn_selfplay"), at equal training calls: TASKS games a
+# Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls: TASKS games a
 # step (8 samples of each seed) where every seat trains (self-play, two independent policies), twice as many where
 # only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
 # random player (TASKS x 2 games). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
@@ -17,7 +17,7 @@ TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
 TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
 # memory per run (SmolLM2-135M, a KV pool of 0.02 of the device per engine, 2048-token update micro-batches), peaks
 # measured on an H100: one policy 5-8 GiB, two independent policies 10.8, the pool (four engines) 11.9. On one 80 GB
-# card keep the sum under ~60 GiB: the four default arms' twelve runs did not fit (choose ARMS and SEEDS in waves)
+# card keep each wave's sum under ~60 GiB: the four arms' twelve runs at once did not fit, hence the default waves
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 "data.eval.n=$EVAL_GAMES"
         train.log_traces=4 "train.time_limit_s=$TL" rollout.samples_per_task=8
         rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.02
@@ -32,17 +32,23 @@ arm() {  # name config overrides...
       [ $? -ne 124 ] || echo "error: killed after LIMIT=${LIMIT}s, unfinished (raise LIMIT)" >> "$R/$name-seed$s.log" ) &
   done
 }
-for a in ${ARMS:-ttt_selfplay ttt_independent ttt_pool kuhn_selfplay}; do
-  case $a in
-    ttt_selfplay) arm ttt_selfplay games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" ;;
-    ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
-    ttt_pool) arm ttt_pool games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" ;;
-    ttt_random) arm ttt_random games/tictactoe_vs_random "rollout.tasks_per_step=$((TASKS * 2))" ;;
-    kuhn_selfplay) arm kuhn_selfplay games/kuhn_poker_selfplay "rollout.tasks_per_step=$TASKS" ;;
-    *) echo "unknown arm $a" >&2; exit 2 ;;
-  esac
+# ARMS may name waves split by '|' ("ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool"): each wave's runs
+# start together once the wave before has ended (each wave gets LIMIT seconds)
+IFS='|' read -r -a waves <<< "${ARMS:-ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool}"
+for wave in "${waves[@]}"; do
+  echo "wave: $wave"
+  for a in $wave; do
+    case $a in
+      ttt_selfplay) arm ttt_selfplay games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" ;;
+      ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
+      ttt_pool) arm ttt_pool games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" ;;
+      ttt_random) arm ttt_random games/tictactoe_vs_random "rollout.tasks_per_step=$((TASKS * 2))" ;;
+      kuhn_selfplay) arm kuhn_selfplay games/kuhn_poker_selfplay "rollout.tasks_per_step=$TASKS" ;;
+      *) echo "unknown arm $a" >&2; exit 2 ;;
+    esac
+  done
+  wait
 done
-wait
 last() { ls -d "$1"/checkpoints/step_* 2>/dev/null | tail -n 1; }
 h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTRA:-})
 for s in $SEEDS; do  # each self-play seed's last weights against the untrained model, both seats

@@ -114,3 +114,15 @@ def test_a_split_plays_its_games_with_its_own_seating_and_bad_seatings_are_named
             wf.check_split(DataSourceConfig(source="episodes", options=options), "data.eval")
     with pytest.raises(ConfigError, match="takes players and swap_seats.*not seats"):
         check_source(DataSourceConfig(source="episodes", options={"seats": ["a"]}), "data.eval", SOURCES)
+
+
+def test_the_outcome_of_a_pooled_first_seat_is_the_score_of_the_agent_that_played():
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
+    meta = {"players": ["player_0|player_1", "random"], "swap_seats": True}
+    for seed in (s for s in range(60) if "player_1" in wf.seats(s, meta)):  # a game player_1 played and did not lose
+        trace, _ = run_scripted(wf, Task("ep", "episode", None, {"seed": seed, **meta}),
+                                {"player_1": [f"[{i}]" for i in range(9)]})
+        if trace.metrics["player_1/score"] > 0:
+            break
+    assert "player_0/score" not in trace.metrics and trace.metrics["player_1/score"] > 0
+    assert trace.metrics["outcome"] == trace.metrics["player_1/score"]

@@ -23,7 +23,8 @@ is credited its player's reward from the library (+1 win, -1 loss, 0 draw in two
 
 Metrics, per agent (``<agent>/...``, from the traces where it played): ``score`` (win 1, draw 0.5, loss 0), ``win``,
 ``draw``, ``loss``, ``invalid`` (its moves the game refused), ``lost_by_invalid``, and ``seat0_score`` /
-``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one).
+``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one; of a
+seat ``a|b``, the agent that played).
 ``trace.state`` keeps the moves and the winner, which
 ``masrl report`` shows with the calls.
 """
@@ -180,7 +181,10 @@ class TextArenaGame:
                                                           and result == 0.0),
                         f"{agent}/seat{pid}_score": result})
         listed = self._seating(task.meta["players"]) if task.meta.get("players") else self.options
-        first = next(a for opts in listed for a in opts if a != RANDOM)
+        # the first listed seat's agent as this game drew it (of ``a|b``, the one that played), so that a pooled
+        # seat's games are not counted as losses of the agent that sat out
+        first = next((a for opts in listed for a in opts if a != RANDOM and a in seats),
+                     next(a for opts in listed for a in opts if a != RANDOM))
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out

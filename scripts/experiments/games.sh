@@ -6,10 +6,10 @@
 # (scripts/head_to_head.py, H2H_GAMES games, both seats). Writes $OUT/games.tgz (metrics, evals, logs) and
 # $OUT/h2h-*.md.
 #
-# Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls: TASKS games a
-# step (8 samples of each seed) where every seat trains (self-play, two independent policies), twice as many where
-# only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
-# random player (TASKS x 2 games). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
+# Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls:
+# TASKS seeds a step, 8 games of each, where every seat trains (self-play, two independent policies), twice as many
+# where only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
+# random player (TASKS x 2 seeds). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
 # it and evaluate what they reached), EVAL, EXTRA (overrides for every run) and PY can be set too.
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-900}; OUT=${OUT:-out}

@@ -143,6 +143,15 @@ def test_the_gateway_answers_every_request_with_a_200_or_a_json_4xx_in_bounded_t
         assert json.loads(data)["choices"], data[:200]
 
 
+def test_a_prompt_the_tokenizer_drops_entirely_gets_a_400_beside_a_good_one(served):
+    """Found by the gateway fuzzer: a completion prompt of one control character tokenised to nothing, and the
+    engine failed the call with a 503."""
+    status, data, _ = _post(served, "/v1/completions", _body({"model": "solver", "prompt": "\x16"}))
+    assert status == 400 and "empty once tokenised" in json.loads(data)["error"]["message"], data[:300]
+    status, data, _ = _post(served, "/v1/completions", _body({"model": "solver", "prompt": "2 + 2 =", "max_tokens": 4}))
+    assert status == 200 and json.loads(data)["choices"], data[:300]
+
+
 raw_request = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda path, host, auth, body: b"POST " + path + b" HTTP/1.1\r\nHost: " + host + b"\r\n" + auth

@@ -59,7 +59,8 @@ class PromptRenderer:
         """Each call's prompt ids (tokenised in one batch, the text kept in ``pending`` until the call's
         completion is known), or the ``PromptError`` that fails that call alone: too many characters to
         be worth tokenising (no tokenizer packs more than ``MAX_CHARS_PER_TOKEN`` into a token), a render
-        or tokeniser failure, or a prompt that with its ``max_new_tokens`` does not fit ``limit``."""
+        or tokeniser failure, a prompt of no tokens, or a prompt that with its ``max_new_tokens`` does not fit
+        ``limit``."""
         out: list[list[int] | PromptError | None] = [None] * len(calls)
         todo = []
         for i, c in enumerate(calls):
@@ -78,6 +79,10 @@ class PromptRenderer:
                 out[i] = PromptError(f"the prompt could not be rendered and tokenised: {type(r).__name__}: {r}")
                 continue
             text, p = r
+            if not p:  # a raw prompt whose every character the tokenizer drops ("\x16"): nothing to continue from
+                out[i] = PromptError("the prompt is empty once tokenised (the tokenizer keeps none of its characters); "
+                                     "give it some text")
+                continue
             self.pending[c.call_id] = text
             fits = len(p) + c.sampling.max_new_tokens <= limit
             out[i] = p if fits else ContextOverflow(len(p), c.sampling.max_new_tokens, limit)

@@ -89,13 +89,17 @@ class TextArenaGame:
         the first two seats swapped every other episode. A split's own seating (``data.eval.options.players`` and
         ``swap_seats`` of source ``episodes``, in ``meta``) replaces the workflow's for its games."""
         meta = meta or {}
-        options = self._seating(meta["players"]) if meta.get("players") else self.options
+        options = self._listed(meta)
         swap = bool(meta.get("swap_seats", self.swap_seats)) if meta.get("players") else self.swap_seats
         order = [opts[0] if len(opts) == 1 else random.Random(f"seat-{seed}-{i}").choice(opts)
                  for i, opts in enumerate(options)]
         if swap and len(order) >= 2 and seed % 2 == 1:
             order[0], order[1] = order[1], order[0]
         return order
+
+    def _listed(self, meta: dict) -> list[list[str]]:
+        """Each seat's agents: the split's own seating where its tasks carry one, else the workflow's."""
+        return self._seating(meta["players"]) if meta.get("players") else self.options
 
     @staticmethod
     def _seating(players: list[str]) -> list[list[str]]:
@@ -180,7 +184,7 @@ class TextArenaGame:
                         f"{agent}/lost_by_invalid": float(bool(moves) and moves[-1]["seat"] == pid and moves[-1]["invalid"]
                                                           and result == 0.0),
                         f"{agent}/seat{pid}_score": result})
-        listed = self._seating(task.meta["players"]) if task.meta.get("players") else self.options
+        listed = self._listed(task.meta)
         # the first listed seat's agent as this game drew it (of ``a|b``, the one that played), so that a pooled
         # seat's games are not counted as losses of the agent that sat out
         first = next((a for opts in listed for a in opts if a != RANDOM and a in seats),

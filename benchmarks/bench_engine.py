@@ -39,13 +39,9 @@ import threading
 import time
 from pathlib import Path
 
-from harness import decode_profile
+from harness import DEV, SHAPES, decode_profile
 
 ROOT = Path(__file__).resolve().parents[1]
-SHAPES = {"135m": "random-smollm2-135m", "0.5b": "random-qwen2.5-0.5b"}
-if os.environ.get("MASRL_BENCH_MODEL"):  # a small model (and MASRL_BENCH_DEVICE=cpu), to check this script on a CPU
-    SHAPES = {k: os.environ["MASRL_BENCH_MODEL"] for k in SHAPES}
-DEV = os.environ.get("MASRL_BENCH_DEVICE", "cuda:0")
 
 
 def sync():
@@ -161,7 +157,7 @@ class Bench:
         _, dt = timed(lambda: eng.generate(reqs))
         out["grpo_tps"] = len(reqs) * 256 / dt
         out["grpo_peak_gib"] = peak_gib()
-        if self.kind == "paged":
+        if "prefill_tokens" in eng.stats:  # the paged engine (and bench_vllm's vLLM) count what they prefill
             out["grpo_prefill_tokens"] = eng.stats["prefill_tokens"] - before
         else:  # the static engine's layout: the batch's shared prefix once per group, each row's rest
             groups, pre, _, _ = slot_layout([r.prompt_ids for r in reqs], min_prefix=16)

@@ -152,8 +152,9 @@ class RolloutConfig(Strict):
                             "weights pushed to it after every update; auto: paged on CUDA when the model supports "
                             "it, else hf")
     gpu_memory_utilization: float = Field(
-        0.04, gt=0, le=0.95, description="paged engine: the fraction of the device's memory (a CPU's: the host's) "
-                                         "its KV cache takes, per worker, allocated once; 0.04 of an H200 (5.6 GB) "
+        0.04, gt=0, le=0.95, description="paged and vllm engines: the fraction of the device's memory (for paged on a "
+                                         "CPU: the host's) the KV cache takes, per worker, allocated once (vLLM's "
+                                         "kv_cache_memory_bytes); 0.04 of an H200 (5.6 GB) "
                                          "holds 245k tokens of a SmolLM2-135M, 480k of a Qwen2.5-0.5B, 100k of a "
                                          "Qwen2.5-7B")
     kv_block_size: int = Field(16, ge=1, le=1024, description="paged engine: token slots per KV block (the unit of "

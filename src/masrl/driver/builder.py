@@ -69,6 +69,9 @@ def engine_options(r, device: str) -> dict:
                 "graph_prefill": r.graph_prefill, "overlap_chunks": r.overlap_chunks}
     if kind == "static":
         return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
+    if kind == "vllm":
+        return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size,
+                "gpu_memory_utilization": r.gpu_memory_utilization}
     return {}
 
 

@@ -32,13 +32,25 @@ from masrl.engines.defaults import EngineDefaults
 from masrl.messages import GenOutput, GenRequest
 
 
+def vllm_memory(model, device: str, kv_fraction: float) -> dict:
+    """vLLM's memory settings for ``rollout.gpu_memory_utilization`` (the fraction of the device the KV cache takes,
+    as for the paged engine): the KV bytes as ``kv_cache_memory_bytes``, and a ``gpu_memory_utilization`` (which vLLM
+    then only checks against the free memory at start) of the weights, the cache and 2 GiB for activations and graphs,
+    so that vLLM starts beside a trainer that already holds memory."""
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    kv = int(kv_fraction * total)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"kv_cache_memory_bytes": kv, "gpu_memory_utilization": min(0.95, (kv + weights + 2 * 2**30) / total)}
+
+
 def _core(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
 
 class VLLMEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, max_model_len: int = 4096,
-                 gpu_memory_utilization: float = 0.4, kv_cache_gb: int = 1, **_ignored):
+                 gpu_memory_utilization: float = 0.04, max_batch_size: int = 256, kv_cache_gb: int = 1,
+                 cuda_graphs: bool = True, **_ignored):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are handed over directly
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
         from vllm import LLM
@@ -60,9 +72,10 @@ class VLLMEngine(EngineDefaults):
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[
             next(core.parameters()).dtype]
         kwargs = dict(model=str(self.dir / "base"), dtype=dtype, seed=seed, max_model_len=max_model_len,
-                      logprobs_mode="processed_logprobs", enforce_eager=not device.startswith("cuda"))
+                      max_num_seqs=max_batch_size, logprobs_mode="processed_logprobs",
+                      enforce_eager=not (device.startswith("cuda") and cuda_graphs))
         if device.startswith("cuda"):
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            kwargs.update(vllm_memory(core, device, gpu_memory_utilization))
         self._adapters = list(model.peft_config) if self.is_peft else []
         if self._adapters:
             kwargs.update(enable_lora=True, max_loras=len(self._adapters),

@@ -175,6 +175,9 @@ def child(kind: str, shape: str, parts: list[str]) -> dict:
     if kind == "vllm":
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # this process touches CUDA first
+        from masrl.engines.vllm_engine import no_flashinfer
+
+        no_flashinfer()
         bench = VLLMBench(shape)
         for part in ("rollout", "grpo", "long", "tail"):  # main() runs the tail (the AsyncLLM) in a child of its own
             if part in parts:

@@ -21,6 +21,7 @@ gives other tokens than masrl's engines do.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -30,6 +31,13 @@ import torch
 
 from masrl.engines.defaults import EngineDefaults
 from masrl.messages import GenOutput, GenRequest
+
+
+def no_flashinfer() -> None:
+    """Without FlashInfer (optional for vLLM's default FlashAttention backend), vLLM 0.24's sampler must be told not to
+    import it: its check imports FlashInfer's attention backend unguarded."""
+    if importlib.util.find_spec("flashinfer") is None:
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
 
 
 def vllm_memory(model, device: str, kv_fraction: float) -> dict:
@@ -53,6 +61,7 @@ class VLLMEngine(EngineDefaults):
                  cuda_graphs: bool = True, **_ignored):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are handed over directly
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
+        no_flashinfer()
         from vllm import LLM
 
         self.model, self.tok = model, tokenizer

@@ -156,7 +156,10 @@ class VLLMEngine(EngineDefaults):
                 temperature=s.temperature, top_p=s.top_p, max_tokens=r.max_new_tokens, seed=r.seed, logprobs=0,
                 stop=list(s.stop) if s.stop else None, include_stop_str_in_output=True, ignore_eos=s.ignore_eos,
                 stop_token_ids=[] if s.ignore_eos else self.stop_ids, skip_special_tokens=True))
-            loras.append(LoRARequest(r.adapter, self.lora_ids[r.adapter], self._paths[r.adapter])
+            # a name per version: vLLM tells LoRARequests apart by name, and served adapter a's old weights under
+            # its new id when the name stayed "a" (tests/gpu/test_vllm_gpu.py)
+            loras.append(LoRARequest(f"{r.adapter}@{self.version[r.adapter]}", self.lora_ids[r.adapter],
+                                     self._paths[r.adapter])
                          if r.adapter else None)
         if self.is_peft and any(lr is None for lr in loras) and any(lr is not None for lr in loras):
             # rows without an adapter go in a call of their own: vLLM 0.32's CPU backend gave a plain row

@@ -51,6 +51,11 @@ def vllm_memory(model, device: str, kv_fraction: float) -> dict:
     return {"kv_cache_memory_bytes": kv, "gpu_memory_utilization": min(0.95, (kv + weights + 2 * 2**30) / total)}
 
 
+def _seed(seed: int | None) -> int | None:
+    """A call's seed as vLLM takes it (a C long: the trainer's 64-bit call seeds overflowed it)."""
+    return None if seed is None else seed % 2**63
+
+
 def _core(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
@@ -153,7 +158,7 @@ class VLLMEngine(EngineDefaults):
             s = r.sampling
             prompts.append(TokensPrompt(prompt_token_ids=list(r.prompt_ids)))
             params.append(SamplingParams(
-                temperature=s.temperature, top_p=s.top_p, max_tokens=r.max_new_tokens, seed=r.seed, logprobs=0,
+                temperature=s.temperature, top_p=s.top_p, max_tokens=r.max_new_tokens, seed=_seed(r.seed), logprobs=0,
                 stop=list(s.stop) if s.stop else None, include_stop_str_in_output=True, ignore_eos=s.ignore_eos,
                 stop_token_ids=[] if s.ignore_eos else self.stop_ids, skip_special_tokens=True))
             # a name per version: vLLM tells LoRARequests apart by name, and served adapter a's old weights under

@@ -57,10 +57,11 @@ def used_gib() -> float:
 class VLLMBench(Bench):
     """bench_engine's parts on vLLM: the same requests (``Bench.rand`` from the same seed), vLLM's own engine."""
 
-    def __init__(self, shape: str):  # noqa: D107 - no HF model: vLLM loads its own (dummy) weights
+    def __init__(self, shape: str, seeded: bool = True):  # noqa: D107 - no HF model: vLLM loads its own weights
         from masrl.models import RANDOM_SHAPES, load_tokenizer
 
         self.kind = self.name = "vllm"
+        self.seeded = seeded  # vllm@noseed: no per-call seed (vLLM samples seeded rows apart from the batch)
         self.rng = random.Random(0)
         self.tok = load_tokenizer(SHAPES[shape])
         cfg = RANDOM_SHAPES[SHAPES[shape]](len(self.tok))
@@ -81,7 +82,8 @@ class VLLMBench(Bench):
     def params(self, r):
         from vllm import SamplingParams
 
-        return SamplingParams(temperature=1.0, max_tokens=r.sampling.max_new_tokens, ignore_eos=True, seed=r.seed,
+        return SamplingParams(temperature=1.0, max_tokens=r.sampling.max_new_tokens, ignore_eos=True,
+                              seed=r.seed if self.seeded else None,
                               logprobs=0, detokenize=False)
 
     def engine(self, **_kw):
@@ -172,13 +174,13 @@ class _Offline:
 
 def child(kind: str, shape: str, parts: list[str]) -> dict:
     out = {}
-    if kind == "vllm":
+    if kind.startswith("vllm"):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # this process touches CUDA first
         from masrl.engines.vllm_engine import no_flashinfer
 
         no_flashinfer()
-        bench = VLLMBench(shape)
+        bench = VLLMBench(shape, seeded=kind != "vllm@noseed")
         for part in ("rollout", "grpo", "long", "tail"):  # main() runs the tail (the AsyncLLM) in a child of its own
             if part in parts:
                 getattr(bench, part)(out)
@@ -186,11 +188,14 @@ def child(kind: str, shape: str, parts: list[str]) -> dict:
         return out
     from masrl.engines.paged import PagedEngine  # noqa: F401 - the paged engine, at its defaults
 
+    import torch
+
     bench = Bench("paged", shape)
     for part in ("rollout", "grpo", "tail", "long"):
         if part in parts:
-            getattr(bench, part)(out)
-            out[f"{part}_used_gib"] = used_gib()
+            torch.cuda.reset_peak_memory_stats()
+            getattr(bench, part)(out)  # the part releases its engine when done: its peak is what it held
+            out[f"{part}_used_gib"] = torch.cuda.max_memory_reserved() / 2**30 + (used_gib() - torch.cuda.memory_reserved() / 2**30)
     return out
 
 
@@ -242,7 +247,7 @@ def main() -> None:
     res = {}
     for kind in a.engines.split(","):
         t0 = time.perf_counter()
-        if kind == "vllm" and "tail" in parts and len(parts) > 1:  # the offline LLM, then the AsyncLLM: one at a time
+        if kind.startswith("vllm") and "tail" in parts and len(parts) > 1:  # the offline LLM, then the AsyncLLM: one at a time
             res[kind] = run_child(__file__, kind, "--shape", a.shape, "--only",
                                   ",".join(p for p in parts if p != "tail"), timeout=3000)
             res[kind].update(run_child(__file__, kind, "--shape", a.shape, "--only", "tail", timeout=3000))

@@ -62,6 +62,7 @@ class VLLMBench(Bench):
 
         self.kind = self.name = "vllm"
         self.seeded = seeded  # vllm@noseed: no per-call seed (vLLM samples seeded rows apart from the batch)
+        self.logprobs = 0  # vllm@bare: no seed and no logprobs (vLLM's output processor handles them per token)
         self.rng = random.Random(0)
         self.tok = load_tokenizer(SHAPES[shape])
         cfg = RANDOM_SHAPES[SHAPES[shape]](len(self.tok))
@@ -84,7 +85,7 @@ class VLLMBench(Bench):
 
         return SamplingParams(temperature=1.0, max_tokens=r.sampling.max_new_tokens, ignore_eos=True,
                               seed=r.seed if self.seeded else None,
-                              logprobs=0, detokenize=False)
+                              logprobs=self.logprobs, detokenize=False)
 
     def engine(self, **_kw):
         if self.llm is None:
@@ -180,7 +181,9 @@ def child(kind: str, shape: str, parts: list[str]) -> dict:
         from masrl.engines.vllm_engine import no_flashinfer
 
         no_flashinfer()
-        bench = VLLMBench(shape, seeded=kind != "vllm@noseed")
+        bench = VLLMBench(shape, seeded=kind == "vllm")
+        if kind == "vllm@bare":
+            bench.logprobs = None
         for part in ("rollout", "grpo", "long", "tail"):  # main() runs the tail (the AsyncLLM) in a child of its own
             if part in parts:
                 getattr(bench, part)(out)

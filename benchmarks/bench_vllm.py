@@ -189,8 +189,6 @@ def child(kind: str, shape: str, parts: list[str]) -> dict:
                 getattr(bench, part)(out)
                 out.setdefault(f"{part}_used_gib", used_gib())
         return out
-    from masrl.engines.paged import PagedEngine  # noqa: F401 - the paged engine, at its defaults
-
     import torch
 
     bench = Bench("paged", shape)
@@ -198,7 +196,8 @@ def child(kind: str, shape: str, parts: list[str]) -> dict:
         if part in parts:
             torch.cuda.reset_peak_memory_stats()
             getattr(bench, part)(out)  # the part releases its engine when done: its peak is what it held
-            out[f"{part}_used_gib"] = torch.cuda.max_memory_reserved() / 2**30 + (used_gib() - torch.cuda.memory_reserved() / 2**30)
+            held = torch.cuda.max_memory_reserved() - torch.cuda.memory_reserved()  # torch's peak less what it holds now
+            out[f"{part}_used_gib"] = used_gib() + held / 2**30  # plus the CUDA context, as vLLM's figure has it
     return out
 
 

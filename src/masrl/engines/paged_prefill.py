@@ -20,6 +20,9 @@ from masrl.modeling.lean import LlamaForward, causal_mask
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+HALF = (torch.bfloat16, torch.float16)
+FLASH_ONE_ROW = True  # a one-row prefill (a long prompt's chunks) by flash attention, without a mask
+
 KEYS_PER_TOKEN = 4  # keys a forward may attend per token of the prefill budget
 
 
@@ -180,7 +183,10 @@ class PoolPrefill:
         ids, pos, valid, past_idx = (torch.from_numpy(a).to(dev) for a in (lay.ids, lay.pos, lay.valid, lay.past_idx))
         past = _PastGather(kv, past_idx) if C > 0 else None
         adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
-        mask = causal_mask(valid, C, N)
+        # one row on a GPU in half precision: no mask (flash attention, causal after the row's past); else a mask
+        # of each row's own past and new tokens
+        mask = None if B == 1 and FLASH_ONE_ROW and self.dev.type == "cuda" and self.dtype in HALF else causal_mask(
+            valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
         slots = torch.from_numpy(lay.slots).to(dev)
         for (kf, vf), (k, v) in zip(kv, new_kv):  # k, v [B, Hkv, N, D]: a view of [B, N, Hkv, D]

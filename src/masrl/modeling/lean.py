@@ -129,6 +129,17 @@ def masked_attention(q, keys, vals, mask: torch.Tensor, scale: float, gqa: bool)
     return F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
+def past_causal_attention(q, keys, vals, scale: float) -> torch.Tensor:
+    """One row's ``S`` new queries ``q [S, H, D]`` over its ``C`` past and its own keys ``[C + S, Hkv, D]``, causal:
+    query i sees keys up to C + i. Flash attention's causal mask is aligned to the bottom right when there are more
+    keys than queries, which is this (SDPA's ``is_causal`` is aligned top left, and takes a mask only on slower
+    kernels); GQA native, no mask. CUDA, bf16 or fp16 (the paged engine's chunked prefill of a long prompt)."""
+    S, K = q.shape[0], keys.shape[0]
+    cu_q = torch.tensor([0, S], dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([0, K], dtype=torch.int32, device=q.device)
+    return torch.ops.aten._flash_attention_forward(q, keys, vals, cu_q, cu_k, S, K, 0.0, True, False, scale=scale)[0]
+
+
 @dataclass
 class Packed:
     """Rows laid end to end in one sequence: ``cu_seqlens [N+1]`` int32 offsets, longest row."""
@@ -251,6 +262,12 @@ class LlamaForward:
         gqa = self.n_kv != self.n_heads
         if packed is not None:
             o = packed_attention(q[0], k[0], v[0], packed, self.scale).unsqueeze(0)  # [1, T, H, D]
+        elif (mask is None and kv_in is not None and not in_cache and B == 1 and q.is_cuda
+              and q.dtype in (torch.bfloat16, torch.float16)):  # one row's chunk after its past: no mask, flash
+            pk, pv = kv_in  # [1, Hkv, C, D]
+            keys, vals = torch.cat([pk[0].transpose(0, 1), k[0]]), torch.cat([pv[0].transpose(0, 1), v[0]])
+            o = past_causal_attention(q[0], keys, vals, self.scale).unsqueeze(0)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
         else:
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
             if in_cache:

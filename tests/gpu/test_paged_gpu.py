@@ -141,7 +141,8 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
 def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_logprobs(monkeypatch):
     """A 3,000-token prompt prefilled 512 tokens at a time (each chunk over its past), bf16: flash attention with no
     mask (``paged_prefill.FLASH_ONE_ROW``) against the masked kernel it replaces: its logprobs as close to a full
-    forward (random weights' near-flat logits make greedy tokens flip on either path's rounding); and the time of a 16,000-token prefill on each path."""
+    forward (random weights' near-flat logits make greedy tokens flip on either path's rounding); and the time of a
+    16,000-token prefill on each path."""
     import time
 
     from masrl.engines import paged_prefill

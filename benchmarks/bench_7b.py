@@ -9,7 +9,7 @@ on the GPU: nothing is downloaded). Each part runs in its own child process (ben
 children, with the 7B shape), so one part's memory never counts in another's peak.
 
 Sides, and what each does differently:
-* rollout: as bench_gpu.py (masrl's StaticEngine vs ``model.generate``, 128-token prompts, 256
+* rollout: as bench_gpu.py (masrl's paged engine vs ``model.generate``, 128-token prompts, 256
   new tokens, EOS ignored), at batch 1 / 64 / 256.
 * team: ``math/team_lora`` on the 7B shape: four LoRA adapters (r 16 on every
   projection) on one frozen base, 32 tasks x 8 samples x 4 agents = 1,024 calls a step (new tokens

@@ -19,8 +19,7 @@ Modes (``--modes``, comma separated):
                     the engine's batch and the engine waits for the update (the compute lock);
   async-sN          async with policies.shared.max_staleness N (older calls are dropped and counted).
   MODE@ENGINE       any mode with rollout.engine ENGINE (sync@paged, async@paged): default auto (paged on CUDA).
-  MODE@ENGINE@torch the same with torch's ``sample_tokens`` in place of the fused sampler (sync@static@torch:
-                    the engine as it was before engines/sample_kernel.py).
+  MODE@ENGINE@torch the same with torch's ``sample_tokens`` in place of the fused sampler (sync@paged@torch).
 
 ``--rollout-device cuda:1`` (policies.X.rollout_device) trains on ``--device`` and samples on the
 other GPU, in every mode: the synchronous step still does one after the other, the asynchronous

@@ -1,29 +1,32 @@
-"""The paged engine against the static engine on one GPU, same requests, same run.
+"""The paged engine on one GPU, against the eager engine or against itself (another build, another variant), the same
+requests in the same run.
 
-    source scripts/gpu/setup.sh && python3 benchmarks/bench_engine.py [--shape 0.5b] [--only rollout,grpo,tail,long]
+    source scripts/gpu/setup.sh && python3 benchmarks/bench_engine.py [--shape 0.5b] [--only rollout,grpo,tail,long] \
+        [--engines paged,hf]
 
 Each engine runs in a child process of its own (peak memory is per process) on random weights of
-the shape (bf16, EOS ignored: random weights never stop). Parts:
+the shape (bf16, EOS ignored: random weights never stop). ``DIR:`` before a child's name
+(``--engines paged,/tmp/old/src:paged``) runs it on another build's ``src`` (a before/after comparison: DIR goes first on
+the child's PYTHONPATH). Parts:
 
 * rollout: 128-token distinct prompts, 256 new tokens, batch 1/64/256: tok/s, and the median time
   of one replayed decode step at the largest batch.
 * grpo: 64 tasks x 8 samples, each prompt a 256-token shared preamble + 64 tokens of its own,
-  256 new tokens: prompt tokens computed by prefill (the static engine shares the preamble of a
-  batch; the paged engine shares every full block, the group's question included), tok/s, peak GiB.
+  256 new tokens: prompt tokens computed by prefill (the paged engine shares every full block, the group's question
+  included), tok/s, peak GiB.
 * tail: 64 multi-turn episodes of 1-8 turns (geometric), each turn 16 new prompt tokens and a
-  long-tailed completion (32 tokens; one call in 8: 512). Static: rounds, every episode's next call
+  long-tailed completion (32 tokens; one call in 8: 512). The eager engine: rounds, every episode's next call
   in one batch that waits for its longest call (what a batcher gets); paged: each episode in its own
   thread, its calls joining the running decode. Episodes per second.
 * long: one 16,000-token prompt, 256 new tokens: peak GiB and tok/s (after a 1,200-token call, so that
   compiling and capturing the long length class is not timed, and a 16,000-token prefill, whose first
   one pays one-time costs), and another 16,000-token prompt with 1 new token (its prefill alone).
 
-Static: a KV cache of batch x longest row, decode graphs per (batch, length) bucket, host reads every
-8 steps. Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.04), a prefix
-cache, one decode graph per batch bucket, decode chunks of 8 steps read back once. Both sample with
-the fused sampler (``engines/sample_kernel.py``); ``--engines static@torch,paged@torch`` runs an
-engine with torch's ``sample_tokens`` instead, ``paged@nosplit`` the paged engine with one attention
-program a (row, KV head) for long rows too (no split attention), and every column is compared with the first.
+Paged: blocks of 16 slots from a budget (rollout.gpu_memory_utilization 0.04), a prefix cache, one decode graph per
+batch bucket, decode chunks of 8 steps read back once, the fused sampler (``engines/paged/kernels``);
+``--engines paged@torch`` runs it with torch's ``sample_tokens`` instead, ``paged@nosplit`` with one attention
+program a (row, KV head) for long rows too (no split attention); every column is compared with the first.
+vLLM on the same parts: bench_vllm.py.
 """
 
 from __future__ import annotations
@@ -83,9 +86,11 @@ def _make(kind, model, tok, **kw):
         from masrl.engines.paged import PagedEngine
 
         return PagedEngine(model, tok, [tok.eos_token_id], device=DEV, **kw)
-    from masrl.engines.static import StaticEngine
+    if kind == "hf":
+        from masrl.engines.hf import HFEngine
 
-    return StaticEngine(model, tok, [tok.eos_token_id], device=DEV, **kw)
+        return HFEngine(model, tok, [tok.eos_token_id])
+    raise SystemExit(f"unknown engine {kind!r} in --engines (paged or hf; vLLM: bench_vllm.py)")
 
 
 def timed(fn):
@@ -145,8 +150,6 @@ class Bench:
         self.done(eng)
 
     def grpo(self, out: dict) -> None:
-        from masrl.modeling.prefix import slot_layout
-
         preamble = self.rand(256)
         prompts = [preamble + self.rand(64) for _ in range(64)]
         reqs = [self.req(p, 256, 1000 + 8 * i + j) for i, p in enumerate(prompts) for j in range(8)]
@@ -159,10 +162,8 @@ class Bench:
         out["grpo_peak_gib"] = peak_gib()
         if "prefill_tokens" in eng.stats:  # the paged engine (and bench_vllm's vLLM) count what they prefill
             out["grpo_prefill_tokens"] = eng.stats["prefill_tokens"] - before
-        else:  # the static engine's layout: the batch's shared prefix once per group, each row's rest
-            groups, pre, _, _ = slot_layout([r.prompt_ids for r in reqs], min_prefix=16)
-            out["grpo_prefill_tokens"] = sum(len(r.prompt_ids) - k for r, k in zip(reqs, pre)) + sum(
-                plen for _, plen in groups)
+        else:  # the eager engine prefills every prompt whole
+            out["grpo_prefill_tokens"] = sum(len(r.prompt_ids) for r in reqs)
         print(f"  {self.kind} grpo: {out['grpo_tps']:,.0f} tok/s, {out['grpo_prefill_tokens']:,} prompt tokens "
               f"computed, peak {out['grpo_peak_gib']:.1f} GiB", flush=True)
         self.done(eng)
@@ -211,7 +212,7 @@ class Bench:
 
 
 def run_rounds(eng, n: int, episodes: list[dict], call, advance) -> None:
-    """The static engine as a batcher drives it: every episode's next call in one batch, which waits
+    """An engine without joined batches as a batcher drives it: every episode's next call in one batch, which waits
     for its longest call."""
     live, t = list(range(n)), 0
     while live:
@@ -250,7 +251,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES), default="0.5b")
     ap.add_argument("--only", default="rollout,grpo,tail,long")
-    ap.add_argument("--engines", default="static,paged")
+    ap.add_argument("--engines", default="paged,hf")
     ap.add_argument("--child")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -260,8 +261,10 @@ def main() -> None:
         return
     res = {}
     for kind in a.engines.split(","):
-        proc = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--only", a.only, "--child", kind],
-                              capture_output=True, text=True, cwd=ROOT)
+        src, _, name = kind.rpartition(":")  # DIR:ENGINE: the child imports masrl from DIR (another build)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--only", a.only, "--child", name],
+                              capture_output=True, text=True, cwd=ROOT, env=env)
         print(proc.stdout, end="")
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:

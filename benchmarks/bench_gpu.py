@@ -9,7 +9,7 @@ from config with random weights, bf16 (no hub): SmolLM2-135M's shape and Qwen2.5
 Random weights sample near-uniform tokens, so every side generates with EOS ignored.
 
 Sides, and what each does differently:
-* rollout: masrl's StaticEngine (static KV cache, CUDA-graph decode, fused q/k/v and gate/up, host
+* rollout: masrl's paged engine (paged KV cache, CUDA-graph decode, fused q/k/v and gate/up, host
   checks every 8 steps) vs ``model.generate`` (HF's default dynamic cache, sampling at T=1,
   top_k=0), both from 128-token distinct prompts, 256 new tokens, EOS ignored.
 * update: masrl's trainer (packed rows with varlen flash attention, output head only on
@@ -67,14 +67,9 @@ def child_rollout(shape: str, batches: list[int], new_tokens: int, prompt_len: i
     model, tok = load_model(SHAPES[shape], seed=0, dtype=torch.bfloat16, device=DEV)
     rng = random.Random(0)
     out = {}
-    if engine == "paged":  # the default on CUDA (rollout.engine: auto)
-        from masrl.engines.paged import PagedEngine
+    from masrl.engines.base import make_engine
 
-        eng = PagedEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
-    else:
-        from masrl.engines.static import StaticEngine
-
-        eng = StaticEngine(model, tok, [tok.eos_token_id], device=DEV, max_batch_size=max(batches))
+    eng = make_engine(engine, model, tok, [tok.eos_token_id], device=DEV, seed=0, max_batch_size=max(batches))
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     for B in batches:
         prompts = [[rng.randrange(100, 49000) for _ in range(prompt_len)] for _ in range(B)]
@@ -299,8 +294,8 @@ def main() -> None:
     ap.add_argument("--only", default="rollout,update,grpo,team")
     ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
     ap.add_argument("--json", help="also write all numbers to this file")
-    ap.add_argument("--engine", choices=["paged", "static"], default="paged",
-                    help="the rollout part's engine: paged (the default on CUDA) or the static one")
+    ap.add_argument("--engine", choices=["paged", "vllm"], default="paged",
+                    help="the rollout part's engine: paged (the default on CUDA) or vllm")
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child

@@ -11,7 +11,7 @@ spent moving optimizer state. Random weights (built from config), EOS ignored, 6
 What differs between the sides: with offload_optimizer, each policy's fp32 masters and AdamW
 moments live in pinned CPU memory except during that policy's own update (moved in before, out
 after); with offload_reference, its reference model too, except for its pass before the update;
-with offload_weights, its bf16 weights (and the static engine's KV cache, fused weight copies and
+with offload_weights, its bf16 weights (and the engine's KV cache, fused weight copies and
 CUDA graphs, rebuilt when it next generates) too, except while it generates or updates, so during
 one policy's update the other three hold nothing on the GPU. Peaks are reported for the rollout and
 the update of the second step separately.

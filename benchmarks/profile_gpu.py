@@ -1,5 +1,5 @@
 """Where the milliseconds go on a GPU: kernels of one decode step (eager and graph-replayed) of the
-static and the paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
+paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
 the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
 
     source scripts/gpu/setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
@@ -32,20 +32,18 @@ def kernels_in(prof) -> tuple[int, float]:
 
 
 def build_engine(kind: str, shape: str):
-    """The static or the paged engine of the bench_gpu shape, bf16, on ``harness.DEV``."""
+    """The paged engine of the bench_gpu shape, bf16, on ``harness.DEV`` (``kind`` paged; hf has no step to profile)."""
     from masrl.models import load_model
 
     model, tok = load_model(harness.SHAPES[shape], seed=0, dtype=torch.bfloat16, device=harness.DEV)
-    if kind == "paged":
-        from masrl.engines.paged import PagedEngine
+    if kind != "paged":
+        raise SystemExit(f"--engines {kind}: only the paged engine's decode step is profiled here")
+    from masrl.engines.paged import PagedEngine
 
-        return PagedEngine(model, tok, [tok.eos_token_id], device=harness.DEV, gpu_memory_utilization=0.05)
-    from masrl.engines.static import StaticEngine
-
-    return StaticEngine(model, tok, [tok.eos_token_id], device=harness.DEV)
+    return PagedEngine(model, tok, [tok.eos_token_id], device=harness.DEV, gpu_memory_utilization=0.05)
 
 
-def decode(shape: str, batch: int, kind: str = "static", prompt: int = 128) -> None:
+def decode(shape: str, batch: int, kind: str = "paged", prompt: int = 128) -> None:
     """One decode step of ``batch`` rows after a ``prompt``-token prompt: its kernels eager, then the replayed
     CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
     from masrl.config import SamplingParams
@@ -131,7 +129,7 @@ def update() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="decode,update")
-    ap.add_argument("--engines", default="static,paged", help="whose decode step to profile")
+    ap.add_argument("--engines", default="paged", help="whose decode step to profile")
     ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256",
                     help="decode shapes, batches and prompt lengths, shape:batch[:prompt],... (prompt default 128)")
     a = ap.parse_args()

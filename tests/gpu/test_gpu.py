@@ -41,11 +41,11 @@ def report(name, gaps):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_engine_logprobs_match_a_full_forward_on_gpu(dtype):
-    from masrl.engines.static import StaticEngine
+    from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=dtype, device="cuda")
-    eng = StaticEngine(model, tok, [tok.eos_token_id], device="cuda:0", sync_every=4)
+    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", sync_every=4)
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     reqs = [req(p, temperature=t, max_new_tokens=n) for p, t, n in zip(ps, [1.0, 0.7, 0.0] * 3, [5, 17, 9, 33, 3, 12, 8, 40, 2])]
     outs = eng.generate(reqs)
@@ -55,7 +55,7 @@ def test_engine_logprobs_match_a_full_forward_on_gpu(dtype):
         assert len(o.completion_ids) == r.max_new_tokens
         ref = full_logprobs(model, r.prompt_ids, o.completion_ids, r.sampling.temperature)
         gaps += (ref - torch.tensor(o.logprobs)).abs().tolist()
-    g = report(f"static engine vs HF forward, {dtype}", gaps)
+    g = report(f"paged engine vs HF forward, {dtype}", gaps)
     if dtype == torch.float32:
         assert g.max() < 2e-3
     else:
@@ -73,11 +73,11 @@ def test_engine_logprobs_match_a_full_forward_on_gpu(dtype):
 def test_engine_buffers_grow_and_graphs_recapture_across_batch_sizes():
     """Batch 1, then 16 (the buffers grow and every graph is recaptured), then 3 (graphs reused)."""
     from masrl.engines.hf import HFEngine
-    from masrl.engines.static import StaticEngine
+    from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
-    eng = StaticEngine(model, tok, [tok.eos_token_id], device="cuda:0")
+    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0")
     eager = HFEngine(model, tok, [tok.eos_token_id])
     for n in (1, 16, 3):
         reqs = [req(p, temperature=0.0, max_new_tokens=6 + i) for i, p in enumerate(prompts(tok, n))]
@@ -106,16 +106,16 @@ def two_adapter_model():
 
 
 def test_lora_mixed_adapter_batch_equals_per_adapter_runs_on_gpu():
-    from masrl.engines.static import StaticEngine
+    from masrl.engines.paged import PagedEngine
 
     pm, tok = two_adapter_model()
     ps = prompts(tok, 8)
     adapters = ["a", "b", None, "a", "b", "b", "a", None]
     reqs = [req(p, temperature=0.0, max_new_tokens=12, adapter=a) for p, a in zip(ps, adapters)]
-    mixed = StaticEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate(reqs)
+    mixed = PagedEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate(reqs)
     gaps = []
     for r, m in zip(reqs, mixed):
-        alone = StaticEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate([r])[0]
+        alone = PagedEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate([r])[0]
         assert alone.completion_ids == m.completion_ids
         ref = adapter_logprobs(pm, r.adapter, r.prompt_ids, m.completion_ids)
         gaps += (ref - torch.tensor(m.logprobs)).abs().tolist()
@@ -330,7 +330,7 @@ def test_reference_offload_gives_the_same_kl_and_weights(tmp_path):
 
 
 def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
-    """Two full policies (one with an EMA), static engine with CUDA graphs, bf16: with
+    """Two full policies (one with an EMA), the paged engine with CUDA graphs, bf16: with
     offload_weights each policy's weights wait in pinned CPU memory except while it generates or
     updates; the losses and weights are those of the run that keeps everything on the GPU, and
     while one policy updates the other's weights hold no GPU memory."""
@@ -342,7 +342,7 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
     for off in (False, True):
         gc.collect()
         base_mem = torch.cuda.memory_allocated()
-        data = tiny_config("math/team_two_policies", tmp_path / str(off), steps=2, rollout__engine="static")
+        data = tiny_config("math/team_two_policies", tmp_path / str(off), steps=2, rollout__engine="paged")
         data.update(device="cuda", precision="bf16", seed=0)
         for a in data["agents"].values():
             a["temperature"] = 0.0
@@ -433,12 +433,10 @@ def test_ray_places_two_policies_on_two_gpus_and_a_sharded_nccl_policy_matches_o
         out["one local"][0]["policies"]["shared"]["optimizer_state_gb"]
 
 
-@pytest.mark.parametrize("engine", ["StaticEngine", "PagedEngine"])
-def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp_path, engine):
-    """rollout.overlap_update on CUDA: the update runs on its own stream while the engine (static, or
-    paged: the default) keeps sampling from its copy (old version); after the publish the copy equals
-    the live weights bit for bit and the next calls' engine logprobs agree with the trainer's as closely
-    as without a copy."""
+def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp_path):
+    """rollout.overlap_update on CUDA: the update runs on its own stream while the paged engine keeps sampling
+    from its copy (old version); after the publish the copy equals the live weights bit for bit and the next
+    calls' engine logprobs agree with the trainer's as closely as without a copy."""
 
     from tinycfg import prepared_trainer, tiny_config
 
@@ -446,10 +444,10 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     from masrl.messages import GenCall
 
     data = tiny_config("math/team_shared", tmp_path, model="random-smollm2-135m", device="cuda", precision="bf16")
-    data["rollout"].update(mode="async", overlap_update="auto", engine="static" if engine == "StaticEngine" else "auto")
+    data["rollout"].update(mode="async", overlap_update="auto", engine="auto")
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["shared"]
-    assert w.overlaps_update and w.copy.stream is not None and type(w.engine).__name__ == engine
+    assert w.overlaps_update and w.copy.stream is not None and type(w.engine).__name__ == "PagedEngine"
 
     def sample(i, n=16):
         calls = [GenCall(f"c{i}-{k}", "shared", [{"role": "user", "content": f"What is {k} + {i}?"}],
@@ -514,18 +512,18 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_a_static_engine_on_cuda0_captures_after_one_on_cuda1_was_deleted():
+def test_a_paged_engine_on_cuda0_captures_after_one_on_cuda1_was_deleted():
     """torch.cuda.graph's default capture stream is made once per process, on the device current at the
     first capture; an engine names its own device's stream, so the order engines are built in is free."""
     import gc
 
-    from masrl.engines.static import StaticEngine
+    from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
     outs = []
     for dev in ("cuda:1", "cuda:0"):
         model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.bfloat16, device=dev)
-        eng = StaticEngine(model, tok, [tok.eos_token_id], device=dev)
+        eng = PagedEngine(model, tok, [tok.eos_token_id], device=dev)
         outs.append([o.completion_ids for o in eng.generate([req(p, temperature=0.0) for p in prompts(tok, 3)])])
         assert eng.stats["graphs_captured"] > 0
         del eng, model

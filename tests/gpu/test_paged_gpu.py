@@ -1,5 +1,5 @@
 """The paged engine on a GPU: fused paged kernels agree with their torch versions, CUDA graphs keyed
-by batch bucket serve any length, greedy tokens equal the static engine's (fp32), bf16 logprobs match
+by batch bucket serve any length, greedy tokens equal the eager engine's (fp32), bf16 logprobs match
 a full forward, LoRA batches mix adapters, and a tight budget pre-empts without changing a token."""
 
 import os
@@ -25,10 +25,10 @@ def forward_gaps(model, reqs, outs) -> list[float]:
 
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
-def test_paged_kernels_agree_and_greedy_equals_the_static_engine(fused_rope, monkeypatch):
+def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monkeypatch):
     from masrl.engines import paged_kernels
+    from masrl.engines.hf import HFEngine
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.static import StaticEngine
     from masrl.models import load_model
 
     monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
@@ -39,7 +39,7 @@ def test_paged_kernels_agree_and_greedy_equals_the_static_engine(fused_rope, mon
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     greedy = [req(p, temperature=0.0, max_new_tokens=4 + 9 * i) for i, p in enumerate(ps)]
     a = eng.generate(greedy)
-    b = StaticEngine(model, tok, [tok.eos_token_id], device="cuda:0").generate(greedy)
+    b = HFEngine(model, tok, [tok.eos_token_id]).generate(greedy)
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
     assert eng.stats["graphs_captured"] >= 1 and all(k[1] == 0 for k in eng.graphs)  # short rows: one graph a bucket
     tight = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=12)

@@ -59,14 +59,13 @@ def seeded(r, seed):
     return dataclasses.replace(r, seed=seed)
 
 
-def test_both_engines_sample_with_it_and_top_p_falls_back():
+def test_the_paged_engine_samples_with_it_and_top_p_falls_back():
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.static import StaticEngine
     from masrl.models import load_model
 
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.bfloat16, device="cuda")
     ps = prompts(tok, 6)
-    for cls in (StaticEngine, PagedEngine):
+    for cls in (PagedEngine,):
         eng = cls(model, tok, [tok.eos_token_id], device="cuda:0")
         assert "sample" in eng.stats["fused_kernels"]
         reqs = [seeded(req(p, temperature=t, max_new_tokens=16), i) for i, (p, t) in enumerate(zip(ps, [1.0, 0.7, 0.0] * 2))]

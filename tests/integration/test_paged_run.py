@@ -1,4 +1,4 @@
-"""A training run on the paged engine (CPU, tiny-random): the same steps as on the static engine,
+"""A training run on the paged engine (CPU, tiny-random): the same steps as on the eager engine,
 call for call, and the batches overlap (calls join the running decode); then the math team's LoRA
 config, whose engine batches mix adapters."""
 
@@ -20,20 +20,20 @@ def two_steps(data, run_dir):
     return recs, completions, engines, batchers
 
 
-def test_paged_engine_trains_the_same_steps_as_the_static_engine(tmp_path):
-    static = two_steps(tiny_config("math/team_shared", tmp_path / "static", rollout__engine="static"), tmp_path / "s")
+def test_paged_engine_trains_the_same_steps_as_the_eager_engine(tmp_path):
+    eager = two_steps(tiny_config("math/team_shared", tmp_path / "hf", rollout__engine="hf"), tmp_path / "s")
     paged = two_steps(tiny_config("math/team_shared", tmp_path / "paged", rollout__engine="paged",
                                   rollout__gpu_memory_utilization=0.01), tmp_path / "p")
-    assert type(paged[2][0]).__name__ == "PagedEngine" and type(static[2][0]).__name__ == "StaticEngine"
-    assert paged[1] == static[1]  # every call's completion, step by step
-    for a, b in zip(static[0], paged[0]):
+    assert type(paged[2][0]).__name__ == "PagedEngine" and type(eager[2][0]).__name__ == "HFEngine"
+    assert paged[1] == eager[1]  # every call's completion, step by step
+    for a, b in zip(eager[0], paged[0]):
         for name, pa in a["policies"].items():
             pb = b["policies"][name]
             assert abs(pa["reward_mean"] - pb["reward_mean"]) < 1e-9
             assert abs(pa["loss"] - pb["loss"]) < 1e-3
     eng = paged[2][0]
     assert eng.stats["cached_tokens"] > 0  # the agents' shared prompts were computed once
-    assert paged[3][0].concurrent > 1 and static[3][0].concurrent == 1
+    assert paged[3][0].concurrent > 1 and eager[3][0].concurrent == 1
 
 
 def test_paged_engine_runs_a_lora_team(tmp_path):

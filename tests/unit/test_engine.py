@@ -1,5 +1,5 @@
-"""Both engines on a real (tiny, random) Llama: logprobs, stop rules, prefix sharing, compaction,
-LoRA batches, weight updates. The static engine runs its decode step eagerly on the CPU here; the
+"""The eager and paged engines on a real (tiny, random) Llama: logprobs, stop rules, prefix sharing, compaction,
+LoRA batches, weight updates. The paged engine runs its decode step eagerly on the CPU here; the
 GPU tests (tests/gpu) replay the same step as CUDA graphs."""
 
 import copy
@@ -11,7 +11,6 @@ from helpers import adapter_logprobs, full_logprobs
 from masrl.config import SamplingParams
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
-from masrl.engines.static import StaticEngine
 from masrl.messages import GenRequest
 from masrl.models import stop_token_ids
 
@@ -23,15 +22,13 @@ def req(prompt, temperature=1.0, max_new_tokens=8, stop=(), adapter=None, ignore
 
 
 def make(kind, model, tok, stops, **kw):
-    if kind == "static":
-        return StaticEngine(model, tok, stops, device="cpu", seed=kw.pop("seed", 0), **kw)
     if kind.startswith("paged"):  # paged-rows: prefills as token rows of the decode step
         return PagedEngine(model, tok, stops, device="cpu", seed=kw.pop("seed", 0), kv_blocks=512, block_size=4,
                            graph_prefill=kind == "paged-rows", **kw)
     return HFEngine(model, tok, stops, fast_path=kind != "hf-forward", **kw)
 
 
-ENGINES = ["hf-lean", "hf-forward", "static"]
+ENGINES = ["hf-lean", "hf-forward", "paged"]
 
 
 def prompts_with_shared_prefix(tok, n=4):
@@ -54,19 +51,19 @@ def test_logprobs_match_a_full_forward(tiny, kind):
 
 
 @pytest.mark.parametrize("sync_every", [1, 3, 16])
-def test_static_engine_greedy_equals_the_eager_engine(tiny, sync_every):
-    """Different lengths make rows finish at different steps: compaction and the chunked host
+def test_paged_engine_greedy_equals_the_eager_engine(tiny, sync_every):
+    """Different lengths make rows finish at different steps: rows leaving the batch and the chunked host
     checks must not change any row's tokens."""
     model, tok = tiny
     prompts = prompts_with_shared_prefix(tok, 6) + [tok("a different start", add_special_tokens=False)["input_ids"]]
     reqs = [req(p, temperature=0.0, max_new_tokens=2 + 3 * i) for i, p in enumerate(prompts)]
     eager = HFEngine(model, tok, [2]).generate(reqs)
-    static = StaticEngine(model, tok, [2], device="cpu", sync_every=sync_every, compact_ratio=0.9)
-    for a, b in zip(eager, static.generate(reqs)):
+    paged = make("paged", model, tok, [2], sync_every=sync_every)
+    for a, b in zip(eager, paged.generate(reqs)):
         assert a.completion_ids == b.completion_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
     # batches larger than the engine's limit are split, and buffers are reused across calls
-    small = StaticEngine(model, tok, [2], device="cpu", max_batch_size=3)
+    small = make("paged", model, tok, [2], max_batch_size=3)
     assert [o.completion_ids for o in small.generate(reqs)] == [o.completion_ids for o in eager]
     assert [o.completion_ids for o in small.generate(reqs[:2])] == [o.completion_ids for o in eager[:2]]
 
@@ -79,12 +76,12 @@ def test_prefix_sharing_and_compaction_do_not_change_greedy_output(tiny):
     plain = HFEngine(model, tok, [2], fast_path=True, min_prefix=10_000, compact_ratio=0.0).generate(reqs)
     hf = HFEngine(model, tok, [2], fast_path=False).generate(reqs)
     one_by_one = [HFEngine(model, tok, [2]).generate([r])[0] for r in reqs]
-    static_plain = StaticEngine(model, tok, [2], device="cpu", min_prefix=10_000).generate(reqs)
-    for a, b, c, d, e in zip(shared, plain, hf, one_by_one, static_plain):
+    paged = make("paged", model, tok, [2]).generate(reqs)  # full prompt blocks shared through the pool
+    for a, b, c, d, e in zip(shared, plain, hf, one_by_one, paged):
         assert a.completion_ids == b.completion_ids == c.completion_ids == d.completion_ids == e.completion_ids
 
 
-@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+@pytest.mark.parametrize("kind", ["hf-lean", "paged"])
 def test_stop_token_and_stop_string(tiny, kind):
     model, tok = tiny
     prompt = tok("hello there", add_special_tokens=False)["input_ids"]
@@ -124,7 +121,7 @@ def _lora_model(tiny):
     return pm, tok
 
 
-@pytest.mark.parametrize("kind", ["hf-lean", "static", "paged", "paged-rows"])
+@pytest.mark.parametrize("kind", ["hf-lean", "paged", "paged-rows"])
 def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
     pm, tok = _lora_model(tiny)
     prompts = prompts_with_shared_prefix(tok, 4) + prompts_with_shared_prefix(tok, 2)
@@ -141,13 +138,13 @@ def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
     assert [o.completion_ids for o in base_out] != [m.completion_ids for m in mixed]
 
 
-def test_static_engine_sees_weight_updates_after_weights_updated(tiny):
-    """The static engine reads fused copies of some weights; ``weights_updated`` refreshes them."""
+def test_paged_engine_sees_weight_updates_after_weights_updated(tiny):
+    """The paged engine reads fused copies of some weights; ``weights_updated`` refreshes them."""
     model, tok = tiny
     model = copy.deepcopy(model)
     prompts = prompts_with_shared_prefix(tok, 3)
     reqs = [req(p, temperature=0.0, max_new_tokens=6) for p in prompts]
-    eng = StaticEngine(model, tok, [2], device="cpu")
+    eng = make("paged", model, tok, [2])
     before = eng.generate(reqs)
     torch.manual_seed(1)
     with torch.no_grad():
@@ -156,7 +153,7 @@ def test_static_engine_sees_weight_updates_after_weights_updated(tiny):
                 lin.weight.normal_(std=0.3)
     truth = HFEngine(model, tok, [2]).generate(reqs)
     assert [o.completion_ids for o in truth] != [o.completion_ids for o in before]
-    stale = StaticEngine.generate(eng, reqs)
+    stale = eng.generate(reqs)
     gaps = [abs(a - b) for o, t in zip(stale, truth) for a, b in zip(o.logprobs[1:], t.logprobs[1:])]
     assert max(gaps) > 1e-3  # decode steps still read the old fused weights
     eng.weights_updated()
@@ -170,12 +167,12 @@ def test_sampling_is_seeded(tiny):
     model, tok = tiny
     prompts = prompts_with_shared_prefix(tok, 3)
     reqs = [req(p, temperature=1.0, top_p=0.9, max_new_tokens=6) for p in prompts]
-    a = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
-    b = StaticEngine(model, tok, [2], device="cpu", seed=5).generate(reqs)
+    a = make("paged", model, tok, [2], seed=5).generate(reqs)
+    b = make("paged", model, tok, [2], seed=5).generate(reqs)
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
 
 
-@pytest.mark.parametrize("kind", ["hf-lean", "static"])
+@pytest.mark.parametrize("kind", ["hf-lean", "paged"])
 def test_seeded_calls_sample_the_same_tokens_whatever_their_batch(tiny, kind):
     model, tok = tiny
     prompts = prompts_with_shared_prefix(tok, 5)
@@ -185,7 +182,7 @@ def test_seeded_calls_sample_the_same_tokens_whatever_their_batch(tiny, kind):
     alone = [make(kind, model, tok, [2], seed=99).generate([r])[0] for r in reqs]
     reordered = make(kind, model, tok, [2], seed=7).generate(reqs[::-1])[::-1]
     assert [o.completion_ids for o in together] == [o.completion_ids for o in alone] == [o.completion_ids for o in reordered]
-    other = make("static" if kind == "hf-lean" else "hf-lean", model, tok, [2]).generate(reqs)
+    other = make("paged" if kind == "hf-lean" else "hf-lean", model, tok, [2]).generate(reqs)
     assert [o.completion_ids for o in other] == [o.completion_ids for o in together]  # both engines agree
     reseeded = make(kind, model, tok, [2]).generate([GenRequest(r.prompt_ids, r.sampling, seed=r.seed + 1) for r in reqs])
     assert [o.completion_ids for o in reseeded] != [o.completion_ids for o in together]
@@ -224,11 +221,11 @@ def test_every_engine_declares_its_capabilities_and_a_weight_change_runs_where_i
 
     model, tok = tiny
     stops = stop_token_ids(tok)
-    for cls in (HFEngine, StaticEngine, PagedEngine, VLLMEngine):
+    for cls in (HFEngine, PagedEngine, VLLMEngine):
         assert {"joins_running_decode", "swaps_between_steps", "at_boundary", "take_counters"} <= set(dir(cls)), cls
     assert PagedEngine.joins_running_decode and PagedEngine.swaps_between_steps
-    assert not HFEngine.swaps_between_steps and not StaticEngine.joins_running_decode
-    for kind in ("hf", "static", "paged"):
+    assert not HFEngine.swaps_between_steps and not HFEngine.joins_running_decode
+    for kind in ("hf", "paged"):
         eng = HFEngine(model, tok, stops) if kind == "hf" else make(kind, model, tok, stops)
         assert isinstance(eng, Engine)
         ran = []

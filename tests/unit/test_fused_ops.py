@@ -31,7 +31,8 @@ def test_fused_kernels_agree_with_torch_in_the_interpreter():
     assert len(lines) == 3
     for line in lines[:2]:
         assert "'rms_norm': None" in line and "'silu_mul': None" in line
-        assert "'rope_and_cache': None" in line and "'decode_attention': None" in line
+        assert set(line.split(" ", 1)[1].strip("{}").replace("'", "").replace(": None", "").split(", ")) == {
+            "rms_norm", "silu_mul"}
     assert lines[2] == "training {'rope': True, 'swiglu': True, 'token_logprobs': True}"
 
 

@@ -40,7 +40,7 @@ def build(name, tok):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3"])
-@pytest.mark.parametrize("engine", ["hf", "static"])
+@pytest.mark.parametrize("engine", ["hf", "paged"])
 def test_fast_path_matches_the_plain_forward(tiny, name, engine):
     _, tok = tiny
     model = build(name, tok)
@@ -79,14 +79,14 @@ def test_trainer_logprobs_match_the_plain_forward(tmp_path, tiny, name, capsys):
         assert fast is not None
 
 
-def test_sliding_window_models_never_get_the_static_engine(tiny):
+def test_sliding_window_models_never_get_the_paged_engine(tiny):
     from masrl.errors import ConfigError
 
     _, tok = tiny
     model = build("mistral", tok)
     assert "sliding-window" in lean.unsupported(model)
-    with pytest.raises(ConfigError, match="static cannot run this model"):
-        make_engine("static", model, tok, [2], device="cpu", seed=0)
+    with pytest.raises(ConfigError, match="paged cannot run this model"):
+        make_engine("paged", model, tok, [2], device="cpu", seed=0)
     assert type(make_engine("auto", model, tok, [2], device="cpu", seed=0)).__name__ == "HFEngine"
 
 
@@ -104,8 +104,10 @@ def test_auto_engine_is_paged_on_cuda_and_its_options_follow():
     assert engine_options(RolloutConfig(), "cuda:0")["graph_prefill"] is None  # the engine decides: where graphs are
     assert engine_options(RolloutConfig(overlap_chunks=False), "cuda:0")["overlap_chunks"] is False
     assert engine_options(r, "cpu") == {}
-    static = engine_options(RolloutConfig(engine="static"), "cuda")
-    assert "gpu_memory_utilization" not in static and static["sync_every"] == 8
+    vllm = engine_options(RolloutConfig(engine="vllm", gpu_memory_utilization=0.07), "cuda")
+    assert vllm == {"cuda_graphs": True, "max_batch_size": 64, "gpu_memory_utilization": 0.07}
+    with pytest.raises(ValueError, match="static engine was retired"):
+        RolloutConfig(engine="static")
 
 
 def test_only_a_paged_engine_says_it_joins_batches(tiny):
@@ -117,7 +119,7 @@ def test_only_a_paged_engine_says_it_joins_batches(tiny):
     qwen2 = build("qwen2", tok)
     paged = make_engine("paged", qwen2, tok, [2], device="cpu", seed=0, gpu_memory_utilization=0.001)
     assert paged.joins_running_decode
-    assert not getattr(make_engine("static", qwen2, tok, [2], device="cpu", seed=0), "joins_running_decode", False)
+    assert not make_engine("hf", qwen2, tok, [2], device="cpu", seed=0).joins_running_decode
 
 
 def test_grouped_keys_repeated_for_a_masked_attention_give_the_grouped_result():

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from masrl.config.policy import Strict
 
@@ -144,13 +144,20 @@ class RolloutConfig(Strict):
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
     max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch (a paged host's "
                                                           "waits at most 1 ms: its calls join the running decode)")
-    engine: Literal["auto", "hf", "static", "paged", "vllm"] = Field(
-        "auto", description="hf: eager, any architecture; static: preallocated KV cache and (on CUDA) CUDA graphs, "
-                            "Llama-family models; paged: continuous batching over a paged KV cache held to "
-                            "gpu_memory_utilization, shared prompt blocks, pre-emption instead of failure "
-                            "(Llama-family models); vllm: vLLM in the worker's process (pip install 'masrl[vllm]'), "
-                            "weights pushed to it after every update; auto: paged on CUDA when the model supports "
-                            "it, else hf")
+    engine: Literal["auto", "hf", "paged", "vllm"] = Field(
+        "auto", description="hf: eager, any architecture; paged: continuous batching over a paged KV cache held to "
+                            "gpu_memory_utilization, shared prompt blocks, pre-emption instead of failure, CUDA "
+                            "graphs and fused kernels on CUDA (Llama-family models); vllm: vLLM in the worker's "
+                            "process (pip install 'masrl[vllm]'), weights pushed to it after every update; auto: "
+                            "paged on CUDA when the model supports it, else hf")
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _retired(cls, v):
+        if v == "static":
+            raise ValueError("the static engine was retired: rollout.engine: paged (the default on CUDA) runs every "
+                             "case it ran; use paged or auto")
+        return v
+
     gpu_memory_utilization: float = Field(
         0.04, gt=0, le=0.95, description="paged and vllm engines: the fraction of the device's memory (for paged on a "
                                          "CPU: the host's) the KV cache takes, per worker, allocated once (vLLM's "
@@ -159,7 +166,7 @@ class RolloutConfig(Strict):
                                          "Qwen2.5-7B")
     kv_block_size: int = Field(16, ge=1, le=1024, description="paged engine: token slots per KV block (the unit of "
                                                                "allocation and of prefix sharing)")
-    cuda_graphs: bool = Field(True, description="static and paged engines on CUDA: replay decode steps as CUDA graphs")
+    cuda_graphs: bool = Field(True, description="paged and vllm engines on CUDA: replay decode steps as CUDA graphs")
     graph_prefill: bool | None = Field(None, description="paged engine: a prefill whose new tokens read few keys "
                                                           "(next turns over a cached past, short prompts) runs as "
                                                           "token rows of the decode step, through its CUDA graphs, not "
@@ -170,7 +177,7 @@ class RolloutConfig(Strict):
                                                            "the tokens of the one in flight, so the device decodes "
                                                            "while the host keeps tokens and tells callers; null "
                                                            "(default): on a GPU; the tokens are the same either way")
-    sync_every: int = Field(8, ge=1, le=256, description="static and paged engines: decode steps between host checks for "
+    sync_every: int = Field(8, ge=1, le=256, description="paged engine: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
     call_timeout_s: float = Field(600.0, gt=0)
     trace_timeout_s: float = Field(1800.0, gt=0)
@@ -187,7 +194,7 @@ class RolloutConfig(Strict):
                             "update runs while episodes keep generating (on CUDA in a stream of its own); the new "
                             "weights are copied in when the update ends (worker/weight_copy.py). Costs one copy of "
                             "the trainable weights (LoRA: the adapters only). auto: on in async mode on CUDA with "
-                            "the hf or static engine; false: the engine and the update take turns")
+                            "the hf or paged engine; false: the engine and the update take turns")
     counterfactual: CounterfactualConfig | None = Field(
         None, description="counterfactual credit per call ({k, agents}): costs k re-runs of the rest of the trace per "
                           "credited call, reported per step")

@@ -67,8 +67,6 @@ def engine_options(r, device: str) -> dict:
         return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size, "sync_every": r.sync_every,
                 "gpu_memory_utilization": r.gpu_memory_utilization, "block_size": r.kv_block_size,
                 "graph_prefill": r.graph_prefill, "overlap_chunks": r.overlap_chunks}
-    if kind == "static":
-        return {"cuda_graphs": r.cuda_graphs, "sync_every": r.sync_every, "max_batch_size": r.max_batch_size}
     if kind == "vllm":
         return {"cuda_graphs": r.cuda_graphs, "max_batch_size": r.max_batch_size,
                 "gpu_memory_utilization": r.gpu_memory_utilization}
@@ -154,7 +152,7 @@ def overlaps_update(r, specs: list[PolicySpec]) -> bool:
     if r.mode != "async" or r.overlap_update is False or any(s.offload_weights for s in specs):
         return False
     return r.overlap_update is True or (sampling_device(specs[0]).startswith("cuda")
-                                         and r.engine in ("auto", "hf", "static", "paged"))
+                                         and r.engine in ("auto", "hf", "paged"))
 
 
 def sampling_device(spec: PolicySpec) -> str:

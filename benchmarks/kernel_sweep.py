@@ -46,7 +46,7 @@ def graph_us(fn, n: int = 20) -> float:
 
 
 def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
-    from masrl.engines import paged_kernels as K
+    from masrl.engines.paged.kernels import paged as K
 
     gen = torch.Generator(device=DEV).manual_seed(seed)
     lens = torch.randint(mean_len - 32, mean_len + 33, (batch,), generator=gen, device=DEV).to(torch.int32)
@@ -62,7 +62,7 @@ def attention_case(batch: int, mean_len: int, bs: int = 16, seed: int = 0):
 
 
 def attention(rows: list) -> None:
-    from masrl.engines import paged_kernels as K
+    from masrl.engines.paged.kernels import paged as K
 
     grid = list(itertools.product((False, True), (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)))
     for batch, mean_len in ((256, 192), (128, 512), (64, 1024), (64, 2048), (16, 8192)):
@@ -92,7 +92,7 @@ def attention(rows: list) -> None:
 
 def fused_case(batch: int, mean_len: int):
     """The two-kernel step and the one-kernel step of ``attention_case``'s rows, as two callables."""
-    from masrl.engines import paged_kernels as K
+    from masrl.engines.paged.kernels import paged as K
 
     (_, kf, vf, tables, lens, _, bs, scale), _ = attention_case(batch, mean_len)
     gen = torch.Generator(device=DEV).manual_seed(1)
@@ -173,7 +173,7 @@ def gemm(rows: list) -> None:
 def split(rows: list) -> None:
     """Split attention for few long rows (``paged_attention(..., splits=n)``: runs of each row's keys, one
     program each, and a kernel that adds them up) against one program a (row, KV head), long-class settings."""
-    from masrl.engines import paged_kernels as K
+    from masrl.engines.paged.kernels import paged as K
 
     print("\n== paged attention, long rows: keys split into runs\n"
           "| case | MiB of K and V | runs a row | us | GB/s | vs one program a row | max abs err vs fp32 | shipped |\n"

@@ -45,7 +45,7 @@ def build_engine(kind: str, shape: str):
 
 def decode(shape: str, batch: int, kind: str = "paged", prompt: int = 128) -> None:
     """One decode step of ``batch`` rows after a ``prompt``-token prompt: its kernels eager, then the replayed
-    CUDA graph's time. The engine's own buffers (``_step_state``) are rewound between steps."""
+    CUDA graph's time. The runner's step buffers (``step_state``) are rewound between steps."""
     from masrl.config import SamplingParams
     from masrl.messages import GenRequest
 
@@ -55,14 +55,15 @@ def decode(shape: str, batch: int, kind: str = "paged", prompt: int = 128) -> No
     reqs = [GenRequest([100 + (i * 7 + r * 131) % 5000 for i in range(prompt)], sp) for r in range(batch)]
     eng.generate(reqs)
     torch.cuda.synchronize()
-    keys = [k for k in eng.graphs if k[0] >= batch]  # the graphs the run decoded with: its batch bucket, widest
+    run = eng.runner
+    keys = [k for k in run.graphs if k[0] >= batch]  # the graphs the run decoded with: its batch bucket, widest
     if not keys:
-        raise RuntimeError(f"the {kind} engine captured no decode graph for batch {batch} (graphs: {list(eng.graphs)})")
+        raise RuntimeError(f"the {kind} engine captured no decode graph for batch {batch} (graphs: {list(run.graphs)})")
     Bb = min(k[0] for k in keys)
     key = max((k for k in keys if k[0] == Bb), key=lambda k: k[1])
     S = key[1]
-    with torch.inference_mode(), eng._kernels():
-        saved = [(t, t.clone()) for t in eng._step_state(Bb)]
+    with torch.inference_mode(), run.device_scope():
+        saved = [(t, t.clone()) for t in run.step_state()]
 
         def rewind():
             for t, old in saved:
@@ -71,13 +72,13 @@ def decode(shape: str, batch: int, kind: str = "paged", prompt: int = 128) -> No
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 rewind()
-                eng._decode_body(Bb, S)
+                run.step(Bb, S)
             torch.cuda.synchronize()
         n, ms = kernels_in(prof)
         print(f"\n== decode {kind} {shape} batch {batch}, {prompt}-token prompt (bucket {Bb}, graph key {key}), eager step: "
               f"{n / 5:.0f} kernels, {ms / 5:.3f} ms GPU time per step")
         print(table(prof, 14))
-        g = eng.graphs[key][0]
+        g = run.graphs[key][0]
         print(f"graph replay: {harness.replay_ms(g.replay, rewind, n=30):.3f} ms per step (median of 30); "
               f"kernels fused: {eng.stats['fused_kernels']}")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

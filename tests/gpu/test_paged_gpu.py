@@ -26,7 +26,7 @@ def forward_gaps(model, reqs, outs) -> list[float]:
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
 def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monkeypatch):
-    from masrl.engines import paged_kernels
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.hf import HFEngine
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
@@ -41,7 +41,7 @@ def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monk
     a = eng.generate(greedy)
     b = HFEngine(model, tok, [tok.eos_token_id]).generate(greedy)
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
-    assert eng.stats["graphs_captured"] >= 1 and all(k[1] == 0 for k in eng.graphs)  # short rows: one graph a bucket
+    assert eng.stats["graphs_captured"] >= 1 and all(k[1] == 0 for k in eng.runner.graphs)  # short rows: one graph a bucket
     tight = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=12)
     c = tight.generate(greedy)
     assert tight.stats["preemptions"] > 0
@@ -51,7 +51,7 @@ def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monk
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
 def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
-    from masrl.engines import paged_kernels
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
@@ -78,11 +78,11 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
     forward's prefill (fp32): the same greedy tokens, each path's logprobs within 1e-3 of a full forward."""
-    from masrl.engines import paged_steps
+    from masrl.engines.paged import runner as paged_runner
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
-    monkeypatch.setattr(paged_steps, "ROWS_PREFILL_BATCH", 16)
+    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_BATCH", 16)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
     rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=True)
     fwd = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=False)
@@ -110,7 +110,7 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
     """Rows past ``PAGED_LONG_KEYS`` keys decode with each row's keys split into runs (``paged_splits``) and
     added up by a second kernel: the same greedy tokens as one program a row, and both within 1e-3 of a full
     forward (fp32); in bf16 within the bounds of the short rows' test."""
-    from masrl.engines import paged_kernels
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 
@@ -123,9 +123,9 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
         for split in (True, False):
             eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512)
             assert "paged_attention_split" in eng.stats["fused_kernels"]
-            eng.fused["paged_attention_split"] = split
+            eng.runner.fused["paged_attention_split"] = split
             outs[split] = eng.generate(reqs)
-            assert any(k[1] == paged_kernels.PAGED_LONG_KEYS for k in eng.graphs)  # the long class ran
+            assert any(k[1] == paged_kernels.PAGED_LONG_KEYS for k in eng.runner.graphs)  # the long class ran
         assert paged_kernels.paged_splits(4, 3, paged_kernels.PAGED_LONG_KEYS) > 1  # smollm2: 3 KV heads
         a, b = outs[True], outs[False]
         if dtype == torch.float32:  # in bf16 another order of the sums may tip a near tie of the random model
@@ -145,7 +145,7 @@ def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_l
     16,000-token prefill on each path."""
     import time
 
-    from masrl.engines import paged_prefill
+    from masrl.engines.paged import prefill as paged_prefill
     from masrl.engines.paged import PagedEngine
     from masrl.models import load_model
 

@@ -17,7 +17,7 @@ from test_gpu import prompts, report, req  # noqa: E402
 
 @pytest.mark.parametrize("vocab", [49152, 151936])
 def test_fused_sampler_is_the_inverse_cdf_draw_at_every_batch(vocab):
-    from masrl.engines import sample_kernel
+    from masrl.engines.paged.kernels import sample as sample_kernel
     from masrl.engines.sampling import BatchFlags, sample_tokens
 
     assert sample_kernel.check(torch.device("cuda"), torch.bfloat16) == {"sample": None}
@@ -38,7 +38,7 @@ def test_fused_sampler_is_the_inverse_cdf_draw_at_every_batch(vocab):
 
 
 def test_fused_sampler_frequencies_match_the_softmax():
-    from masrl.engines import sample_kernel
+    from masrl.engines.paged.kernels import sample as sample_kernel
 
     g = torch.Generator(device="cuda").manual_seed(5)
     n, V, T = 200_000, 3000, 0.7

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 CODE = """
 import torch
-from masrl.engines import kernels
+from masrl.engines.paged.kernels import common as kernels
 from masrl.modeling import fused
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.bfloat16):
@@ -38,7 +38,7 @@ def test_fused_kernels_agree_with_torch_in_the_interpreter():
 
 PAGED = """
 import torch
-from masrl.engines import paged_kernels
+from masrl.engines.paged.kernels import paged as paged_kernels
 paged_kernels.PAGED_FUSED_ROPE = True
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
@@ -56,7 +56,7 @@ def test_paged_kernels_the_fused_rope_attention_and_split_attention_agree_with_t
 
 SAMPLER = """
 import torch
-from masrl.engines import sample_kernel
+from masrl.engines.paged.kernels import sample as sample_kernel
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.bfloat16):
     print(dtype, sample_kernel.check(cpu, dtype)["sample"])
@@ -73,7 +73,7 @@ def test_fused_sampler_is_the_inverse_cdf_draw_in_the_interpreter():
 ENGINE = """
 import json, torch
 from masrl.config import SamplingParams
-from masrl.engines import kernels, paged_kernels
+from masrl.engines.paged.kernels import common as kernels, paged as paged_kernels
 from masrl.engines.paged import PagedEngine
 from masrl.messages import GenRequest
 from masrl.models import load_model

@@ -12,12 +12,12 @@ import torch
 from helpers import full_logprobs
 
 from masrl.config import SamplingParams
-from masrl.engines import paged_steps
-from masrl.engines.blocks import BlockPool, OutOfBlocks, block_hash
+from masrl.engines.paged import runner as paged_runner
+from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
-from masrl.engines.paged_prefill import layout, token_rows
-from masrl.engines.scheduler import Scheduler, Sequence
+from masrl.engines.paged.prefill import layout, token_rows
+from masrl.engines.paged.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenRequest
 
@@ -286,8 +286,8 @@ def test_next_turns_with_a_long_past_and_few_new_tokens_prefill_together(tiny, m
     more = tok(" And then? Tell me.", add_special_tokens=False)["input_ids"]
     turn2 = [req(r.prompt_ids + o.completion_ids + more, max_new_tokens=5) for r, o in zip(firsts, eng.generate(firsts))]
     passes = []
-    real = eng.prefill.rows
-    monkeypatch.setattr(eng.prefill, "rows", lambda spans, *a: passes.append(len(spans)) or real(spans, *a))
+    real = eng.runner.prefill_pool.rows
+    monkeypatch.setattr(eng.runner.prefill_pool, "rows", lambda spans, *a: passes.append(len(spans)) or real(spans, *a))
     outs = eng.generate(turn2)
     assert sum(passes) == len(turn2) and len(passes) <= 3, passes
     assert [o.completion_ids for o in outs] == [o.completion_ids for o in HFEngine(model, tok, [2]).generate(turn2)]
@@ -308,12 +308,12 @@ def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny
     each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
     holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
     their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""
-    monkeypatch.setattr(paged_steps, "ROWS_PREFILL_BATCH", 8)
+    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_BATCH", 8)
     model, tok = tiny
-    assert not PagedEngine(model, tok, [2], device="cpu", kv_blocks=8).graph_prefill  # the default: no graphs on a CPU
+    assert not PagedEngine(model, tok, [2], device="cpu", kv_blocks=8).runner.graph_prefill  # the default: no graphs on a CPU
     eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, graph_prefill=True)
-    forward, real = [], eng.prefill.rows
-    monkeypatch.setattr(eng.prefill, "rows", lambda *a: forward.append(len(a[0])) or real(*a))
+    forward, real = [], eng.runner.prefill_pool.rows
+    monkeypatch.setattr(eng.runner.prefill_pool, "rows", lambda *a: forward.append(len(a[0])) or real(*a))
     firsts = [req(p, max_new_tokens=6) for p in prompts(tok)]
     outs = eng.generate(firsts)
     eager = HFEngine(model, tok, [2])
@@ -328,7 +328,7 @@ def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny
     assert eng.stats["forks"] >= 3 and eng.stats["cached_tokens"] > 0
     assert eng.stats["row_prefills"] > 0 and eng.stats["forward_prefills"] == 0 and not forward
     # rows that would read too many keys take the lean forward
-    monkeypatch.setattr(paged_steps, "ROWS_PREFILL_KEYS", 0)
+    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_KEYS", 0)
     eng.generate(firsts[:2])
     assert eng.stats["forward_prefills"] > 0 and forward
 
@@ -397,7 +397,7 @@ def test_weights_change_between_steps_of_a_running_call_and_its_blocks_stay_out_
 
 def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can_try_again(tiny, monkeypatch):
     """No GPU here: torch's CUDA out-of-memory error is raised where the pool's allocation would raise it."""
-    import masrl.engines.kv_pool as kv_pool
+    import masrl.engines.paged.blocks as kv_pool
 
     model, tok = tiny
 
@@ -422,7 +422,7 @@ def test_a_pool_that_does_not_fit_says_which_setting_to_lower_and_the_engine_can
 
 
 def test_decode_graphs_of_long_rows_get_their_own_length_class_and_launch():
-    from masrl.engines import paged_kernels as pk
+    from masrl.engines.paged.kernels import paged as pk
 
     long = pk.PAGED_LONG_KEYS
     assert pk.paged_length_class(1) == pk.paged_length_class(long) == 0
@@ -492,7 +492,7 @@ def test_a_caller_woken_while_its_call_is_being_told_waits_for_the_callback(tiny
 def test_callers_arriving_at_a_fresh_engine_at_once_build_one_pool(tiny, monkeypatch):
     """Several batches reach a new engine together (a paged host's batcher hands over up to 64): the
     pool and its cache are built once, and no caller runs steps on a pool whose cache is not there."""
-    import masrl.engines.kv_pool as kv_pool
+    import masrl.engines.paged.blocks as kv_pool
 
     model, tok = tiny
     built, slow = [], threading.Event()

@@ -4,7 +4,7 @@ itself runs in Triton's interpreter (tests/unit/test_fused_ops.py) and on a GPU 
 
 import torch
 
-from masrl.engines import sample_kernel
+from masrl.engines.paged.kernels import sample as sample_kernel
 from masrl.engines.sampling import BatchFlags, sample_tokens
 
 

@@ -5,7 +5,7 @@ keeps collecting until the batch holds ``max_batch_size`` items or ``max_wait_ms
 and runs ``run_batch(items)`` in a worker thread, so the event loop keeps serving workflows
 while the model computes. While one batch runs, new items queue up and form the next batch.
 With ``concurrent`` > 1 up to that many batches run at once (for an engine whose calls join a
-running decode, engines/paged.py: a call then waits for no other batch). ``run_batch`` returns one
+running decode, engines/paged/: a call then waits for no other batch). ``run_batch`` returns one
 result per item, in order (an exception instance in an item's place
 fails that item alone); each caller gets its own result (or the batch's exception). A caller
 that gave up (timeout, cancellation) is skipped. With ``streams``, ``run_batch(items, deliver)`` may

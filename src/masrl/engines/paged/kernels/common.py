@@ -9,7 +9,7 @@ microseconds however little it computes; so the step's time is its kernel count:
 * ``_rope_cache_kernel``: rotary embedding of q and k *and* writing k and v into the KV pool at each row's slot, in
   one kernel (instead of ~12); launched by ``paged_kernels.rope_and_cache_paged``.
 
-The paged engine's kernels that read block tables are in ``paged_kernels.py``, the sampler in ``sample_kernel.py``.
+The paged engine's kernels that read block tables are in ``paged.py``, the sampler in ``sample.py``.
 
 Numerics: each kernel computes in fp32 and rounds once; the torch versions round after every op
 (in bf16 that is a difference of about one bf16 ulp, measured by the engine's logprob checks).

@@ -1,7 +1,7 @@
-"""The paged engine's Triton kernels, each with the torch code it replaces (``kernels.py`` holds the static
-engine's and the shared ones).
+"""The paged engine's Triton kernels that read block tables, each with the torch code it replaces (``common.py``
+holds the ones that know nothing of pages).
 
-* ``rope_and_cache_paged``: the static engine's rope kernel with a slot per row: each row's k and v to its
+* ``rope_and_cache_paged``: ``common._rope_cache_kernel`` with a slot per row: each row's k and v to its
   own slot of a ``[slots, Hkv, D]`` pool;
 * ``paged_attention``: one query position against each row's own tokens, looked up through its block
   table, each row stopping at its own length read from device memory (so a CUDA graph replays any length);
@@ -10,8 +10,8 @@ engine's and the shared ones).
 * split attention (``paged_attention(..., splits=n)``, ``paged_splits``): a long row's keys in runs, one
   program each, added up by a second kernel, so that a few long rows fill the GPU.
 
-``check`` runs them against their torch versions on random data, as ``kernels.check`` does the others; the
-paged engine uses a kernel only if it agrees.
+``check`` runs them against their torch versions on random data, as ``common.check`` does the others; the
+paged engine uses a kernel only if it agrees (``kernels/__init__.py``: the registry).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from masrl.engines.kernels import on_device, probe, triton, verdicts
+from masrl.engines.paged.kernels.common import on_device, probe, triton, verdicts
 
 if triton is not None:
     import triton.language as tl
 
-    from masrl.engines.kernels import _rope_cache_kernel
+    from masrl.engines.paged.kernels.common import _rope_cache_kernel
 
 
 # -- torch references (also the CPU path) ------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from masrl.engines.kernels import _INTERPRET, available, triton, verdicts
+from masrl.engines.paged.kernels.common import _INTERPRET, available, triton, verdicts
 from masrl.modeling.fused import on_device
 
 BLOCK = 1024

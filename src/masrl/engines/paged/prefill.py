@@ -4,7 +4,7 @@ keys and values of its cached blocks as the past, writing the new keys and value
 Rows share a forward pass while ``_fits`` holds; a call with more new tokens than the budget is
 computed alone in chunks over its own blocks (chunked prefill); a GRPO group's other samples (forks)
 take their leader's last-position logits and a copy of its partial last block. The engine
-(engines/paged.py) owns the pool and calls ``PoolPrefill.run`` for each prefill step.
+(runner.py) owns the pool and calls ``PoolPrefill.run`` for each forward prefill step.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines.scheduler import Sequence
+from masrl.engines.paged.scheduler import Sequence
 from masrl.modeling.lean import LlamaForward, causal_mask
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]

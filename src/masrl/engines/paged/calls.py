@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines.blocks import BlockPool, blocks_for
+from masrl.engines.paged.blocks import BlockPool, blocks_for
+from masrl.engines.paged.scheduler import Sequence
 from masrl.engines.sampling import stop_string_at
-from masrl.engines.scheduler import Sequence
 from masrl.messages import GenOutput, GenRequest
 
 

@@ -2,7 +2,7 @@
 
 Agent workloads are multi-turn and long-tailed: an episode's next call starts only when its last
 returned, and a few long calls hold a whole one-shot batch up. Here a call is a ``Sequence``
-(engines/scheduler.py) and the engine runs steps, not batches:
+(scheduler.py) and the engine runs steps, not batches:
 
 * **Continuous batching.** Every step the scheduler either prefills waiting calls or advances every
   running call by one token. ``generate`` is safe to call from several threads at once: the calls
@@ -10,7 +10,7 @@ returned, and a few long calls hold a whole one-shot batch up. Here a call is a 
   returns as soon as *its* calls are done (one thread runs the steps; the others wait on a
   condition and take over when it leaves).
 * **Paged KV under a budget.** Keys and values live in one pool of ``block_size``-slot blocks
-  (engines/blocks.py) sized from ``gpu_memory_utilization`` (the fraction of the device's memory,
+  (blocks.py) sized from ``gpu_memory_utilization`` (the fraction of the device's memory,
   or of the host's on a CPU, the pool may take) or ``kv_blocks``. Memory grows with the tokens in
   use. When the pool is dry the newest call is pre-empted and recomputed later; a call is refused
   (an exception in its place, the others run) only if it could not fit the pool alone.
@@ -18,13 +18,13 @@ returned, and a few long calls hold a whole one-shot batch up. Here a call is a 
   shared, the partial last block copied, the logits reused). Full blocks are also cached by a
   chained hash of their tokens, so an episode's next turn reuses its earlier turns' blocks (the
   prompt of turn k+1 extends turn k token for token).
-* **The static engine's decode step** (``engines/decoder.py``, shared; what a step does on the device is in
-  ``engines/paged_steps.py``): fused q/k/v and gate/up weights, LoRA adapters of one base
-  mixed in one batch, fused Triton kernels and CUDA graphs on a GPU (per batch and length bucket;
-  the graph reads the block tables from device buffers the host rewrites between replays).
+* **The device side is the model runner** (runner.py): fused q/k/v and gate/up weights, LoRA adapters of one base
+  mixed in one batch, fused Triton kernels and CUDA graphs on a GPU (per batch bucket and length class;
+  the graph reads the block tables from device buffers the host rewrites between replays). This class keeps
+  the calls: their tokens, stop rules and results (calls.py), the threads and the weight changes between steps.
 
-Numerics: prefill is the lean forward (as the trainer computes); decode is the static engine's step
-over the paged cache. Token ``t`` of a call with a seed uses ``counter_uniforms(seed)[t]`` whatever
+Numerics: prefill is the lean forward (as the trainer computes) or the decode step's token rows; decode is the
+runner's step over the paged cache. Token ``t`` of a call with a seed uses ``counter_uniforms(seed)[t]`` whatever
 step, batch or pre-emption it lands in, so results do not depend on what ran beside it.
 """
 
@@ -37,16 +37,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines import kv_pool, paged_calls
-from masrl.engines.blocks import BlockPool
-from masrl.engines.decode_weights import DecodeWeights
-from masrl.engines.paged_prefill import PoolPrefill
-from masrl.engines.paged_steps import PagedSteps
+from masrl.engines.defaults import EngineDefaults
+from masrl.engines.paged import blocks
+from masrl.engines.paged import calls as paged_calls
+from masrl.engines.paged.blocks import BlockPool
+from masrl.engines.paged.runner import ModelRunner
+from masrl.engines.paged.scheduler import Scheduler, Sequence
 from masrl.engines.sampling import counter_uniforms
-from masrl.engines.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
-from masrl.modeling.sizes import tensor_bytes
 
 
 @dataclass
@@ -58,7 +57,7 @@ class _Job:
     done: bool = False
 
 
-class PagedEngine(PagedSteps):
+class PagedEngine(EngineDefaults):
     joins_running_decode = True  # a second generate's calls join the running decode (the driver overlaps batches)
     swaps_between_steps = True  # at_boundary: a weight change between two steps, running calls going on
 
@@ -66,42 +65,48 @@ class PagedEngine(PagedSteps):
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
                  graph_prefill: bool | None = None, overlap_chunks: bool | None = None, **_ignored):
-        super().__init__(model, tokenizer, stop_ids, device=device, seed=seed, cuda_graphs=cuda_graphs,
-                         fused_kernels=fused_kernels)
-        # _prefill_rows (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
+        self.model = model
+        self.tok = tokenizer
+        self.stop_set = set(int(s) for s in stop_ids)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.stop_set))
+        self.stats: dict = {"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
+                            "peak_blocks": 0, "joined": 0, "forks": 0, "swaps_mid_call": 0, "overlapped_chunks": 0}
+        # graph_prefill (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
         # the rows save no launches there; docs/benchmarks.md has the GPU figures)
-        self.graph_prefill = self.use_graphs if graph_prefill is None else graph_prefill
+        self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, block_size=block_size,
+                                  prefill_tokens=prefill_tokens, cuda_graphs=cuda_graphs, fused_kernels=fused_kernels,
+                                  graph_prefill=graph_prefill, stats=self.stats)
+        self.dev = self.runner.dev
+        self.device = str(self.dev)
+        self.is_peft = self.runner.is_peft
         # rollout.overlap_chunks: the next decode chunk is queued before the host takes the last one's tokens
         # (None: on a GPU, where the host's bookkeeping then runs while the device decodes)
         self.overlap_chunks = self.dev.type == "cuda" if overlap_chunks is None else overlap_chunks
         self._inflight: paged_calls.Chunk | None = None  # a chunk on the device whose tokens are not taken yet
         self.block_size = block_size
-        self.kv_blocks = kv_pool.pool_blocks(model, self.dtype, self.dev, block_size, gpu_memory_utilization, kv_blocks)
+        self.kv_blocks = blocks.pool_blocks(model, self.runner.dtype, self.dev, block_size, gpu_memory_utilization,
+                                            kv_blocks)
         self.max_batch_size = max_batch_size
-        self.prefill = PoolPrefill(self.fwd, block_size=block_size, budget=prefill_tokens, pad_id=self.pad_id,
-                                   dtype=self.dtype, dev=self.dev, is_peft=self.is_peft)
+        self.prefill_tokens = prefill_tokens
         self.sync_every = sync_every
         self.host_rng = np.random.default_rng(seed)
         self.pool: BlockPool | None = None
         self.sched: Scheduler | None = None
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.rows_cap = self.width_cap = 0
         self._cv = threading.Condition()
         self._inbox: list[Sequence] = []
-        self._runner: int | None = None
+        self._stepping: int | None = None  # the thread running the steps
         self._boundary: list[_Job] = []  # at_boundary jobs waiting for the next step boundary
-        self.stats.update({"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                           "peak_blocks": 0, "joined": 0, "forks": 0, "row_prefills": 0, "forward_prefills": 0,
-                           "swaps_mid_call": 0, "overlapped_chunks": 0})
         self._taken_preemptions = 0  # the pre-emptions counted at the last take_counters
-        self._last_sampling = None  # (ids of the calls, _sampling's result, the calls) of the last chunk
 
-    # -- Engine interface (adapters: GraphDecoder) ---------------------------------------------------
+    # -- Engine interface ----------------------------------------------------------------------------
+    def adapters(self) -> list[str]:
+        return list(self.runner.adapters)
+
     def weights_updated(self, policies: list[str] | None = None) -> None:
         if self.pool is not None:
             self.pool.forget()  # cached blocks were computed with the old weights
             self.sched.epoch += 1  # and blocks of calls running now never join the cache
-        super().weights_updated(policies)
+        self.runner.refresh()
 
     def at_boundary(self, fn) -> None:
         """Run ``fn`` (a weight change) between two engine steps: at once when no step runs, else by
@@ -109,14 +114,14 @@ class PagedEngine(PagedSteps):
         running then go on with the new weights over the keys and values they have (AReaL's
         interruptible generation); their blocks never join the prefix cache."""
         with self._cv:
-            if self._runner is None:
+            if self._stepping is None:
                 fn()
                 return
             job = _Job(fn)
             self._boundary.append(job)
             self._cv.notify_all()
             while not job.done:
-                if self._runner is None:  # the runner left before reaching a boundary: run what waits
+                if self._stepping is None:  # the runner left before reaching a boundary: run what waits
                     self._run_boundary()
                 else:
                     self._cv.wait()
@@ -137,10 +142,7 @@ class PagedEngine(PagedSteps):
         self._cv.notify_all()
 
     def memory(self) -> dict[str, int]:
-        kv = tensor_bytes([t for pair in self.kv for t in pair])
-        buffers = tensor_bytes([self.__dict__.get(n) for n in ("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf")]
-                               + list(self.__dict__.get("masks", {}).values()))
-        return {"kv": kv, "weights": self._weight_bytes(), "buffers": buffers}
+        return self.runner.memory()
 
     def take_counters(self) -> dict[str, float]:
         """Since the last take: calls pre-empted for want of blocks (``preemptions``) and the pool's
@@ -154,13 +156,11 @@ class PagedEngine(PagedSteps):
 
     def release(self) -> None:
         with self._cv:
-            if self._runner is not None or self._inbox:
+            if self._stepping is not None or self._inbox:
                 raise RuntimeError("PagedEngine.release while calls are running")
-        self._release(("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index"))
-        self.kv = []
+        self.runner.release()
         self.pool = self.sched = None
-        self._last_sampling = self._inflight = None
-        self.rows_cap = self.width_cap = 0
+        self._inflight = None
 
     def generate(self, requests: list[GenRequest],
                  on_done: Callable[[int, GenOutput], None] | None = None) -> list[GenOutput | Exception]:
@@ -175,18 +175,18 @@ class PagedEngine(PagedSteps):
         seqs = [self._sequence(r, i, on_done) for i, r in enumerate(requests)]
         todo = [s for s in seqs if s.error is None]
         with self._cv:
-            if self._runner is not None:
+            if self._stepping is not None:
                 self.stats["joined"] += len(todo)
             self._inbox.extend(todo)
             self._cv.notify_all()
             while not all(paged_calls.settled(s) for s in todo):
-                if self._runner is None:
-                    self._runner = threading.get_ident()
+                if self._stepping is None:
+                    self._stepping = threading.get_ident()
                     try:
                         self._run_until(todo)
                     finally:
                         self._run_boundary()
-                        self._runner = None
+                        self._stepping = None
                         self._cv.notify_all()
                 else:
                     self._cv.wait()
@@ -232,7 +232,7 @@ class PagedEngine(PagedSteps):
         """``work()`` with the condition released (other callers may queue calls meanwhile)."""
         self._cv.release()
         try:
-            with self._kernels(), torch.inference_mode():
+            with self.runner.device_scope(), torch.inference_mode():
                 out = work()
         except BaseException as exc:  # the engine failed: every call it holds fails with it
             self._cv.acquire()
@@ -252,7 +252,7 @@ class PagedEngine(PagedSteps):
         pool = self.sched.pool
         self.stats["peak_blocks"] = max(self.stats["peak_blocks"], pool.used())
         if step.kind == "prefill":
-            logits = self._prefill(step.seqs)
+            logits = self.runner.prefill(step.seqs)
             for s in step.seqs:
                 self.sched.registered(s)
             finished = self._sample(step.seqs, logits)
@@ -263,17 +263,61 @@ class PagedEngine(PagedSteps):
             self.stats[k] = st[k]
         return finished
 
-    # -- the pool and the buffers --------------------------------------------------------------------
+    # -- sampling and decode chunks: the runner's device work, the calls' tokens kept here -------------------
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> bool:
+        """Each just-prefilled call's next token, from the prefill's logits."""
+        r = self.runner
+        sp, temps, top_ps, flags = r.sampling(seqs)
+        u = torch.from_numpy(self._uniforms(seqs, 1)[:, 0]).to(self.dev)
+        tokens, lps = r.draw(logits[: len(seqs)], temps, top_ps, flags, u)
+        return self._take(seqs, sp, [[t] for t in tokens.tolist()], [[x] for x in lps.tolist()], decoded=False)
+
+    def _decode_chunk(self, seqs: list[Sequence]) -> bool:
+        """Up to ``sync_every`` decode steps for every running call, the sampled tokens kept on the
+        device and read back once; a call that finishes inside the chunk rides along to its end (its
+        extra tokens dropped; writes past its blocks land in the scratch block). With ``overlap_chunks``
+        the tokens are taken at the next step, after the chunk that follows is queued. Returns whether a
+        call finished."""
+        k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
+        chunk = self.runner.launch(seqs, k, self._uniforms(seqs, k))
+        if self.overlap_chunks:
+            self._inflight = chunk
+            return False
+        return self._take(seqs, chunk.sp, *chunk.results())
+
+    def _take_inflight(self, follow: bool = False) -> bool:
+        """Take the tokens of the chunk in flight; first, when ``follow`` and its calls can go on
+        (``calls.continuation_steps``), queue the chunk that follows it from the device's state, so the
+        device decodes while the host keeps tokens and tells callers."""
+        c, self._inflight = self._inflight, None
+        k = paged_calls.continuation_steps(c, self.sched.running, self.sched.pool, self.sync_every) if follow else 0
+        if k:
+            self._inflight = self.runner.launch(c.seqs, k, self._uniforms(c.seqs, k, c.k), ahead=c.k)
+            if self._inflight is not None:
+                self.sched.stats["decodes"] += 1
+                self.stats["overlapped_chunks"] += 1
+        T, L = c.results()
+        live = [i for i, s in enumerate(c.seqs) if s.finish is None and s.error is None]
+        return self._take([c.seqs[i] for i in live], [c.sp[i] for i in live], [T[i] for i in live],
+                          [L[i] for i in live])
+
+    def _uniforms(self, seqs: list[Sequence], k: int, ahead: int = 0) -> np.ndarray:
+        return paged_calls.chunk_uniforms(seqs, k, self.host_rng, ahead)
+
+    def _take(self, seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list[float]], *,
+              decoded: bool = True) -> bool:
+        """Each call keeps its new tokens (``calls.keep_tokens``); returns whether one finished."""
+        return paged_calls.keep_tokens(seqs, sp, T, L, stop_set=self.stop_set, tok=self.tok, sched=self.sched,
+                                       output=self._output, decoded=decoded)
+
+    # -- the pool ----------------------------------------------------------------------------------------
     def _build(self) -> None:
-        """The fused weights and the pool, once: under the engine's lock, since several callers may
-        arrive at a fresh engine at once (one pool, not two; none sees a pool whose cache is not there)."""
+        """The runner's weights and pool, and the scheduler, once: under the engine's lock, since several callers
+        may arrive at a fresh engine at once (one pool, not two; none sees a pool whose cache is not there)."""
         with self._cv:
-            if self.w is None:
-                self.w = DecodeWeights(self.model, self._adapters)
+            self.runner.build(self.kv_blocks)
             if self.pool is not None:
                 return
-            self.kv = kv_pool.allocate(self.model, len(self.fwd.layers), self.kv_blocks * self.block_size,
-                                       (self.fwd.n_kv, self.fwd.head_dim), self.dtype, self.dev)
             self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size), max_seqs=self.max_batch_size,
-                                   prefill_tokens=self.prefill.budget)
+                                   prefill_tokens=self.prefill_tokens)
             self.pool = self.sched.pool

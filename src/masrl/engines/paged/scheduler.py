@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from masrl.engines.blocks import BlockPool, OutOfBlocks, blocks_for
+from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, blocks_for
 
 
 @dataclass(eq=False)

@@ -26,9 +26,9 @@ def forward_gaps(model, reqs, outs) -> list[float]:
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
 def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monkeypatch):
-    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.hf import HFEngine
     from masrl.engines.paged import PagedEngine
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.models import load_model
 
     monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
@@ -51,8 +51,8 @@ def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monk
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
 def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
-    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.paged import PagedEngine
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.models import load_model
 
     monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
@@ -78,8 +78,8 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     """``graph_prefill``: first turns, a sampled group and next turns over their cached past prefilled as
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
     forward's prefill (fp32): the same greedy tokens, each path's logprobs within 1e-3 of a full forward."""
-    from masrl.engines.paged import runner as paged_runner
     from masrl.engines.paged import PagedEngine
+    from masrl.engines.paged import runner as paged_runner
     from masrl.models import load_model
 
     monkeypatch.setattr(paged_runner, "ROWS_PREFILL_BATCH", 16)
@@ -110,8 +110,8 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
     """Rows past ``PAGED_LONG_KEYS`` keys decode with each row's keys split into runs (``paged_splits``) and
     added up by a second kernel: the same greedy tokens as one program a row, and both within 1e-3 of a full
     forward (fp32); in bf16 within the bounds of the short rows' test."""
-    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.engines.paged import PagedEngine
+    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.models import load_model
 
     for dtype in (torch.float32, torch.bfloat16):
@@ -145,8 +145,8 @@ def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_l
     16,000-token prefill on each path."""
     import time
 
-    from masrl.engines.paged import prefill as paged_prefill
     from masrl.engines.paged import PagedEngine
+    from masrl.engines.paged import prefill as paged_prefill
     from masrl.models import load_model
 
     model, tok = load_model("random-qwen2.5-0.5b", seed=0, dtype=torch.bfloat16, device="cuda")

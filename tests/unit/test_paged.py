@@ -12,10 +12,10 @@ import torch
 from helpers import full_logprobs
 
 from masrl.config import SamplingParams
-from masrl.engines.paged import runner as paged_runner
-from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
+from masrl.engines.paged import runner as paged_runner
+from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.paged.prefill import layout, token_rows
 from masrl.engines.paged.scheduler import Scheduler, Sequence
 from masrl.errors import PromptError

@@ -3,7 +3,7 @@ keys and values of its cached blocks as the past, writing the new keys and value
 
 Rows share a forward pass while ``_fits`` holds; a call with more new tokens than the budget is
 computed alone in chunks over its own blocks (chunked prefill); a GRPO group's other samples (forks)
-take their leader's last-position logits and a copy of its partial last block. The engine
+take their leader's last-position logits and a copy of its partial last block. The model runner
 (runner.py) owns the pool and calls ``PoolPrefill.run`` for each forward prefill step.
 """
 

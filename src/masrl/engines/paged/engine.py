@@ -279,7 +279,7 @@ class PagedEngine(EngineDefaults):
         the tokens are taken at the next step, after the chunk that follows is queued. Returns whether a
         call finished."""
         k = max(1, min(self.sync_every, max(s.max_new - len(s.generated) for s in seqs)))
-        chunk = self.runner.launch(seqs, k, self._uniforms(seqs, k))
+        chunk = self.runner.launch(seqs, k, lambda: self._uniforms(seqs, k))
         if self.overlap_chunks:
             self._inflight = chunk
             return False
@@ -292,7 +292,7 @@ class PagedEngine(EngineDefaults):
         c, self._inflight = self._inflight, None
         k = paged_calls.continuation_steps(c, self.sched.running, self.sched.pool, self.sync_every) if follow else 0
         if k:
-            self._inflight = self.runner.launch(c.seqs, k, self._uniforms(c.seqs, k, c.k), ahead=c.k)
+            self._inflight = self.runner.launch(c.seqs, k, lambda: self._uniforms(c.seqs, k, c.k), ahead=c.k)
             if self._inflight is not None:
                 self.sched.stats["decodes"] += 1
                 self.stats["overlapped_chunks"] += 1

@@ -240,8 +240,9 @@ class ModelRunner:
         return K.sample.sample(logits, temps, uniforms)
 
     # -- decode: chunks of steps for every running call -----------------------------------------------------
-    def launch(self, seqs: list[Sequence], k: int, uniforms: np.ndarray, ahead: int = 0) -> calls.Chunk | None:
-        """Queue ``k`` decode steps of ``seqs`` (``uniforms [B, k]``: each call's random numbers): from the host's
+    def launch(self, seqs: list[Sequence], k: int, uniforms, ahead: int = 0) -> calls.Chunk | None:
+        """Queue ``k`` decode steps of ``seqs`` (``uniforms()``: each call's random numbers, ``[B, k]``, drawn only
+        for a chunk that is queued): from the host's
         state (``ahead`` 0), or going on from the device's tokens and positions ``ahead`` steps past it (a chunk in
         flight; only the block tables are sent again, from pinned memory, so nothing waits for that chunk). None:
         going on would need larger step buffers (new buffers lose the device's state; the host takes the chunk in
@@ -262,7 +263,7 @@ class ModelRunner:
             self._ensure(Bb, width)
             self._load(Bb, block_tables(seqs), kv, torch.tensor([s.generated[-1] for s in seqs]), [s.key for s in seqs])
         sp, temps, top_ps, flags = self.sampling(seqs)
-        U_dev = self._staged(uniforms).to(dev, non_blocking=True)
+        U_dev = self._staged(uniforms()).to(dev, non_blocking=True)
         toks, lps = [], []
         for j in range(k):
             logits = self.decode(Bb, S)

@@ -176,8 +176,9 @@ def child_update(side: str, repeats: int) -> dict:
 # -- GRPO step vs TRL --------------------------------------------------------------------------------
 
 def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int, shape: str = "0.5b",
-                    lora: int = 0) -> dict:
-    """``lora`` > 0: one LoRA adapter of that rank on every projection (the 7B comparison with TRL + peft)."""
+                    lora: int = 0, engine: str = "auto") -> dict:
+    """``lora`` > 0: one LoRA adapter of that rank on every projection (the 7B comparison with TRL + peft);
+    ``engine``: the rollout engine (auto: paged on CUDA; vllm: vLLM, its weights synced after the update)."""
     from masrl.config import AlgorithmConfig, LoraConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
@@ -187,7 +188,7 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int,
     spec = PolicySpec("p", SHAPES[shape], lora=adapter, optim=OptimConfig(lr=5e-4 if lora else 1e-6), device=DEV)
     w = PolicyWorker(SHAPES[shape], [spec], AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384 if not lora
                                                             else 8192), device=DEV, precision="bf16",
-                     engine_options={"max_batch_size": min(256, prompts_n * samples)})
+                     engine=engine, engine_options={"max_batch_size": min(256, prompts_n * samples)})
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     msgs = grpo_prompts(prompts_n)
     steps = []
@@ -295,7 +296,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
     ap.add_argument("--json", help="also write all numbers to this file")
     ap.add_argument("--engine", choices=["paged", "vllm"], default="paged",
-                    help="the rollout part's engine: paged (the default on CUDA) or vllm")
+                    help="the rollout part's engine: paged (the default on CUDA) or vllm; with vllm the grpo part "
+                         "runs the whole step on each engine")
     a = ap.parse_args()
     if a.child:
         kind, *rest = a.child
@@ -303,7 +305,8 @@ def main() -> None:
             "rollout": lambda: child_rollout(rest[0], [int(x) for x in rest[1].split(",")], int(rest[2]), int(rest[3]),
                                              *rest[4:5]),
             "update": lambda: child_update(rest[0], int(rest[1])),
-            "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest[:4]), *rest[4:5], *(int(x) for x in rest[5:])),
+            "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest[:4]), *rest[4:5], *(int(x) for x in rest[5:6]),
+                                                 *rest[6:7]),
             "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
             "team": lambda: child_team(*(int(x) for x in rest[:3]), *rest[3:]),
         }
@@ -316,7 +319,7 @@ def main() -> None:
     for part, measure in (("rollout", measure_rollout), ("update", measure_update), ("grpo", measure_grpo),
                           ("team", measure_team)):
         if part in only:
-            rows += measure(report, a.quick) if part != "rollout" else measure(report, a.quick, a.engine)
+            rows += measure(report, a.quick, a.engine) if part in ("rollout", "grpo") else measure(report, a.quick)
     print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")
@@ -354,24 +357,28 @@ def measure_update(report: dict, quick: bool) -> list[tuple]:
              f"{hf['s'] / ours['s']:.2f}x faster (bar MFU 0.40: {'met' if ours['mfu'] >= 0.40 else 'missed'})")]
 
 
-def measure_grpo(report: dict, quick: bool) -> list[tuple]:
+def measure_grpo(report: dict, quick: bool, engine: str = "paged") -> list[tuple]:
+    """A whole GRPO step (rollout, update, weight sync) against TRL's; with ``engine`` vllm, also on vLLM."""
     args = ("16", "8", "128", "1") if quick else ("64", "8", "256", "2")
-    ours, trl = run_child("grpo_ours", *args), run_child("grpo_trl", *args, timeout=1500)
+    engines = ["paged"] + (["vllm"] if engine == "vllm" else [])
+    ours = {e: run_child("grpo_ours", *args, "0.5b", "0", e) for e in engines}
+    trl = run_child("grpo_trl", *args, timeout=1500)
     report["grpo"] = {"ours": ours, "trl": trl}
-    if "steps" not in ours:
-        return []
-    o = min(s["step_s"] for s in ours["steps"])
-    mm = ours["steps"][-1]
-    note = f"rollout {mm['rollout_s']:.1f} s, update {mm['update_s']:.1f} s"
-    name = f"GRPO step, 0.5B, {args[0]}x{args[1]}x{args[2]} tok"
-    if "steps" in trl and trl["steps"]:
-        t = min(s["step_s"] for s in trl["steps"])
-        row = (name, f"{o:.1f} s ({note})", f"TRL {t:.1f} s",
-               f"{o / t:.2f}x TRL's time (bar 0.33: {'met' if o / t <= 0.33 else 'missed'})")
-    else:
-        row = (name, f"{o:.1f} s ({note})", f"TRL failed: {trl.get('error', '?')[:60]}", "")
-    return [row, ("  rollout/trainer logprob gap (bf16)",
-                  f"mean {mm['lp_mismatch']:.2e}, max {mm['lp_mismatch_max']:.2e}", "", "")]
+    rows = []
+    t = min(x["step_s"] for x in trl["steps"]) if trl.get("steps") else None
+    for e, r in ours.items():
+        if "steps" not in r:
+            rows.append((f"GRPO step, {e} engine", f"failed: {r.get('error', '?')[:60]}", "", ""))
+            continue
+        o = min(x["step_s"] for x in r["steps"])
+        mm = r["steps"][-1]
+        note = f"rollout {mm['rollout_s']:.1f} s, update {mm['update_s']:.1f} s"
+        name = f"GRPO step ({e} engine), 0.5B, {args[0]}x{args[1]}x{args[2]} tok"
+        rows.append((name, f"{o:.1f} s ({note})", f"TRL {t:.1f} s" if t else f"TRL failed: {trl.get('error', '?')[:60]}",
+                     f"{o / t:.2f}x TRL's time (bar 0.33: {'met' if o / t <= 0.33 else 'missed'})" if t else ""))
+        rows.append((f"  rollout/trainer logprob gap (bf16, {e})",
+                     f"mean {mm['lp_mismatch']:.2e}, max {mm['lp_mismatch_max']:.2e}", "", ""))
+    return rows
 
 
 def measure_team(report: dict, quick: bool) -> list[tuple]:

@@ -92,9 +92,9 @@ def test_closing_a_run_frees_its_paged_pool(tmp_path):
     tr, workers, _ = prepared_trainer(data, tmp_path / "c")
     asyncio.run(tr.train_step())
     eng = tr.rt.workers[0].engine
-    assert eng.kv and eng.pool is not None
+    assert eng.runner.kv and eng.pool is not None
     tr.rt.close()
-    assert eng.kv == [] and eng.pool is None and not eng.graphs
+    assert eng.runner.kv == [] and eng.pool is None and not eng.runner.graphs
     from masrl.config import SamplingParams
     from masrl.messages import GenRequest
 

@@ -2,7 +2,7 @@
 # On the GPU host, after `source scripts/gpu/setup.sh`: issue 21's throughput measurements with
 # benchmarks/bench_async.py, one after the other, each table also written as JSON under $OUT.
 #   PARTS: any of solver, solver2 (engine on a second GPU), long_tail, long_calls (the long tail with
-#   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the static engine as the
+#   calls of different lengths: one in 8 runs to 64 tokens, the others to 8; the eager engine as the
 #   baseline, the paged one streaming each call back as it ends), ray (two policies in two Ray actors on
 #   two GPUs; needs scripts/gpu/ray_install.sh first), graph_prefill (the long tail's sync@paged with
 #   rollout.graph_prefill off and on, alternated ROUNDS times, default 2: issue 28's token-row prefill),
@@ -24,7 +24,7 @@ for part in $PARTS; do
     long_tail) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
                  --tokens 64 --max-turns 8 --steps 3 --modes sync,async,async-s1,async-s2,async-s4 --json "$OUT/long_tail.json" ;;
     long_calls) python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 --samples 8 \
-                  --tokens 64 --max-turns 8 --long-every 8 --steps 3 --modes sync@static,sync@paged,async@static,async@paged \
+                  --tokens 64 --max-turns 8 --long-every 8 --steps 3 --modes sync@hf,sync@paged,async@hf,async@paged \
                   --json "$OUT/long_calls.json" ;;
     graph_prefill|overlap_chunks) for r in $(seq "${ROUNDS:-2}"); do for on in false true; do
                      python3 benchmarks/bench_async.py "${common[@]}" --workload long_tail --device cuda --tasks 32 \

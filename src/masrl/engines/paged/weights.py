@@ -1,4 +1,4 @@
-"""What both CUDA-graph engines (static, paged) decode with: fused weight copies, every LoRA adapter's
+"""What the paged engine decodes with: fused weight copies, every LoRA adapter's
 matrices concatenated by rank, the batch and length buckets graphs are captured at, and the one
 capture stream per device.
 

@@ -7,7 +7,7 @@ microseconds however little it computes; so the step's time is its kernel count:
 * ``rms_norm``: one kernel per row instead of six (square, mean, add, rsqrt, two multiplies);
 * ``silu_mul``: the gated MLP's ``silu(gate) * up`` in one kernel instead of two;
 * ``_rope_cache_kernel``: rotary embedding of q and k *and* writing k and v into the KV pool at each row's slot, in
-  one kernel (instead of ~12); launched by ``paged_kernels.rope_and_cache_paged``.
+  one kernel (instead of ~12); launched by ``paged.rope_and_cache_paged``.
 
 The paged engine's kernels that read block tables are in ``paged.py``, the sampler in ``sample.py``.
 

@@ -234,3 +234,22 @@ def test_every_engine_declares_its_capabilities_and_a_weight_change_runs_where_i
         eng.generate([req([5, 6, 7], max_new_tokens=3)])
         counters = eng.take_counters()
         assert (set(counters) == {"preemptions", "pool_peak"}) if kind == "paged" else counters == {}
+
+
+def test_vllm_takes_the_trainers_64_bit_call_seeds_and_the_paged_engines_kv_setting(tiny, monkeypatch):
+    """vLLM's seed is a C long: the trainer's 64-bit call seeds are folded into it (small seeds unchanged); on CUDA
+    ``rollout.gpu_memory_utilization`` becomes vLLM's KV bytes, and its start-up check asks for the weights, that
+    cache and 2 GiB (an 80 GiB card stood in for by its properties)."""
+    import types
+
+    from masrl.engines.vllm_engine import _seed, vllm_memory
+
+    assert _seed(None) is None and _seed(7) == 7 and _seed(2**63 - 1) == 2**63 - 1
+    assert _seed(2**64 - 1) == 2**63 - 1 and 0 <= _seed(2**63 + 5) < 2**63 and _seed(2**63 + 5) == 5
+    model, _ = tiny
+    total = 80 * 2**30
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: types.SimpleNamespace(total_memory=total))
+    got = vllm_memory(model, "cuda:0", 0.04)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert got["kv_cache_memory_bytes"] == int(0.04 * total)
+    assert got["gpu_memory_utilization"] == (int(0.04 * total) + weights + 2 * 2**30) / total

@@ -7,8 +7,8 @@ requests in the same run.
 Each engine runs in a child process of its own (peak memory is per process) on random weights of
 the shape (bf16, EOS ignored: random weights never stop). ``DIR:`` before a child's name
 (``--engines paged,/tmp/old/src:paged``) runs it on another build's ``src`` (a before/after comparison: DIR goes first on
-the child's PYTHONPATH); each child compiles its Triton kernels into a cache of its own, so the order of the
-children does not favour the later ones. Parts:
+the child's PYTHONPATH); each child compiles its Triton kernels into a cache of its own (``harness.run_child``), so
+the order of the children does not favour the later ones. Parts:
 
 * rollout: 128-token distinct prompts, 256 new tokens, batch 1/64/256: tok/s, and the median time
   of one replayed decode step at the largest batch.
@@ -37,15 +37,12 @@ import json
 import os
 import platform
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from harness import DEV, SHAPES, decode_profile
+from harness import DEV, SHAPES, decode_profile, run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -265,20 +262,7 @@ def main() -> None:
     res = {}
     for kind in a.engines.split(","):
         src, _, name = kind.rpartition(":")  # DIR:ENGINE: the child imports masrl from DIR (another build)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
-        # each child compiles its Triton kernels into a cache of its own: a later child that found the kernels an
-        # earlier one compiled would skip compiles the earlier one paid inside its timed parts
-        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-engine-triton-")
-        proc = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--only", a.only, "--child", name],
-                              capture_output=True, text=True, cwd=ROOT, env=env)
-        shutil.rmtree(env["TRITON_CACHE_DIR"], ignore_errors=True)
-        print(proc.stdout, end="")
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        if proc.returncode or not lines:
-            print(f"{kind} failed:\n" + "\n".join(proc.stderr.splitlines()[-15:]))
-            res[kind] = {}
-            continue
-        res[kind] = json.loads(lines[-1][7:])
+        res[kind] = run_child(__file__, name, "--shape", a.shape, "--only", a.only, timeout=3600, src=src)
     import torch
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"

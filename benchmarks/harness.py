@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 import zlib
 from dataclasses import dataclass
@@ -143,12 +144,18 @@ def task_hash_reward(weight: float = 1.0) -> HashReward:
 
 # -- the child-process protocol and the header ------------------------------------------------------------
 
-def run_child(script: str, *args: str, timeout: int = 900) -> dict:
+def run_child(script: str, *args: str, timeout: int = 900, src: str = "") -> dict:
     """``script --child ARGS`` in a fresh process (each measurement its own CUDA context and peak memory): the
-    indented lines it prints are echoed, its last ``RESULT {json}`` line is returned, or ``{"error": ...}``."""
+    indented lines it prints are echoed, its last ``RESULT {json}`` line is returned, or ``{"error": ...}``.
+    ``src``: a directory put first on the child's PYTHONPATH (another build of masrl, for a before/after). Each
+    child compiles its Triton kernels into a cache of its own, so no child skips compiles an earlier one paid
+    inside its timed parts."""
     cmd = [sys.executable, str(script), "--child", *args]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])))
     t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    with tempfile.TemporaryDirectory(prefix="bench-triton-") as cache:
+        env["TRITON_CACHE_DIR"] = cache
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("  "):
             print(line, flush=True)

@@ -148,8 +148,6 @@ class VLLMBench(Bench):
 class _Offline:
     """vLLM's offline ``LLM`` behind the engine calls the parts make (``generate``, ``stats``, ``release``)."""
 
-    graphs: dict = {}
-
     def __init__(self, bench: VLLMBench):
         self.bench = bench
         self.stats = {"prefill_tokens": 0}

@@ -25,6 +25,8 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
+from masrl.modeling.lean import core_model
+
 
 def block_hash(prev: bytes, tokens: Sequence[int], key: Hashable = None) -> bytes:
     """The chained hash of one full block: stable across processes (no ``hash()`` salt)."""
@@ -186,8 +188,6 @@ class BlockPool:
 # cannot hold it is an error that names the setting to lower.
 
 def kv_bytes_per_token(model, dtype) -> int:
-    from masrl.modeling.lean import core_model
-
     cfg = core_model(model).config
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads

@@ -1,19 +1,10 @@
-"""ModelRunner: everything the paged engine does on the device, in one class.
-
-The engine (engine.py) decides which calls run in a step and keeps their tokens; the runner holds the device side:
-
-* **weights**: fused q/k/v and gate/up copies with every LoRA adapter's columns (``DecodeWeights``), refreshed
-  after an update;
-* **the KV pool** (``kv``: each layer's keys and values, ``[slots, kv_heads, head_dim]``) and the **step buffers**
-  (a token, position, slot, length and block table per row, the rows' adapter masks), grown to the largest batch;
-* **prefill**: a step's new tokens into their blocks and the logits after each call's last: as token rows of the
-  decode step (through its graphs) when they read few keys, else the lean forward (``prefill.PoolPrefill``);
-* **decode**: one step for rows ``[0, B)`` (embedding, RMSNorm, q/k/v as one matmul with the rows' LoRA columns,
-  Qwen3's q/k norms, rotary embedding and the KV write, paged attention through the block tables, SiLU-mul, the
-  output head), captured as a CUDA graph per (batch bucket, length class) and replayed; ``launch`` queues a chunk of
-  such steps and their sampling, the tokens kept on the device;
-* **kernels**: the fused Triton version of each op where it agreed with its torch reference when the runner
-  started (``kernels.check_all``), torch elsewhere and on a CPU.
+"""ModelRunner: everything the paged engine does on the device, in one class. The engine (engine.py) decides which
+calls run in a step and keeps their tokens; the runner holds the fused weight copies (``DecodeWeights``), the KV pool
+and the step buffers, and runs prefill (token rows of the decode step's graphs when they read few keys, else the
+lean forward: ``prefill.PoolPrefill``) and decode: one step for rows ``[0, B)`` (q/k/v and gate/up as one matmul each
+with the rows' LoRA columns, rope and the KV write, paged attention through the block tables), captured as a CUDA
+graph per (batch bucket, length class) and replayed, on the fused Triton kernels that agreed with their torch
+references at start-up (``kernels.check_all``), torch elsewhere and on a CPU.
 """
 
 from __future__ import annotations
@@ -108,11 +99,9 @@ class ModelRunner:
             self.w.refresh(base=not self.is_peft, adapters=self.is_peft)
 
     def memory(self) -> dict[str, int]:
-        own = [] if self.w is None else [t for e in self.w.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])] + [
-            t for e in self.w.layers for g in e["lora"].values() for t in (g.a, g.b)]
         buffers = [self.__dict__.get(n) for n in BUFFERS[:5]] + list(self.__dict__.get("masks", {}).values())
-        return {"kv": tensor_bytes([t for pair in self.kv for t in pair]), "weights": tensor_bytes(own),
-                "buffers": tensor_bytes(buffers)}
+        return {"kv": tensor_bytes([t for pair in self.kv for t in pair]),
+                "weights": 0 if self.w is None else self.w.nbytes(), "buffers": tensor_bytes(buffers)}
 
     def release(self) -> None:
         """Drop the graphs (their private memory now, not when collected), the weight copies, the pool and buffers."""

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from masrl.modeling.lean import core_model
+from masrl.modeling.sizes import tensor_bytes
 
 _CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 _CAPTURE_LOCKS: dict[torch.device, threading.Lock] = {}
@@ -152,6 +153,11 @@ class DecodeWeights:
             if adapters:
                 for grp in e["lora"].values():
                     self._fill_lora(grp)
+
+    def nbytes(self) -> int:
+        """Bytes of the copies this holds beside the model's own weights: fused q/k/v and gate/up, LoRA columns."""
+        own = [t for e in self.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])]
+        return tensor_bytes(own + [t for e in self.layers for g in e["lora"].values() for t in (g.a, g.b)])
 
 
 def lora_delta(e: dict, name: str, x: torch.Tensor, y: torch.Tensor, masks: dict, B: int) -> torch.Tensor:

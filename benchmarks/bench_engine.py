@@ -168,8 +168,9 @@ class Bench:
               f"computed, peak {out['grpo_peak_gib']:.1f} GiB", flush=True)
         self.done(eng)
 
-    def tail(self, out: dict) -> None:
-        eng = self.engine(max_batch_size=256)
+    def episodes(self) -> list[dict]:
+        """The tail's 64 episodes: 1-8 turns (geometric), a 128-token first prompt, each turn's completion 32 tokens
+        or (one in 8) 512."""
         erng = random.Random(1)
         episodes = []
         for _ in range(64):
@@ -178,6 +179,11 @@ class Bench:
                 turns += 1
             episodes.append({"prompt": self.rand(128), "turns": turns,
                              "lens": [512 if erng.random() < 0.125 else 32 for _ in range(turns)]})
+        return episodes
+
+    def tail(self, out: dict) -> None:
+        eng = self.engine(max_batch_size=256)
+        episodes = self.episodes()
         eng.generate([self.req(self.rand(128), 32, 1)] * 4)  # warm-up
 
         def call(i, t):

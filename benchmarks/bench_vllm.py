@@ -105,14 +105,7 @@ class VLLMBench(Bench):
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        erng = random.Random(1)
-        episodes = []
-        for _ in range(64):
-            turns = 1
-            while turns < 8 and erng.random() > 0.5:
-                turns += 1
-            episodes.append({"prompt": self.rand(128), "turns": turns,
-                             "lens": [512 if erng.random() < 0.125 else 32 for _ in range(turns)]})
+        episodes = self.episodes()
         warm = self.req(self.rand(128), 32, 1)
 
         async def run() -> float:

@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--child", nargs="+")
     ap.add_argument("--only", default="rollout,team,trl,single")
     ap.add_argument("--quick", action="store_true", help="smaller workloads, for a first check")
+    ap.add_argument("--single", default="8192,2048", help="the single part's update micro-batch tokens, one child "
+                    "each; TOKENS:ckpt adds activation checkpointing")
     a = ap.parse_args()
     if a.child:
         print("RESULT " + json.dumps(child_trl_lora(*(int(x) for x in a.child[1:]))), flush=True)
@@ -106,15 +108,23 @@ def main() -> None:
     trl = run_trl(trl_args) if "trl" in only else {}
     rows += team_rows(team, trl)
     if "single" in only:  # one agent on TRL's prompts and sample count: the same workload on both sides
-        one = harness.run_child(GPU_BENCH, "grpo_ours", *trl_args[:3], "1", "7b", "16", timeout=1200)
-        if one.get("steps"):
+        n = int(trl_args[0]) * int(trl_args[1])
+        for variant in a.single.split(","):
+            tokens, _, ckpt = variant.partition(":")
+            one = harness.run_child(GPU_BENCH, "grpo_ours", *trl_args[:3], "1", "7b", "16", "auto", tokens,
+                                    "1" if ckpt == "ckpt" else "0", timeout=1200)
+            if not one.get("steps"):
+                rows.append((f"one agent on TRL's workload, micro-batches of {variant}", "failed (see above)", "", ""))
+                continue
             s = one["steps"][-1]
-            n = int(trl_args[0]) * int(trl_args[1])
-            rows.append((f"one agent, LoRA r16 on 7B, TRL's workload ({n} samples x {trl_args[2]} tokens)",
+            parts = ", ".join(f"{k} {v:.1f}" for k, v in one.get("parts", {}).items() if v >= 0.05)
+            rows.append((f"one agent, LoRA r16 on 7B, TRL's workload ({n} samples x {trl_args[2]} tokens), update "
+                         f"micro-batches of {tokens} tokens{', activation checkpointing' if ckpt else ''}",
                          f"{s['step_s']:.1f} s (rollout {s['rollout_s']:.1f}, update {s['update_s']:.1f}); peak "
-                         f"{one['peak_gb']:.1f} GiB",
-                         f"TRL {trl['steps'][-1]['step_s']:.1f} s" if trl.get("steps") else "",
-                         f"{trl['steps'][-1]['step_s'] / s['step_s']:.2f}x faster" if trl.get("steps") else ""))
+                         f"{one['peak_gb']:.1f} GiB ({parts})",
+                         f"TRL {trl['steps'][-1]['step_s']:.1f} s, peak {trl['peak_gb']:.1f} GiB" if trl.get("steps") else "",
+                         f"{trl['steps'][-1]['step_s'] / s['step_s']:.2f}x faster, "
+                         f"{one['peak_gb'] / trl['peak_gb']:.2f}x the memory" if trl.get("steps") else ""))
     print("\n| measure | masrl | peer | ratio |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |")

@@ -176,9 +176,12 @@ def child_update(side: str, repeats: int) -> dict:
 # -- GRPO step vs TRL --------------------------------------------------------------------------------
 
 def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int, shape: str = "0.5b",
-                    lora: int = 0, engine: str = "auto") -> dict:
+                    lora: int = 0, engine: str = "auto", micro_tokens: int = 0, checkpointing: int = 0) -> dict:
     """``lora`` > 0: one LoRA adapter of that rank on every projection (the 7B comparison with TRL + peft);
-    ``engine``: the rollout engine (auto: paged on CUDA; vllm: vLLM, its weights synced after the update)."""
+    ``engine``: the rollout engine (auto: paged on CUDA; vllm: vLLM, its weights synced after the update);
+    ``micro_tokens``: the update's micro-batch tokens (0: 16,384, or 8,192 with LoRA); ``checkpointing``: 1 for
+    activation checkpointing. Returns the steps' times, the run's peak and what holds the memory (the worker's
+    ``take_memory`` parts, GiB)."""
     from masrl.config import AlgorithmConfig, LoraConfig, OptimConfig, SamplingParams
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
@@ -186,8 +189,9 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int,
 
     adapter = LoraConfig(r=lora, alpha=2 * lora) if lora else None
     spec = PolicySpec("p", SHAPES[shape], lora=adapter, optim=OptimConfig(lr=5e-4 if lora else 1e-6), device=DEV)
-    w = PolicyWorker(SHAPES[shape], [spec], AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=16384 if not lora
-                                                            else 8192), device=DEV, precision="bf16",
+    algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=micro_tokens or (8192 if lora else 16384),
+                           activation_checkpointing=bool(checkpointing))
+    w = PolicyWorker(SHAPES[shape], [spec], algo, device=DEV, precision="bf16",
                      engine=engine, engine_options={"max_batch_size": min(256, prompts_n * samples)})
     sp = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, ignore_eos=True)
     msgs = grpo_prompts(prompts_n)
@@ -207,7 +211,12 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int,
         if rep:
             steps.append({"rollout_s": t1 - t0, "update_s": t2 - t1, "step_s": t2 - t0,
                           "lp_mismatch": m["lp_mismatch"], "lp_mismatch_max": m["lp_mismatch_max"]})
-    return {"steps": steps, "peak_gb": peak_gb()}
+    row = w.take_memory()[0] if DEV.startswith("cuda") else {}
+    parts = {k: round(v, 2) for k, v in row.items() if isinstance(v, float) and (k.endswith("gib") or k in MEMORY_PARTS)}
+    return {"steps": steps, "peak_gb": max(peak_gb(), row.get("peak_gib", 0.0)), "parts": parts}
+
+
+MEMORY_PARTS = ("weights", "weight_copy", "optimizer", "engine_kv", "engine_weights", "engine_buffers")
 
 
 def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
@@ -306,7 +315,7 @@ def main() -> None:
                                              *rest[4:5]),
             "update": lambda: child_update(rest[0], int(rest[1])),
             "grpo_ours": lambda: child_grpo_ours(*(int(x) for x in rest[:4]), *rest[4:5], *(int(x) for x in rest[5:6]),
-                                                 *rest[6:7]),
+                                                 *rest[6:7], *(int(x) for x in rest[7:9])),
             "grpo_trl": lambda: child_grpo_trl(*(int(x) for x in rest)),
             "team": lambda: child_team(*(int(x) for x in rest[:3]), *rest[3:]),
         }

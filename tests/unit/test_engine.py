@@ -138,6 +138,49 @@ def test_lora_mixed_adapter_batch_equals_separate_runs(tiny, kind):
     assert [o.completion_ids for o in base_out] != [m.completion_ids for m in mixed]
 
 
+def test_a_lora_base_is_held_once_its_q_k_v_and_gate_up_the_engines_fused_rows(tiny):
+    from masrl.engines.paged.weights import DecodeWeights
+    from masrl.modeling.sizes import tensor_bytes
+
+    pm, tok = _lora_model(tiny)
+    layer = pm.base_model.model.model.layers[0]
+    qkv = [m.base_layer.weight if hasattr(m, "base_layer") else m.weight
+           for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)]
+    before = tensor_bytes(list(pm.parameters()))
+    reqs = [req(p, temperature=0.0, max_new_tokens=5, adapter=a)
+            for p, a in zip(prompts_with_shared_prefix(tok, 3), ["a", "b", None])]
+    first = make("paged", pm, tok, [2]).generate(reqs)
+    w = DecodeWeights(pm, ["a", "b"])
+    fused = w.layers[0]["w_qkv"]
+    assert w.shared and all(t.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr() for t in qkv)
+    assert tensor_bytes(list(pm.parameters())) == before  # the model plus its fused rows: the model's bytes
+    lora_cols = tensor_bytes([t for e in w.layers for g in e["lora"].values() for t in (g.a, g.b)])
+    assert w.nbytes() == lora_cols
+    # a second engine on the same model finds the rows already fused: no copy
+    assert DecodeWeights(pm, ["a", "b"]).layers[0]["w_qkv"].data_ptr() == fused.data_ptr()
+    # weights parked in CPU memory come back as separate tensors (offload.PinnedStash); the next engine fuses them again
+    for t in qkv:
+        t.data = t.data.clone()
+    assert qkv[0].untyped_storage().data_ptr() != qkv[1].untyped_storage().data_ptr()
+    again = make("paged", pm, tok, [2]).generate(reqs)
+    assert [o.completion_ids for o in again] == [o.completion_ids for o in first]
+    assert qkv[0].untyped_storage().data_ptr() == qkv[1].untyped_storage().data_ptr()
+    for r, o in zip(reqs, again):
+        assert torch.allclose(adapter_logprobs(pm, r.adapter, r.prompt_ids, o.completion_ids),
+                              torch.tensor(o.logprobs), atol=1e-4)
+
+
+def test_a_trained_full_model_keeps_its_own_weights_beside_the_fused_copies(tiny):
+    from masrl.engines.paged.weights import DecodeWeights
+
+    model, _ = tiny
+    model = copy.deepcopy(model)
+    w = DecodeWeights(model, [])
+    q = model.model.layers[0].self_attn.q_proj.weight
+    assert not w.shared and q.untyped_storage().data_ptr() != w.layers[0]["w_qkv"].untyped_storage().data_ptr()
+    assert w.nbytes() > 0
+
+
 def test_paged_engine_sees_weight_updates_after_weights_updated(tiny):
     """The paged engine reads fused copies of some weights; ``weights_updated`` refreshes them."""
     model, tok = tiny

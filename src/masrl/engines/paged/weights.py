@@ -4,7 +4,8 @@ capture stream per device.
 
 ``DecodeWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each (refreshed in
 place after an update, so captured graphs stay valid) and each projection group's LoRA A and
-scaled B over all adapters; a row picks its adapter's columns with a 0/1 mask (``lora_delta``),
+scaled B over all adapters. Under LoRA the base is frozen, so the fused matrix is not a copy: the
+base layers' weights become views of its rows (``fuse_rows``), and the 7B shape keeps 8.5 GB less; a row picks its adapter's columns with a 0/1 mask (``lora_delta``),
 so a batch that mixes adapters runs two small matmuls per group and no per-adapter indexing
 (which a graph cannot replay).
 """
@@ -61,6 +62,37 @@ def residual_linear(h: torch.Tensor, x: torch.Tensor, lin) -> torch.Tensor:
     return h.addmm_(x, lin.weight.t())
 
 
+def _adjacent(ts: list[torch.Tensor]) -> bool:
+    """Whether ``ts`` are consecutive contiguous pieces of one storage (views ``fuse_rows`` made)."""
+    first = ts[0]
+    off = first.storage_offset()
+    for t in ts:
+        if (not t.is_contiguous() or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.storage_offset() != off or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]):
+            return False
+        off += t.numel()
+    return True
+
+
+@torch.no_grad()
+def fuse_rows(params: list[torch.Tensor], share: bool) -> torch.Tensor:
+    """The rows of ``params`` as one matrix. ``share``: the parameters become views of that matrix's rows
+    (their ``.data`` is swapped, so modules, hooks and an offload stash keep them), so a frozen weight is held
+    once, not once by the model and once fused; where they already are such views, no copy is made."""
+    ts = [p.detach() for p in params]
+    rows = sum(t.shape[0] for t in ts)
+    if share and _adjacent(ts):
+        first = ts[0]
+        return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+    out = torch.cat(ts)
+    if share:
+        off = 0
+        for p in params:
+            p.data = out[off : off + p.shape[0]]
+            off += p.shape[0]
+    return out
+
+
 def base_linear(mod):
     """The plain Linear under a PEFT LoRA layer (or the module itself)."""
     return getattr(mod, "base_layer", mod)
@@ -82,6 +114,8 @@ class DecodeWeights:
     def __init__(self, model, adapters: list[str]):
         self.core = core_model(model)
         self.adapters = adapters
+        # a LoRA model's base never changes (refresh(base=False)): its q/k/v and gate/up are the fused rows
+        self.shared = bool(adapters) and not any(p.requires_grad for p in self._base_weights())
         self.layers = []
         for layer in self.core.model.layers:
             at, mlp = layer.self_attn, layer.mlp
@@ -90,10 +124,10 @@ class DecodeWeights:
             entry = {
                 "ln1": layer.input_layernorm, "ln2": layer.post_attention_layernorm,
                 "qkv_mods": qkv_mods, "gu_mods": gu_mods,
-                "w_qkv": torch.cat([base_linear(m).weight.detach() for m in qkv_mods]),
-                "b_qkv": (torch.cat([base_linear(m).bias.detach() for m in qkv_mods])
+                "w_qkv": fuse_rows([base_linear(m).weight for m in qkv_mods], self.shared),
+                "b_qkv": (fuse_rows([base_linear(m).bias for m in qkv_mods], self.shared)
                           if base_linear(at.q_proj).bias is not None else None),
-                "w_gu": torch.cat([base_linear(m).weight.detach() for m in gu_mods]),
+                "w_gu": fuse_rows([base_linear(m).weight for m in gu_mods], self.shared),
                 "o": at.o_proj, "down": mlp.down_proj, "act": mlp.act_fn,
                 "silu": getattr(self.core.config, "hidden_act", "silu") in ("silu", "swish"),
                 "q_norm": getattr(at, "q_norm", None), "k_norm": getattr(at, "k_norm", None),
@@ -105,6 +139,15 @@ class DecodeWeights:
                     entry["lora"][name] = grp
             self.layers.append(entry)
         self.layouts = sorted({g.cols for e in self.layers for g in e["lora"].values()})
+
+    def _base_weights(self):
+        for layer in self.core.model.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            for m in (at.q_proj, at.k_proj, at.v_proj, mlp.gate_proj, mlp.up_proj):
+                lin = base_linear(m)
+                yield lin.weight
+                if lin.bias is not None:
+                    yield lin.bias
 
     def _lora_group(self, mods) -> LoraGroup | None:
         sources, col, out = [], 0, 0
@@ -137,7 +180,7 @@ class DecodeWeights:
     @torch.no_grad()
     def refresh(self, base: bool, adapters: bool) -> None:
         for e in self.layers:
-            if base:
+            if base and not self.shared:  # shared: the fused rows are the weights
                 off = 0
                 for m in e["qkv_mods"]:
                     w = base_linear(m).weight
@@ -155,8 +198,9 @@ class DecodeWeights:
                     self._fill_lora(grp)
 
     def nbytes(self) -> int:
-        """Bytes of the copies this holds beside the model's own weights: fused q/k/v and gate/up, LoRA columns."""
-        own = [t for e in self.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])]
+        """Bytes of the copies this holds beside the model's own weights: fused q/k/v and gate/up (unless shared
+        with the model), LoRA columns."""
+        own = [] if self.shared else [t for e in self.layers for t in (e["w_qkv"], e["w_gu"], e["b_qkv"])]
         return tensor_bytes(own + [t for e in self.layers for g in e["lora"].values() for t in (g.a, g.b)])
 
 

@@ -5,7 +5,8 @@ capture stream per device.
 ``DecodeWeights`` holds, per layer, q/k/v and gate/up fused into one matrix each (refreshed in
 place after an update, so captured graphs stay valid) and each projection group's LoRA A and
 scaled B over all adapters. Under LoRA the base is frozen, so the fused matrix is not a copy: the
-base layers' weights become views of its rows (``fuse_rows``), and the 7B shape keeps 8.5 GB less; a row picks its adapter's columns with a 0/1 mask (``lora_delta``),
+base layers' weights become views of its rows (``fuse_rows``), and the 7B shape keeps 8.5 GB less.
+A row picks its adapter's columns with a 0/1 mask (``lora_delta``),
 so a batch that mixes adapters runs two small matmuls per group and no per-adapter indexing
 (which a graph cannot replay).
 """

@@ -112,8 +112,35 @@ def test_a_split_plays_its_games_with_its_own_seating_and_bad_seatings_are_named
                            ({"players": ["random", "random"]}, "needs an agent")]:
         with pytest.raises(ConfigError, match=match):
             wf.check_split(DataSourceConfig(source="episodes", options=options), "data.eval")
-    with pytest.raises(ConfigError, match="takes players and swap_seats.*not seats"):
+    with pytest.raises(ConfigError, match="takes players, swap_seats .* and opening_moves, not seats"):
         check_source(DataSourceConfig(source="episodes", options={"seats": ["a"]}), "data.eval", SOURCES)
+
+
+def test_a_split_with_random_openings_starts_each_game_after_its_seeds_moves_and_trains_no_call_on_them():
+    from masrl.config import DataSourceConfig
+    from masrl.data.sources import SOURCES, check_source, load_tasks
+
+    wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
+    split = DataSourceConfig(source="episodes", n=12, seed=1, options={"opening_moves": 3})
+    check_source(split, "data.train", SOURCES)
+    tasks = load_tasks(split, sources=SOURCES)
+    openings = []
+    for t in tasks:
+        script = {a: [f"[{i}]" for i in range(9)] for a in ("player_0", "player_1")}
+        trace, _ = run_scripted(wf, t, script)
+        opening = [m for m in trace.state["moves"] if m["agent"] == "opening"]
+        assert trace.state["moves"][: len(opening)] == opening and len(opening) <= 3
+        assert len(trace.calls) == len(trace.state["moves"]) - len(opening)  # the opening's moves are no calls
+        again, _ = run_scripted(wf, t, {a: [f"[{i}]" for i in range(9)] for a in ("player_0", "player_1")})
+        assert [m for m in again.state["moves"] if m["agent"] == "opening"] == opening  # a seed's opening is fixed
+        openings.append(tuple(m["move"] for m in opening))
+    assert len({len(o) for o in openings}) > 1 and len(set(openings)) > 3  # 0 to 3 moves, many different ones
+    plain, _ = run_scripted(wf, _task(tasks[0].meta["seed"]), {a: [f"[{i}]" for i in range(9)]
+                                                             for a in ("player_0", "player_1")})
+    assert all(m["agent"] != "opening" for m in plain.state["moves"])  # a split without the option: none
+    for bad in (-1, 21, "2", True):
+        with pytest.raises(ConfigError, match="opening_moves"):
+            check_source(DataSourceConfig(source="episodes", options={"opening_moves": bad}), "data.train", SOURCES)
 
 
 def test_the_outcome_of_a_pooled_first_seat_is_the_score_of_the_agent_that_played():

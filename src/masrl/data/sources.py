@@ -65,11 +65,16 @@ def _episodes(s: SourceSpec) -> list[Task]:
 
 def _episode_options(options: dict, key: str) -> None:
     """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: workflow ``textarena``'s
-    seating, checked against its agents by the workflow."""
-    unknown = sorted(set(options) - {"players", "swap_seats"})
+    seating, checked against its agents by the workflow; ``opening_moves``: each game starts after 0 to that many
+    random legal moves, as many and which drawn by its seed (self-play that meets new positions, docs/games.md)."""
+    unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves"})
     if unknown:
-        raise ConfigError(f"{key}.options: source 'episodes' takes players and swap_seats (a split's seating in "
-                          f"workflow textarena), not {', '.join(unknown)}")
+        raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating in "
+                          f"workflow textarena) and opening_moves, not {', '.join(unknown)}")
+    opening = options.get("opening_moves", 0)
+    if not isinstance(opening, int) or isinstance(opening, bool) or not 0 <= opening <= 20:
+        raise ConfigError(f"{key}.options.opening_moves: a whole number of moves, 0-20 (each game of the split "
+                          f"starts with up to that many random legal moves, drawn by its seed), not {opening!r}")
     players = options.get("players")
     if players is not None and (not isinstance(players, list) or len(players) < 1
                                 or not all(isinstance(p, str) and p for p in players)):

@@ -25,6 +25,10 @@ Metrics, per agent (``<agent>/...``, from the traces where it played): ``score``
 ``draw``, ``loss``, ``invalid`` (its moves the game refused), ``lost_by_invalid``, and ``seat0_score`` /
 ``seat1_score``. ``outcome`` is the first listed agent's score (of the split's own seating where it has one; of a
 seat ``a|b``, the agent that played).
+A split's ``options.opening_moves: N`` (source ``episodes``) starts each of its games after 0 to N random legal
+moves, as many and which drawn by the game's seed, so one seed's games (a GRPO group) share their opening: self-play
+then meets positions its own play never reaches (a second seat that only ever answered its own first move loses to
+a random one). The opening's moves are no agent's calls (``agent: opening`` in ``trace.state``'s moves).
 ``trace.state`` keeps the moves and the winner, which
 ``masrl report`` shows with the calls.
 """
@@ -133,6 +137,14 @@ class TextArenaGame:
         calls: dict[int, list] = {i: [] for i in range(len(seats))}
         moves: list[dict[str, Any]] = []
         invalid = {i: 0 for i in range(len(seats))}
+        opening = random.Random(f"textarena-opening-{seed}")  # a group's games (one seed) share their opening
+        for _ in range(opening.randint(0, int(task.meta.get("opening_moves", 0)))):
+            if game.done:
+                break
+            pid, obs = game.observe()
+            action = arena.random_move(obs, opening, self.game)
+            game.move(pid, action)
+            moves.append({"seat": pid, "agent": "opening", "move": action, "invalid": False})
         while not game.done:
             if len(moves) >= self.max_moves:
                 raise arena.ArenaError(f"TextArena '{self.game}' (seed {seed}) did not end within {self.max_moves} "
@@ -178,7 +190,7 @@ class TextArenaGame:
             if agent == RANDOM:
                 continue
             result = _result(pid, rewards)
-            made = sum(1 for m in moves if m["seat"] == pid)
+            made = sum(1 for m in moves if m["seat"] == pid and m["agent"] != "opening")
             out.update({f"{agent}/score": result, f"{agent}/win": float(result == 1.0), f"{agent}/draw": float(result == 0.5),
                         f"{agent}/loss": float(result == 0.0), f"{agent}/invalid": invalid.get(pid, 0) / made if made else 0.0,
                         f"{agent}/lost_by_invalid": float(bool(moves) and moves[-1]["seat"] == pid and moves[-1]["invalid"]

@@ -7,6 +7,7 @@
 # $OUT/h2h-*.md.
 #
 # Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls:
+# ttt_open is ttt_selfplay whose training games start after 0-OPENING (default 4) random moves (opening_moves).
 # TASKS seeds a step, 8 games of each, where every seat trains (self-play, two independent policies), twice as many
 # where only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
 # random player (TASKS x 2 seeds). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
@@ -40,6 +41,8 @@ for wave in "${waves[@]}"; do
   for a in $wave; do
     case $a in
       ttt_selfplay) arm ttt_selfplay games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" ;;
+      ttt_open) arm ttt_open games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" \
+                  "data.train.options.opening_moves=${OPENING:-4}" ;;
       ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
       ttt_pool) arm ttt_pool games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" ;;
       ttt_random) arm ttt_random games/tictactoe_vs_random "rollout.tasks_per_step=$((TASKS * 2))" ;;
@@ -51,9 +54,11 @@ for wave in "${waves[@]}"; do
 done
 last() { ls -d "$1"/checkpoints/step_* 2>/dev/null | tail -n 1; }
 h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTRA:-})
-for s in $SEEDS; do  # each self-play seed's last weights against the untrained model, both seats
-  t=$(last "$R/ttt_selfplay-seed$s"); k=$(last "$R/kuhn_selfplay-seed$s")
-  [ -n "$t" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$t/shared" untrained=untrained \
+for s in $SEEDS; do  # each self-play seed's last weights against the untrained model (and each other), both seats
+  k=$(last "$R/kuhn_selfplay-seed$s")
+  players=()
+  for a in ttt_selfplay ttt_open; do t=$(last "$R/$a-seed$s"); [ -n "$t" ] && players+=("$a=$t/shared"); done
+  [ ${#players[@]} -gt 0 ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "${players[@]}" untrained=untrained \
     --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" > "$OUT/h2h-ttt-seed$s.md" 2> "$R/h2h-ttt-seed$s.log" &
   [ -n "$k" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$k/shared" untrained=untrained \
     --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" workflow.options.game=KuhnPoker-v0-train \

@@ -101,9 +101,9 @@ def test_a_split_plays_its_games_with_its_own_seating_and_bad_seatings_are_named
     wf.check_split(held_out, "data.eval")
     tasks = load_tasks(held_out, sources=SOURCES)
     seatings = [wf.seats(t.meta["seed"], t.meta) for t in tasks]
-    assert {tuple(s) for s in seatings} == {("player_0", "random"), ("random", "player_0")}
+    assert seatings.count(["player_0", "random"]) == seatings.count(["random", "player_0"]) == 3  # half and half
     assert wf.seats(tasks[0].meta["seed"]) == ["player_0", "player_1"]  # training games keep the workflow's seats
-    odd = next(t for t in tasks if t.meta["seed"] % 2 == 1)
+    odd = tasks[1]
     trace, _ = run_scripted(wf, odd, {"player_0": [f"[{i}]" for i in range(9)]})
     assert trace.state["seats"] == ["random", "player_0"] and "player_1/score" not in trace.metrics
     assert trace.metrics["outcome"] == trace.metrics["player_0/score"] == trace.metrics["player_0/seat1_score"]

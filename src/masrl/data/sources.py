@@ -60,7 +60,9 @@ def _episodes(s: SourceSpec) -> list[Task]:
     split's games, e.g. held-out games against the random player) go to every task's ``meta``."""
     rng = random.Random(f"episodes-{s.seed}")
     seeds = [rng.getrandbits(48) for _ in range(s.n or 1000)]
-    return [Task(f"ep-{s.seed}-{i}", f"episode {x}", None, {"seed": x, **s.options}) for i, x in enumerate(seeds)]
+    # ``index``: the game's place in its split, so that seats swapped every other game split it half and half
+    return [Task(f"ep-{s.seed}-{i}", f"episode {x}", None, {"seed": x, "index": i, **s.options})
+            for i, x in enumerate(seeds)]
 
 
 def _episode_options(options: dict, key: str) -> None:

@@ -10,7 +10,7 @@ skill), two policies learn against each other, a frozen policy is a fixed oppone
 ``random`` is a built-in player that picks a random legal move (no model). A seat written ``pool_0|pool_1|pool_2``
 takes one of those agents per episode (by its seed): with each on a member of an opponent pool (policies with
 ``snapshot_of``, docs/games.md) the player meets its own past selves. ``swap_seats: true`` swaps the first two
-seats every other episode (by the episode's seed), so the first agent plays both seats.
+seats every other episode of a split, so the first agent plays both seats, half the games each.
 
 Each episode is one game from the task's seed (``source: episodes``): every move is one call of the agent whose
 turn it is, on the library's own observation; the reply's bracketed move (``[4]``, ``[check]``) goes to the game,
@@ -90,14 +90,15 @@ class TextArenaGame:
 
     def seats(self, seed: int, meta: dict | None = None) -> list[str]:
         """The agent in each seat for the episode of ``seed``: one of a seat's agents (``a|b``) drawn by the seed,
-        the first two seats swapped every other episode. A split's own seating (``data.eval.options.players`` and
-        ``swap_seats`` of source ``episodes``, in ``meta``) replaces the workflow's for its games."""
+        the first two seats swapped every other episode (by its place in the split, else by its seed). A split's own
+        seating (``data.eval.options.players`` and ``swap_seats`` of source ``episodes``, in ``meta``) replaces the
+        workflow's for its games."""
         meta = meta or {}
         options = self._listed(meta)
         swap = bool(meta.get("swap_seats", self.swap_seats)) if meta.get("players") else self.swap_seats
         order = [opts[0] if len(opts) == 1 else random.Random(f"seat-{seed}-{i}").choice(opts)
                  for i, opts in enumerate(options)]
-        if swap and len(order) >= 2 and seed % 2 == 1:
+        if swap and len(order) >= 2 and meta.get("index", seed) % 2 == 1:  # every other game of a split
             order[0], order[1] = order[1], order[0]
         return order
 

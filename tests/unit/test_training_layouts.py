@@ -282,3 +282,31 @@ def test_prefix_chunks_of_multi_turn_calls_group_by_length_when_that_runs_fewer_
     assert all(prefix_cost(c) <= 600 or len(c) == 1 for c in budget)
     in_order = _budget_chunks(sorted(rows, key=lambda s: (s.prompt_ids, s.length)), 600, 16)
     assert sum(map(prefix_cost, budget)) < 0.8 * sum(map(prefix_cost, in_order))
+
+
+def test_a_checkpointed_forward_decides_the_fused_ops_before_its_first_layer(host, monkeypatch):
+    """On CUDA the fused ops' start-up check (a forward and backward of its own) runs at their first use. If that
+    use is inside a checkpointed layer, the check's tensors count as the layer's saved tensors in the forward but
+    not in the recompute, and torch refuses the backward (seen on an H100 with a 7B LoRA update). Here the check
+    runs on a CPU through the same dispatch, with every op left to torch."""
+    from masrl.modeling import fused
+
+    ran = []
+
+    def check(device):
+        x = torch.randn(4, 4, requires_grad=True)
+        torch.autograd.grad((x * x.sin()).sum(), [x])  # saves tensors, as the real check does
+        ran.append(str(device))
+        return {"rope": "off in this test", "swiglu": "off in this test", "token_logprobs": "off in this test"}
+
+    monkeypatch.setattr(fused, "_VERDICT", {})
+    monkeypatch.setattr(fused, "_can_fuse", lambda x: True)
+    monkeypatch.setattr(fused, "check", check)
+    samples = samples_for(host)
+    lp, grads = logprobs_and_grads(host, samples, "padded", checkpoint=True)
+    assert ran == ["cpu"]  # once, before the first layer
+    monkeypatch.setattr(fused, "_can_fuse", lambda x: False)
+    lp_ref, grads_ref = logprobs_and_grads(host, samples, "padded")
+    assert torch.allclose(lp, lp_ref, atol=1e-5)
+    for a, b in zip(grads, grads_ref):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)

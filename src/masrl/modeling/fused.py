@@ -237,10 +237,20 @@ def uses(name: str, x: torch.Tensor) -> bool:
     return _use(name, x)
 
 
+def _can_fuse(x: torch.Tensor) -> bool:
+    return triton is not None and x.is_cuda
+
+
 def _use(name: str, x: torch.Tensor) -> bool:
-    if triton is None or not x.is_cuda:
-        return False
-    return enabled(x.device).get(name, False)
+    return _can_fuse(x) and enabled(x.device).get(name, False)
+
+
+def decide(x: torch.Tensor) -> None:
+    """Run the start-up check for ``x``'s device now, if it is still to run. A forward whose layers are
+    checkpointed calls this first: the check's own forward and backward, run inside a checkpointed layer, would
+    count as that layer's saved tensors in the forward and not in the recompute, which torch refuses."""
+    if _can_fuse(x):
+        enabled(x.device)
 
 
 def enabled(device: torch.device) -> dict[str, bool]:

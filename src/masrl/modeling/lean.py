@@ -230,6 +230,8 @@ class LlamaForward:
         """
         h = self.core.model.embed_tokens(ids)
         cos, sin = self.rope(positions, h)
+        if checkpoint:
+            fused.decide(h)
         new_kv: KV = []
         for li, layer in enumerate(self.layers):
             kv_in = cache[li] if cache is not None else (past[li] if past is not None else None)

@@ -310,3 +310,95 @@ def test_a_checkpointed_forward_decides_the_fused_ops_before_its_first_layer(hos
     assert torch.allclose(lp, lp_ref, atol=1e-5)
     for a, b in zip(grads, grads_ref):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def _lora_pair(tiny, dtype):
+    """The tiny model with fp32 LoRA adapters on every projection (as the trainer holds them) on a ``dtype`` base."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = tiny
+    base = copy.deepcopy(model).to(dtype).requires_grad_(False)
+    cfg = LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    pm = get_peft_model(base, cfg, adapter_name="p")
+    torch.manual_seed(0)
+    for n, p in pm.named_parameters():
+        if "lora_" in n:
+            p.data = p.data.float()
+            if "lora_B" in n:
+                torch.nn.init.normal_(p, std=0.1)
+    return pm
+
+
+def _lean_and_peft(pm, ids):
+    """Hidden states and adapter gradients from the lean forward, and the same from PEFT's own module forwards, with
+    the tensors each keeps for backward (bytes, and the widest fp32 one)."""
+    from masrl.modeling import lean
+
+    fwd = lean.LlamaForward(pm)
+    pos = torch.arange(ids.shape[1])[None]
+    out = {}
+    for name, proj in (("lean", None), ("peft", lambda self, mod, x, adapters: mod(x))):
+        if proj is not None:
+            fwd._proj = proj.__get__(fwd)
+        kept = {}
+
+        def pack(t):
+            kept.setdefault(t.untyped_storage().data_ptr(), t)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            h = fwd.hidden(ids, pos, None)
+        h.float().pow(2).sum().backward()
+        params = {p.untyped_storage().data_ptr() for p in pm.parameters()}
+        rows = (ids.shape[0], ids.numel())  # [B, ...] or [B * S, ...]: activations, not the adapters' casts
+        acts = [t for k, t in kept.items() if k not in params and t.dim() >= 2 and t.shape[0] in rows]
+        grads = [p.grad.clone() for n, p in pm.named_parameters() if "lora_" in n]
+        pm.zero_grad(set_to_none=True)
+        out[name] = (h.detach(), grads, acts)
+    return out["lean"], out["peft"]
+
+
+def test_adapted_projections_match_peft_bit_for_bit_in_fp32(tiny):
+    pm = _lora_pair(tiny, torch.float32)
+    ids = torch.randint(3, 2000, (2, 12), generator=torch.Generator().manual_seed(1))
+    (h, grads, _), (h_ref, grads_ref, _) = _lean_and_peft(pm, ids)
+    assert torch.equal(h, h_ref)
+    assert len(grads) == len(grads_ref) == 2 * 7 * len(pm.base_model.model.model.layers)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_ref))
+
+
+def test_a_bf16_update_keeps_no_fp32_copy_of_an_adapted_projections_input(tiny):
+    """PEFT casts each adapted projection's input to its fp32 adapter and keeps that copy for backward; the lean
+    forward casts the small adapter instead, and keeps fewer bytes. Its numbers: one adapted projection in bf16,
+    output and adapter gradients against the same projection computed in fp32, as close as PEFT's own."""
+    from masrl.modeling.lean import lora_linear
+
+    pm = _lora_pair(tiny, torch.bfloat16)
+    ids = torch.randint(3, 2000, (2, 12), generator=torch.Generator().manual_seed(1))
+    (_, _, acts), (_, _, acts_ref) = _lean_and_peft(pm, ids)
+    width = pm.config.hidden_size
+    assert any(t.dtype == torch.float32 and t.shape[-1] > width for t in acts_ref)  # PEFT's fp32 copies
+    assert not any(t.dtype == torch.float32 and t.shape[-1] > width for t in acts)
+    fp32_acts = lambda ts: sum(t.numel() for t in ts if t.dtype == torch.float32)  # noqa: E731
+    assert fp32_acts(acts) < fp32_acts(acts_ref) / 2
+
+    mod = pm.base_model.model.model.layers[0].mlp.down_proj
+    x = torch.randn(24, mod.base_layer.in_features, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    g = torch.randn(24, mod.base_layer.out_features, generator=torch.Generator().manual_seed(3))
+    a, b = mod.lora_A["p"].weight, mod.lora_B["p"].weight
+
+    def run(fn, inp):
+        a.grad = b.grad = None
+        y = fn(inp)
+        (y.float() * g).sum().backward()
+        return y.float().detach(), a.grad.clone(), b.grad.clone()
+
+    w = mod.base_layer.weight
+    exact = run(lambda t: t @ w.float().t() + (t @ a.t()) @ b.t() * mod.scaling["p"], x.float())
+    ours, theirs = run(lambda t: lora_linear(mod, t), x), run(mod, x)
+    for got, ref, truth in zip(ours, theirs, exact):
+        err, err_ref = (got - truth).norm() / truth.norm(), (ref - truth).norm() / truth.norm()
+        assert got.dtype == torch.float32 and err < max(2 * err_ref, 1e-2), (err, err_ref)

@@ -343,9 +343,9 @@ def _lean_and_peft(pm, ids):
     for name, proj in (("lean", None), ("peft", lambda self, mod, x, adapters: mod(x))):
         if proj is not None:
             fwd._proj = proj.__get__(fwd)
-        kept = {}
+        kept: dict = {}
 
-        def pack(t):
+        def pack(t, kept=kept):
             kept.setdefault(t.untyped_storage().data_ptr(), t)
             return t
 

@@ -77,7 +77,8 @@ def main() -> None:
     print(harness.header())
     print(f"shape {a.shape} ({harness.SHAPES[a.shape]}), one layer, LoRA r{a.rank} on every projection (fp32), "
           f"bf16 base, {a.tokens} tokens, {a.device}\n")
-    print("| kept for backward, KB a token and layer | lean forward (masrl) | PEFT's forward | ratio |\n| --- | --- | --- | --- |")
+    print("| kept for backward, KB a token and layer | lean forward (masrl) | PEFT's forward | ratio |")
+    print("| --- | --- | --- | --- |")
     for key in sorted(set(ours_by) | set(theirs_by), key=lambda k: -theirs_by.get(k, 0)):
         print(f"| width {key[0]}, {key[1]} | {ours_by.get(key, 0):.1f} | {theirs_by.get(key, 0):.1f} | |")
     print(f"| all | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}x |")

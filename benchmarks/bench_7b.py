@@ -17,7 +17,9 @@ Sides, and what each does differently:
   4,096 tokens). Random weights never
   write the answer format: a hash of each completion gives groups reward variance.
 * single: masrl on TRL's workload (one agent with a LoRA of the same rank, the same prompts, sample
-  count and new tokens, EOS ignored), the like-for-like comparison.
+  count and new tokens, EOS ignored), the like-for-like comparison; one child per update setting in
+  ``--single`` (micro-batch tokens, ``TOKENS:ckpt`` with activation checkpointing), each row with its
+  peak memory and what holds it.
 * trl: one agent, TRL GRPOTrainer with a peft LoRA of the same rank and targets, the same number
   of samples a step (128 prompts x 8), 64 new tokens, HF generate (vLLM is not installed), bf16,
   no KL (beta 0), no gradient checkpointing, micro-batches of 16 sequences. Compared as seconds per trained sample.

@@ -112,9 +112,10 @@ def main() -> None:
     if "single" in only:  # one agent on TRL's prompts and sample count: the same workload on both sides
         n = int(trl_args[0]) * int(trl_args[1])
         for variant in a.single.split(","):
-            tokens, _, ckpt = variant.partition(":")
+            tokens, _, flag = variant.partition(":")
+            ckpt = flag == "ckpt"
             one = harness.run_child(GPU_BENCH, "grpo_ours", *trl_args[:3], "1", "7b", "16", "auto", tokens,
-                                    "1" if ckpt == "ckpt" else "0", timeout=1200)
+                                    str(int(ckpt)), timeout=1200)
             if not one.get("steps"):
                 rows.append((f"one agent on TRL's workload, micro-batches of {variant}", "failed (see above)", "", ""))
                 continue

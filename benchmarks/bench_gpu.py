@@ -175,6 +175,9 @@ def child_update(side: str, repeats: int) -> dict:
 
 # -- GRPO step vs TRL --------------------------------------------------------------------------------
 
+MEMORY_PARTS = ("weights", "weight_copy", "optimizer", "engine_kv", "engine_weights", "engine_buffers")
+
+
 def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int, shape: str = "0.5b",
                     lora: int = 0, engine: str = "auto", micro_tokens: int = 0, checkpointing: int = 0) -> dict:
     """``lora`` > 0: one LoRA adapter of that rank on every projection (the 7B comparison with TRL + peft);
@@ -216,8 +219,6 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int,
     parts = {k: round(v, 2) for k, v in row.items() if isinstance(v, float) and (k.endswith("gib") or k in MEMORY_PARTS)}
     return {"steps": steps, "peak_gb": max(peak_gb(), row.get("peak_gib", 0.0)), "parts": parts}
 
-
-MEMORY_PARTS = ("weights", "weight_copy", "optimizer", "engine_kv", "engine_weights", "engine_buffers")
 
 
 def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:

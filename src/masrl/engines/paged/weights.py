@@ -81,9 +81,9 @@ def fuse_rows(params: list[torch.Tensor], share: bool) -> torch.Tensor:
     (their ``.data`` is swapped, so modules, hooks and an offload stash keep them), so a frozen weight is held
     once, not once by the model and once fused; where they already are such views, no copy is made."""
     ts = [p.detach() for p in params]
-    rows = sum(t.shape[0] for t in ts)
     if share and _adjacent(ts):
         first = ts[0]
+        rows = sum(t.shape[0] for t in ts)
         return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
     out = torch.cat(ts)
     if share:
@@ -115,8 +115,8 @@ class DecodeWeights:
     def __init__(self, model, adapters: list[str]):
         self.core = core_model(model)
         self.adapters = adapters
-        # a LoRA model's base never changes (refresh(base=False)): its q/k/v and gate/up are the fused rows
-        self.shared = bool(adapters) and not any(p.requires_grad for p in self._base_weights())
+        # a LoRA model's base is frozen (the runner refreshes only its adapters): its q/k/v and gate/up are the fused rows
+        self.shared = bool(adapters)
         self.layers = []
         for layer in self.core.model.layers:
             at, mlp = layer.self_attn, layer.mlp
@@ -140,15 +140,6 @@ class DecodeWeights:
                     entry["lora"][name] = grp
             self.layers.append(entry)
         self.layouts = sorted({g.cols for e in self.layers for g in e["lora"].values()})
-
-    def _base_weights(self):
-        for layer in self.core.model.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            for m in (at.q_proj, at.k_proj, at.v_proj, mlp.gate_proj, mlp.up_proj):
-                lin = base_linear(m)
-                yield lin.weight
-                if lin.bias is not None:
-                    yield lin.bias
 
     def _lora_group(self, mods) -> LoraGroup | None:
         sources, col, out = [], 0, 0

@@ -1,9 +1,9 @@
 """Where the milliseconds go on a GPU: kernels of one decode step (eager and graph-replayed) of the
-paged engine, and of one update of the 0.5B shape (the bench_gpu.py workload). Prints
-the top kernels by GPU time; issue 28's bar is the paged decode step at batch 256, 0.5B shape.
+paged engine, of one update of the 0.5B shape (the bench_gpu.py workload), and of one long prompt's prefill
+(bench_vllm.py's 16,000-token row, where vLLM is ahead) by kind of kernel. Prints the top kernels by GPU time.
 
-    source scripts/gpu/setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update] [--engines paged] \
-        [--cases 0.5b:256,0.5b:64:2048]   (shape:batch[:prompt tokens])
+    source scripts/gpu/setup.sh && python3 benchmarks/profile_gpu.py [--only decode,update,prefill] \
+        [--engines paged] [--cases 0.5b:256,0.5b:64:2048]   (shape:batch[:prompt tokens]) [--prefill 0.5b,7b]
 """
 
 from __future__ import annotations
@@ -90,6 +90,59 @@ def decode(shape: str, batch: int, kind: str = "paged", prompt: int = 128) -> No
         print(table(prof, 14))
 
 
+KINDS = (  # a kernel's kind, by the first of these its name holds (lower case)
+    ("attention", ("flash", "fmha", "attn", "attention")),  # first: flash-attention's names hold "gemm" too
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "splitk")),
+    ("gather and copy", ("index", "gather", "copy", "memcpy", "cat_", "catarray", "scatter", "fill")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KINDS if any(k in low for k in keys)), "other (norms, RoPE, SwiGLU, ...)")
+
+
+def prefill(shape: str, tokens: int = 16000) -> None:
+    """One ``tokens``-token prompt's prefill (one new token) on the paged engine, as bench_engine's long part times
+    it (first prefill untimed, then a new prompt): wall time, and its kernels' GPU time by kind. bench_vllm.py's
+    table gives vLLM's time for the same prefill; its matrix products are the same FLOPs."""
+    import random
+
+    from masrl.config import SamplingParams
+    from masrl.messages import GenRequest
+
+    eng = build_engine("paged", shape)
+    rng = random.Random(0)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=1, ignore_eos=True)
+
+    def req(n, seed):
+        return GenRequest([rng.randrange(100, 49000) for _ in range(n)], sp, seed=seed)
+
+    eng.generate([req(1200, 1)])
+    eng.generate([req(tokens, 2)])  # one-time costs: compiled kernels, the long length class
+    torch.cuda.synchronize()
+    r = req(tokens, 3)
+    t0 = time.perf_counter()
+    eng.generate([r])
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.generate([req(tokens, 4)])
+        torch.cuda.synchronize()
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by: dict[str, list[float]] = {}
+    for e in evs:
+        by.setdefault(kernel_kind(e.name), []).append(e.device_time / 1000.0)
+    total = sum(sum(v) for v in by.values())
+    print(f"\n== prefill paged {shape}, {tokens}-token prompt: {wall * 1000:.1f} ms wall (unprofiled), "
+          f"{len(evs)} kernels, {total:.1f} ms of kernel time")
+    print("| kind | kernels | ms | share |\n| --- | --- | --- | --- |")
+    for kind, ts in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+        print(f"| {kind} | {len(ts)} | {sum(ts):.1f} | {sum(ts) / max(total, 1e-9):.0%} |")
+    print(table(prof, 16))
+    eng.release()
+
+
 def update() -> None:
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
@@ -129,10 +182,11 @@ def update() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="decode,update")
+    ap.add_argument("--only", default="decode,update", help="parts: decode, update, prefill")
     ap.add_argument("--engines", default="paged", help="whose decode step to profile")
     ap.add_argument("--cases", default="135m:1,135m:64,0.5b:256",
                     help="decode shapes, batches and prompt lengths, shape:batch[:prompt],... (prompt default 128)")
+    ap.add_argument("--prefill", default="0.5b,7b", help="the prefill part's shapes, each with a 16,000-token prompt")
     a = ap.parse_args()
     only = set(a.only.split(","))
     print(harness.header(), flush=True)
@@ -142,6 +196,7 @@ def main() -> None:
     jobs = [(decode, (shape, batch, kind, prompt)) for kind in a.engines.split(",") for shape, batch, prompt in cases] \
         if "decode" in only else []
     jobs += [(update, ())] if "update" in only else []
+    jobs += [(prefill, (shape,)) for shape in a.prefill.split(",")] if "prefill" in only else []
     for fn, args in jobs:
         try:
             fn(*args)

@@ -12,6 +12,10 @@
 # where only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
 # random player (TASKS x 2 seeds). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
 # it and evaluate what they reached), EVAL, EXTRA (overrides for every run) and PY can be set too.
+# TRANSFER=CONFIG (e.g. reasoning_gym/solver, whose wheels .gpu-rg carries): does self-play move a reasoning score,
+# as SPIRAL reports? Each self-play seed's last weights and the untrained model are evaluated on CONFIG's held-out
+# set (its policy TRANSFER_POLICY, default solver, starting from the checkpoint; TRANSFER_EXTRA: overrides of those
+# evaluations), table in $OUT/transfer.md.
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-900}; OUT=${OUT:-out}
 TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
@@ -65,8 +69,21 @@ for s in $SEEDS; do  # each self-play seed's last weights against the untrained 
     'workflow.options.example=[check]' > "$OUT/h2h-kuhn-seed$s.md" 2> "$R/h2h-kuhn-seed$s.log" &
 done
 wait
+if [ -n "${TRANSFER:-}" ]; then  # the training runs' overrides (EXTRA) are not the reasoning config's: left out
+  tr=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${TRANSFER_EXTRA:-})
+  "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "output_dir=$R/transfer-untrained" > "$R/transfer-untrained.log" 2>&1 &
+  for s in $SEEDS; do
+    for a in ttt_selfplay ttt_open kuhn_selfplay; do
+      t=$(last "$R/$a-seed$s")
+      [ -n "$t" ] && "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "policies.${TRANSFER_POLICY:-solver}.init_from=$t/shared" \
+        "output_dir=$R/transfer-$a-seed$s" > "$R/transfer-$a-seed$s.log" 2>&1 &
+    done
+  done
+  wait
+  "$PY" scripts/transfer_table.py "$R"/transfer-*/ > "$OUT/transfer.md"
+fi
 for f in "$R"/*-seed?.log; do echo "== $f"; grep -E "held-out|error|Error" "$f" | tail -3; done
-for f in "$OUT"/h2h-*.md; do echo "== $f"; cat "$f"; done
+for f in "$OUT"/h2h-*.md "$OUT"/transfer.md; do [ -f "$f" ] && { echo "== $f"; cat "$f"; }; done
 tar czf "$OUT/games.tgz" "$R"/*/metrics.jsonl "$R"/*/eval*.json "$R"/*/eval_traces.jsonl "$R"/*/config.yaml \
   "$R"/*.log 2>/dev/null
 rm -rf "$R"/*/checkpoints

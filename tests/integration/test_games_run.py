@@ -125,3 +125,36 @@ def test_checkpoints_play_each_other_in_a_head_to_head_table(tmp_path):
     assert all(len(v) == 3 and all(0.0 <= x <= 1.0 for x in v) for v in cells.values())
     ratings = dict(re.findall(r"(A|B|U) (\d+)", out.stdout.split("Elo (fitted to the table):")[1]))
     assert set(ratings) == {"A", "B", "U"} and abs(sum(map(int, ratings.values())) / 3 - 1000) <= 1
+
+
+def test_a_self_play_checkpoint_is_scored_on_a_reasoning_set_beside_the_untrained_model(tmp_path, capsys):
+    """games.sh's TRANSFER: a games checkpoint evaluated under reasoning-gym's solver config (its policy starting from
+    the checkpoint), and scripts/transfer_table.py's table of the two evaluations, untrained first."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("reasoning_gym")
+    from masrl.cli import main
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "ttt"
+    assert main(["train", "games/tictactoe_selfplay", "model=tiny-random", "train.steps=1", "train.eval_before=false",
+                 "train.eval_after=false", "train.save_every=1", "rollout.tasks_per_step=2",
+                 "rollout.samples_per_task=2", f"output_dir={run}"]) == 0
+    ckpt = run / "checkpoints" / "step_000001" / "shared"
+    common = ["model=tiny-random", "data.eval.n=7"]
+    assert main(["eval", "reasoning_gym/solver", *common, f"output_dir={tmp_path / 'transfer-untrained'}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "reasoning_gym/solver", *common, f"policies.solver.init_from={ckpt}",
+                 f"output_dir={tmp_path / 'transfer-ttt_selfplay-seed0'}"]) == 0
+    assert f"solver starts from {ckpt}" in capsys.readouterr().out
+    (tmp_path / "transfer-ttt_open-seed0").mkdir()  # an evaluation that failed: warned of, left out
+    out = subprocess.run([sys.executable, str(root / "scripts" / "transfer_table.py"),
+                          *sorted(str(p) for p in tmp_path.glob("transfer-*"))], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| arm", "| untrained", "| ttt_selfplay"]
+    assert all(r.split(" | ")[1:3] == ["1", "7"] for r in rows[1:])  # one run each, the 7 held-out problems
+    assert "transfer-ttt_open-seed0/eval.json is missing" in out.stderr

@@ -60,3 +60,22 @@ def test_a_run_is_stuck_only_when_nothing_teaches_and_the_outcome_never_rose():
     assert stuck([_step(s, 1.0, solver=1.0) for s in (40, 41)], _step(1, 0.3, solver=0.4)) is None  # solved, not stuck
     assert stuck([_step(s, 0.0, reader=1.0, answerer=0.5) for s in (8, 9)], first) is None  # the answerer still learns
     assert stuck([], first) is None and stuck(collapsed, {"step": 1}) is None
+
+
+def _updated(step, outcome, tokens, entropy=0.0):
+    return {"step": step, "rollout": {"outcome": outcome, "agents": {"player_0": {"zero_var_groups": 1.0}}},
+            "policies": {"shared": {"trained_tokens": tokens, "entropy": entropy}}}
+
+
+def test_a_run_whose_updates_train_nothing_stops_even_when_its_outcome_rose():
+    first = _updated(1, 0.5, 1303.0, 0.68)
+    collapsed = [_updated(s, 0.6, 0.0) for s in (25, 26, 27)]  # one deterministic self-play game, above the start
+    why = stuck(collapsed, first)
+    assert why and why.startswith("nothing trained: for the last 3 steps") and "0.600 now" in why
+    assert "entropy at most 0.000" in why and "opening_moves" in why
+    assert stuck([*collapsed[:2], _updated(27, 0.6, 12.0)], first) is None  # one group still taught something
+    frozen_step = {"step": 27, "rollout": {"outcome": 0.6, "agents": {}}, "policies": {}}  # no update: no evidence
+    assert stuck([*collapsed[:2], frozen_step], first) is None
+    # a frozen opponent's policy carries no update figures and does not count either way
+    with_frozen = [{**r, "policies": {**r["policies"], "past_0": {"calls": 8}}} for r in collapsed]
+    assert stuck(with_frozen, first).startswith("nothing trained")

@@ -325,7 +325,8 @@ class TrainConfig(Strict):
     stop_when_stuck: int = Field(40, ge=0, description="end the run (checkpoint, final evaluation, exit status 3) "
                                                         "after this many steps in which the training outcome never "
                                                         "rose above the first step's and most of every agent's groups "
-                                                        "had equal rewards; 0: never")
+                                                        "had equal rewards, or whose updates trained no token at all; "
+                                                        "0: never")
     time_limit_s: float | None = Field(None, gt=0, description="wall-clock budget in seconds from the run's start: the "
                                                                "steps end once the next one would end past it, then "
                                                                "the run checkpoints and evaluates as a finished run "

@@ -12,7 +12,9 @@ rules say so, on the step line, in ``metrics.jsonl`` (``alarms``) and in the rep
 
 ``stuck`` says when a run should end instead of alarming for ever: a reading team on the H200
 collapsed at step 8 (every reader wrote "nothing useful", training outcome 0.000) and its alarms
-went on for 90 more steps of updates that had nothing to learn from (``train.stop_when_stuck``).
+went on for 90 more steps of updates that had nothing to learn from (``train.stop_when_stuck``);
+a TicTacToe self-play seed became one deterministic player at step 30 and ran 170 more steps whose
+updates trained no token at all, its outcome above the first step's all along.
 """
 
 from __future__ import annotations
@@ -46,20 +48,44 @@ def collapse_alarms(rec: dict, first: dict | None) -> list[str]:
     return out
 
 
+def untrained(window: list[dict]) -> str | None:
+    """Why no update of the window taught anything, or None: every step's updates (those of the policies that
+    updated; a step with none is no evidence) trained no token at all, whatever the outcome did."""
+    if not window:
+        return None
+    entropies = []
+    for r in window:
+        updated = {n: p for n, p in r.get("policies", {}).items() if "trained_tokens" in p}
+        if not updated or any(p["trained_tokens"] > 0 for p in updated.values()):
+            return None
+        entropies += [p["entropy"] for p in updated.values() if "entropy" in p]
+    start, now = window[0].get("rollout", {}).get("outcome"), window[-1].get("rollout", {}).get("outcome")
+    moved = (f" (training outcome {start:.3f} at step {window[0].get('step')}, {now:.3f} now)"
+             if start is not None and now is not None else "")
+    ent = f"; policy entropy at most {max(entropies):.3f}" if entropies else ""
+    return (f"nothing trained: for the last {len(window)} steps every update trained no token{moved}: every group's "
+            f"samples were rewarded alike{ent}, so more steps would change nothing. If the entropy is near 0 the "
+            f"policy has collapsed onto one answer per task (in self-play, one game): try a higher temperature, "
+            f"algorithm.entropy_coef, varied starts (a game's opening_moves) or harder tasks; if it solves every "
+            f"task, evaluate it or move to harder ones; train.stop_when_stuck=0 runs on regardless")
+
+
 def stuck(window: list[dict], first: dict) -> str | None:
     """Why a run has stopped learning, or None. ``window``: its last step records (the caller keeps
-    ``train.stop_when_stuck`` of them). Stuck: the training outcome never rose above the first
-    step's in the window, and on average over it every agent had ``ZERO_VARIANCE`` or more of its
-    groups flat. A run whose outcome climbed (or saturated above where it began) is never stuck."""
+    ``train.stop_when_stuck`` of them). Stuck: the training outcome never rose above the first step's
+    in the window and on average over it every agent had ``ZERO_VARIANCE`` or more of its groups flat;
+    or, whatever the outcome did, no update of the window trained a token (``untrained``). A run whose
+    outcome climbed, or saturated above where it began, is otherwise left to train on the groups that
+    still differ."""
     start = first.get("rollout", {}).get("outcome")
     outcomes = [r.get("rollout", {}).get("outcome") for r in window]
     if not window or start is None or any(o is None or o > start for o in outcomes):
-        return None
+        return untrained(window)
     agents = sorted({a for r in window for a in r.get("rollout", {}).get("agents", {})})
     flat = {a: mean(r["rollout"].get("agents", {}).get(a, {}).get("zero_var_groups", 0.0) for r in window)
             for a in agents}
     if not flat or min(flat.values()) < ZERO_VARIANCE:
-        return None
+        return untrained(window)
     shares = ", ".join(f"{a} {v:.0%}" for a, v in flat.items())
     return (f"stuck: for the last {len(window)} steps the training outcome stayed at or below step {first['step']}'s "
             f"({start:.3f}; {outcomes[-1]:.3f} now) and most groups had equal rewards ({shares}), so the updates had "

@@ -7,7 +7,10 @@
 # $OUT/h2h-*.md.
 #
 # Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls:
-# ttt_open is ttt_selfplay whose training games start after 0-OPENING (default 4) random moves (opening_moves).
+# ttt_open is ttt_selfplay whose training games start after 0-OPENING (default 4) random moves (opening_moves);
+# ttt_open_explore is ttt_open sampling at temperature 1.0 with an entropy bonus (algorithm.entropy_coef=ENTROPY,
+# default 0.01), against the collapse onto one game; ttt_league is ttt_pool with openings and the random player
+# among the opponents.
 # TASKS seeds a step, 8 games of each, where every seat trains (self-play, two independent policies), twice as many
 # where only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
 # random player (TASKS x 2 seeds). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
@@ -47,7 +50,13 @@ for wave in "${waves[@]}"; do
       ttt_selfplay) arm ttt_selfplay games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" ;;
       ttt_open) arm ttt_open games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" \
                   "data.train.options.opening_moves=${OPENING:-4}" ;;
+      ttt_open_explore) arm ttt_open_explore games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" \
+                  "data.train.options.opening_moves=${OPENING:-4}" agents.player_0.temperature=1.0 \
+                  agents.player_1.temperature=1.0 "algorithm.entropy_coef=${ENTROPY:-0.01}" ;;
       ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
+      ttt_league) arm ttt_league games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" \
+                  "data.train.options.opening_moves=${OPENING:-4}" \
+                  'workflow.options.players=[player, "past_0|past_1|past_2|random"]' ;;
       ttt_pool) arm ttt_pool games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" ;;
       ttt_random) arm ttt_random games/tictactoe_vs_random "rollout.tasks_per_step=$((TASKS * 2))" ;;
       kuhn_selfplay) arm kuhn_selfplay games/kuhn_poker_selfplay "rollout.tasks_per_step=$TASKS" ;;
@@ -61,7 +70,7 @@ h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTR
 for s in $SEEDS; do  # each self-play seed's last weights against the untrained model (and each other), both seats
   k=$(last "$R/kuhn_selfplay-seed$s")
   players=()
-  for a in ttt_selfplay ttt_open; do t=$(last "$R/$a-seed$s"); [ -n "$t" ] && players+=("$a=$t/shared"); done
+  for a in ttt_selfplay ttt_open ttt_open_explore; do t=$(last "$R/$a-seed$s"); [ -n "$t" ] && players+=("$a=$t/shared"); done
   [ ${#players[@]} -gt 0 ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "${players[@]}" untrained=untrained \
     --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" > "$OUT/h2h-ttt-seed$s.md" 2> "$R/h2h-ttt-seed$s.log" &
   [ -n "$k" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$k/shared" untrained=untrained \
@@ -73,7 +82,7 @@ if [ -n "${TRANSFER:-}" ]; then  # the training runs' overrides (EXTRA) are not 
   tr=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${TRANSFER_EXTRA:-})
   "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "output_dir=$R/transfer-untrained" > "$R/transfer-untrained.log" 2>&1 &
   for s in $SEEDS; do
-    for a in ttt_selfplay ttt_open kuhn_selfplay; do
+    for a in ttt_selfplay ttt_open ttt_open_explore kuhn_selfplay; do
       t=$(last "$R/$a-seed$s")
       [ -n "$t" ] && "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "policies.${TRANSFER_POLICY:-solver}.init_from=$t/shared" \
         "output_dir=$R/transfer-$a-seed$s" > "$R/transfer-$a-seed$s.log" 2>&1 &

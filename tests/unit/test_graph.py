@@ -155,7 +155,7 @@ def test_no_expression_builds_an_oversized_value():
     when both sides are literals, at run time otherwise; '%' is arithmetic only."""
     import time
 
-    from masrl.workflows.expr import MAX_SIZE
+    from masrl.workflows.expr_bounds import MAX_SIZE
 
     for src in ('"ab" * 100000000', "[1, 2, 3] * 100000000", '"%999999999d" % 1', "9" * 1300 + " * " + "9" * 1300):
         with pytest.raises(ExprError):
@@ -198,7 +198,7 @@ def test_functions_that_walk_a_list_are_bounded_counted_deep(src):
 def test_comparisons_over_big_lists_stay_within_the_walk_budget():
     import time
 
-    from masrl.workflows.expr import MAX_SECONDS, MAX_WORK
+    from masrl.workflows.expr_bounds import MAX_SECONDS, MAX_WORK
 
     t0 = time.perf_counter()
     assert compile_expr("[1] * 400000 == [1] * 400000")({}) is True  # allowed: 1.6 million items walked

@@ -13,7 +13,7 @@ rules say so, on the step line, in ``metrics.jsonl`` (``alarms``) and in the rep
 ``stuck`` says when a run should end instead of alarming for ever: a reading team on the H200
 collapsed at step 8 (every reader wrote "nothing useful", training outcome 0.000) and its alarms
 went on for 90 more steps of updates that had nothing to learn from (``train.stop_when_stuck``);
-a TicTacToe self-play seed became one deterministic player at step 30 and ran 170 more steps whose
+a TicTacToe self-play seed became one deterministic player at step 25 and ran 175 more steps whose
 updates trained no token at all, its outcome above the first step's all along.
 """
 

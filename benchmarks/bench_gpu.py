@@ -220,7 +220,6 @@ def child_grpo_ours(prompts_n: int, samples: int, new_tokens: int, repeats: int,
     return {"steps": steps, "peak_gb": max(peak_gb(), row.get("peak_gib", 0.0)), "parts": parts}
 
 
-
 def child_grpo_trl(prompts_n: int, samples: int, new_tokens: int, repeats: int) -> dict:
     import tempfile
 

@@ -92,3 +92,17 @@ def stuck(window: list[dict], first: dict) -> str | None:
             f"almost nothing to learn from. The step lines' ALARMs say where it began. Try a smaller format reward "
             f"weight (a format-only reward is the easiest to earn), rollout.dynamic_sampling, a higher temperature "
             f"or algorithm.entropy_coef, or easier tasks; train.stop_when_stuck=0 runs on regardless")
+
+
+class StuckWatch:
+    """``train.stop_when_stuck``: the last ``n`` step records (0: never stuck), and why they say the run has stopped
+    learning (``stuck``) once there are ``n`` of them."""
+
+    def __init__(self, n: int):
+        self.n, self.window = n, []
+
+    def see(self, rec: dict, first: dict) -> str | None:
+        if not self.n:
+            return None
+        self.window = [*self.window, rec][-self.n:]
+        return stuck(self.window, first) if len(self.window) == self.n else None

@@ -17,7 +17,7 @@ from masrl.data.tasks import Task
 from masrl.driver import faults
 from masrl.driver.builder import Runtime, build_runtime
 from masrl.driver.checks import check_run
-from masrl.driver.observe.alarms import collapse_alarms, stuck
+from masrl.driver.observe.alarms import StuckWatch, collapse_alarms
 from masrl.driver.observe.loggers import build_loggers
 from masrl.driver.observe.metrics import (
     check_failures,
@@ -60,7 +60,7 @@ class Trainer:
         self.step = 0
         self.stopped: str | None = None  # why the run ended early (train.stop_when_stuck)
         self.time_limited: str | None = None  # train.time_limit_s ended the steps early (a finished run)
-        self._window: list[dict] = []  # the last train.stop_when_stuck step records
+        self._stuck_watch = StuckWatch(cfg.train.stop_when_stuck)
         self.last_traces: list = []  # the traces of the last step (the loop logs a few of them)
         self.last_eval_traces: list = []  # the last evaluation's (eval.log_traces of them go to eval_traces.jsonl)
 
@@ -290,11 +290,7 @@ class Trainer:
 
     def _stuck(self, rec: dict, loggers) -> bool:
         """``train.stop_when_stuck``: end the run once its last N steps had nothing to learn from."""
-        n = self.cfg.train.stop_when_stuck
-        if not n:
-            return False
-        self._window = [*self._window, rec][-n:]
-        why = stuck(self._window, self._first_record(rec)) if len(self._window) == n else None
+        why = self._stuck_watch.see(rec, self._first_record(rec))
         if why is None:
             return False
         self.stopped = f"run ended at step {self.step} of {self.cfg.train.steps}: {why}"

@@ -66,12 +66,15 @@ for wave in "${waves[@]}"; do
   wait
 done
 last() { ls -d "$1"/checkpoints/step_* 2>/dev/null | tail -n 1; }
-ttt_selfplay_arms="ttt_selfplay ttt_open ttt_open_explore"  # one shared policy: its weights play both seats
+# the arms whose trained weights play against themselves: one shared policy in both seats, or the pool's player
+# (trained against its own past selves); pol names the policy each one's checkpoint holds
+ttt_selfplay_arms="ttt_selfplay ttt_open ttt_open_explore ttt_pool ttt_league"
+pol() { case $1 in ttt_pool|ttt_league) echo player ;; *) echo shared ;; esac; }
 h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTRA:-})
 for s in $SEEDS; do  # each self-play seed's last weights against the untrained model (and each other), both seats
   k=$(last "$R/kuhn_selfplay-seed$s")
   players=()
-  for a in $ttt_selfplay_arms; do t=$(last "$R/$a-seed$s"); [ -n "$t" ] && players+=("$a=$t/shared"); done
+  for a in $ttt_selfplay_arms; do t=$(last "$R/$a-seed$s"); [ -n "$t" ] && players+=("$a=$t/$(pol "$a")"); done
   [ ${#players[@]} -gt 0 ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "${players[@]}" untrained=untrained \
     --games "$H2H_GAMES" "seed=$s" "${h2h[@]}" > "$OUT/h2h-ttt-seed$s.md" 2> "$R/h2h-ttt-seed$s.log" &
   [ -n "$k" ] && "$PY" scripts/head_to_head.py games/tictactoe_vs_frozen "trained=$k/shared" untrained=untrained \
@@ -85,7 +88,7 @@ if [ -n "${TRANSFER:-}" ]; then  # the training runs' overrides (EXTRA) are not 
   for s in $SEEDS; do
     for a in $ttt_selfplay_arms kuhn_selfplay; do
       t=$(last "$R/$a-seed$s")
-      [ -n "$t" ] && "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "policies.${TRANSFER_POLICY:-solver}.init_from=$t/shared" \
+      [ -n "$t" ] && "$PY" -m masrl.cli eval "$TRANSFER" "${tr[@]}" "policies.${TRANSFER_POLICY:-solver}.init_from=$t/$(pol "$a")" \
         "output_dir=$R/transfer-$a-seed$s" > "$R/transfer-$a-seed$s.log" 2>&1 &
     done
   done

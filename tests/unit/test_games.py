@@ -66,6 +66,22 @@ def test_the_random_player_moves_among_the_listed_moves_and_seats_swap_every_oth
     assert all(x["agent"] == "random" or x["move"].startswith("[") for x in trace.state["moves"])
 
 
+def test_a_groups_games_against_the_random_player_differ_though_the_player_plays_the_same_moves():
+    """A policy that plays one move per position still meets different games in a group (each sample's random
+    player draws its own moves); the first sample, every held-out game's, stays the seed's own game."""
+    from masrl.trace import Trace
+
+    wf = TextArenaGame(GAME, ["player", "random"], examples=0)
+    script = [f"[{i}]" for i in range(9)]  # the lowest square first: the invalid ones are asked again
+    games = []
+    for k in range(8):
+        trace, _ = run_scripted(wf, _task(4), {"player": script}, trace=Trace(f"t{k}", "ep-4", k))
+        games.append(tuple(m["move"] for m in trace.state["moves"] if m["agent"] == "random"))
+    assert len(set(games)) >= 4, games
+    again, _ = run_scripted(wf, _task(4), {"player": script}, trace=Trace("t", "ep-4", 0))
+    assert tuple(m["move"] for m in again.state["moves"] if m["agent"] == "random") == games[0]
+
+
 def test_a_reply_is_one_bracketed_move():
     assert parse_move("[4]").ok and parse_move("[4]").fields == {"move": "[4]"}
     assert not parse_move("I play [4] now").ok and parse_move("I play [4] now").fields == {"move": "[4]"}

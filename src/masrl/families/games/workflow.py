@@ -7,7 +7,10 @@
 ``players`` names the agent in each seat; the same policy behind both is self-play on one policy (the seat is in
 the prompt and in the agent's name, so each seat has its own GRPO groups: a seat's advantage is not mistaken for
 skill), two policies learn against each other, a frozen policy is a fixed opponent (the untrained model), and
-``random`` is a built-in player that picks a random legal move (no model). A seat written ``pool_0|pool_1|pool_2``
+``random`` is a built-in player that picks a random legal move (no model): a game's first sample (every held-out
+game) draws its moves from the seed alone, every other sample of a group from its own stream, so that a group's
+games against it differ even once the policy plays one move per position (a group of identical games has no
+advantage to learn from). A seat written ``pool_0|pool_1|pool_2``
 takes one of those agents per episode (by its seed): with each on a member of an opponent pool (policies with
 ``snapshot_of``, docs/games.md) the player meets its own past selves. ``swap_seats: true`` swaps the first two
 seats every other episode of a split, so the first agent plays both seats, half the games each.
@@ -134,7 +137,7 @@ class TextArenaGame:
         seed = int(task.meta.get("seed", 0))
         seats = self.seats(seed, task.meta)
         game = arena.Game(self.game, len(seats), seed).start()
-        rng = random.Random(f"textarena-random-{seed}")
+        rng = random_player(seed, ctx.trace.sample_idx)
         calls: dict[int, list] = {i: [] for i in range(len(seats))}
         moves: list[dict[str, Any]] = []
         invalid = {i: 0 for i in range(len(seats))}
@@ -205,6 +208,12 @@ class TextArenaGame:
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out
+
+
+def random_player(seed: int, sample_idx: int = 0) -> random.Random:
+    """The random player's draws in the game of ``seed``: sample 0 (every held-out game) the seed's own, each other
+    sample of a training group its own stream."""
+    return random.Random(f"textarena-random-{seed}" if sample_idx == 0 else f"textarena-random-{seed}-{sample_idx}")
 
 
 def _result(pid: int, rewards: dict[int, float]) -> float:

@@ -24,8 +24,10 @@ PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-
 TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
 TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
 # memory per run (SmolLM2-135M, a KV pool of 0.02 of the device per engine, 2048-token update micro-batches), peaks
-# measured on an H100: one policy 5-8 GiB, two independent policies 10.8, the pool (four engines) 11.9. On one 80 GB
-# card keep each wave's sum under ~60 GiB: the four arms' twelve runs at once did not fit, hence the default waves
+# measured on an H100: one policy 5-8 GiB, two independent policies 10.8, the pool (four engines) 11.9-14.7. Each
+# process holds more than its peak (nvidia-smi: 8.5-9.2 GB for one policy, 17-19.5 for the pool). On one 80 GB card
+# keep each wave's sum of peaks under ~50 GiB: the four arms' twelve runs did not fit, nor did ttt_open_explore and
+# ttt_league's three seeds each (a pool seed ran out of memory), hence waves
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 "data.eval.n=$EVAL_GAMES"
         train.log_traces=4 "train.time_limit_s=$TL" rollout.samples_per_task=8
         rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.02

@@ -9,8 +9,9 @@
 # Arms (ARMS, default "ttt_selfplay kuhn_selfplay | ttt_independent ttt_pool": two waves), at equal training calls:
 # ttt_open is ttt_selfplay whose training games start after 0-OPENING (default 4) random moves (opening_moves);
 # ttt_open_explore is ttt_open sampling at temperature 1.0 with an entropy bonus (algorithm.entropy_coef=ENTROPY,
-# default 0.01), against the collapse onto one game; ttt_league is ttt_pool with openings and the random player
-# among the opponents.
+# default 0.01), against the collapse onto one game; ttt_explore_moves is ttt_open with a share EXPLORE (default 0.2)
+# of each seat's moves played at random (data.train.options.explore_moves); ttt_league is ttt_pool with openings and
+# the random player among the opponents.
 # TASKS seeds a step, 8 games of each, where every seat trains (self-play, two independent policies), twice as many
 # where only one seat's calls train (the pool: its opponents are frozen past selves). ttt_random trains against the
 # random player (TASKS x 2 seeds). STEPS, SEEDS, LIMIT (seconds per run; the runs stop their steps LIMIT/8 before
@@ -55,6 +56,8 @@ for wave in "${waves[@]}"; do
       ttt_open_explore) arm ttt_open_explore games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" \
                   "data.train.options.opening_moves=${OPENING:-4}" agents.player_0.temperature=1.0 \
                   agents.player_1.temperature=1.0 "algorithm.entropy_coef=${ENTROPY:-0.01}" ;;
+      ttt_explore_moves) arm ttt_explore_moves games/tictactoe_selfplay "rollout.tasks_per_step=$TASKS" \
+                  "data.train.options.opening_moves=${OPENING:-4}" "data.train.options.explore_moves=${EXPLORE:-0.2}" ;;
       ttt_independent) arm ttt_independent games/tictactoe_independent "rollout.tasks_per_step=$TASKS" ;;
       ttt_league) arm ttt_league games/tictactoe_pool "rollout.tasks_per_step=$((TASKS * 2))" \
                   "data.train.options.opening_moves=${OPENING:-4}" \
@@ -70,7 +73,7 @@ done
 last() { ls -d "$1"/checkpoints/step_* 2>/dev/null | tail -n 1; }
 # the arms whose trained weights play against themselves: one shared policy in both seats, or the pool's player
 # (trained against its own past selves); pol names the policy each one's checkpoint holds
-ttt_selfplay_arms="ttt_selfplay ttt_open ttt_open_explore ttt_pool ttt_league"
+ttt_selfplay_arms="ttt_selfplay ttt_open ttt_open_explore ttt_explore_moves ttt_pool ttt_league"
 pol() { case $1 in ttt_pool|ttt_league) echo player ;; *) echo shared ;; esac; }
 h2h=(device=cuda rollout.engine=paged rollout.gpu_memory_utilization=0.02 ${EXTRA:-})
 for s in $SEEDS; do  # each self-play seed's last weights against the untrained model (and each other), both seats

@@ -68,11 +68,16 @@ def _episodes(s: SourceSpec) -> list[Task]:
 def _episode_options(options: dict, key: str) -> None:
     """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: workflow ``textarena``'s
     seating, checked against its agents by the workflow; ``opening_moves``: each game starts after 0 to that many
-    random legal moves, as many and which drawn by its seed (self-play that meets new positions, docs/games.md)."""
-    unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves"})
+    random legal moves, as many and which drawn by its seed (self-play that meets new positions, docs/games.md);
+    ``explore_moves``: the chance that a move of an agent is played at random in its place (drawn by each sample)."""
+    unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
     if unknown:
         raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating in "
-                          f"workflow textarena) and opening_moves, not {', '.join(unknown)}")
+                          f"workflow textarena), opening_moves and explore_moves, not {', '.join(unknown)}")
+    rate = options.get("explore_moves", 0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise ConfigError(f"{key}.options.explore_moves: a chance from 0 up to (not including) 1 that an agent's "
+                          f"move is played at random in its place (e.g. 0.1), not {rate!r}")
     opening = options.get("opening_moves", 0)
     if not isinstance(opening, int) or isinstance(opening, bool) or not 0 <= opening <= 20:
         raise ConfigError(f"{key}.options.opening_moves: a whole number of moves, 0-20 (each game of the split "

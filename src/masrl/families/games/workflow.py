@@ -32,6 +32,9 @@ A split's ``options.opening_moves: N`` (source ``episodes``) starts each of its 
 moves, as many and which drawn by the game's seed, so one seed's games (a GRPO group) share their opening: self-play
 then meets positions its own play never reaches (a second seat that only ever answered its own first move loses to
 a random one). The opening's moves are no agent's calls (``agent: opening`` in ``trace.state``'s moves).
+``options.explore_moves: p`` plays each move of an agent at random in its place with chance p, drawn by each
+sample, so that a group's games part even once the policy plays one move per position, and each seat meets
+positions its own opponent policy would not give it (``agent: explore``; no call, so none trains on it).
 ``trace.state`` keeps the moves and the winner, which
 ``masrl report`` shows with the calls.
 """
@@ -149,20 +152,25 @@ class TextArenaGame:
             action = arena.random_move(obs, opening, self.game)
             game.move(pid, action)
             moves.append({"seat": pid, "agent": "opening", "move": action, "invalid": False})
+        rate = float(task.meta.get("explore_moves", 0))
+        explore = random.Random(f"textarena-explore-{seed}-{ctx.trace.sample_idx}")
         while not game.done:
             if len(moves) >= self.max_moves:
                 raise arena.ArenaError(f"TextArena '{self.game}' (seed {seed}) did not end within {self.max_moves} "
                                        f"moves (workflow.options.max_moves)")
             pid, obs = game.observe()
-            if seats[pid] == RANDOM:
+            agent = seats[pid]
+            if agent == RANDOM:
                 action = arena.random_move(obs, rng, self.game)
+            elif rate and explore.random() < rate:
+                agent, action = "explore", arena.random_move(obs, explore, self.game)
             else:
                 call = await ctx.call(seats[pid], self._messages(pid, obs), turn=len(calls[pid]))
                 calls[pid].append(call)
                 action = call.parsed.get("move") or (call.completion or "").strip()
             bad = game.move(pid, action)
             invalid[pid] += int(bad)
-            moves.append({"seat": pid, "agent": seats[pid], "move": action, "invalid": bad})
+            moves.append({"seat": pid, "agent": agent, "move": action, "invalid": bad})
         for pid, made in calls.items():
             for call in made:  # every move of a player is paid its game's result
                 call.credit = game.rewards.get(pid, 0.0)

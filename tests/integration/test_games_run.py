@@ -158,3 +158,27 @@ def test_a_self_play_checkpoint_is_scored_on_a_reasoning_set_beside_the_untraine
     assert [r.split(" | ")[0] for r in rows] == ["| arm", "| untrained", "| ttt_selfplay"]
     assert all(r.split(" | ")[1:3] == ["1", "7"] for r in rows[1:])  # one run each, the 7 held-out problems
     assert "transfer-ttt_open-seed0/eval.json is missing" in out.stderr
+
+
+def test_a_greedy_self_play_group_has_nothing_to_learn_until_explore_moves_part_its_games(tmp_path):
+    """A policy that plays one move per position (greedy here, collapsed in a long run) plays the same game in every
+    sample of a group: each group's rewards are equal. With explore_moves the group's games part and it trains."""
+
+    def step(explore: float, sub: str) -> dict:
+        data = tiny_config("games/tictactoe_selfplay", tmp_path / sub, steps=1)
+        for seat in ("player_0", "player_1"):
+            data["agents"][seat]["temperature"] = 0.0
+        data["rollout"].update(tasks_per_step=4, samples_per_task=4)
+        data["data"]["train"]["options"] = {"explore_moves": explore} if explore else {}
+        tr = Trainer(load_config(data=data), run_dir=tmp_path / sub)
+        tr.prepare(resume=False)
+        rec = asyncio.run(tr.train_step())
+        asyncio.run(tr.rt.controller.aclose())
+        return rec
+
+    plain, explored = step(0.0, "plain"), step(0.3, "explore")
+    zero = {k: a["zero_var_groups"] for k, a in plain["rollout"]["agents"].items()}
+    assert zero and set(zero.values()) == {1.0}, zero
+    assert plain["policies"]["shared"]["trained_tokens"] == 0
+    assert min(a["zero_var_groups"] for a in explored["rollout"]["agents"].values()) < 1.0
+    assert explored["policies"]["shared"]["trained_tokens"] > 0

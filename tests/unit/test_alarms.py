@@ -72,7 +72,7 @@ def test_a_run_whose_updates_train_nothing_stops_even_when_its_outcome_rose():
     collapsed = [_updated(s, 0.6, 0.0) for s in (25, 26, 27)]  # one deterministic self-play game, above the start
     why = stuck(collapsed, first)
     assert why and why.startswith("nothing trained: for the last 3 steps") and "0.600 now" in why
-    assert "entropy at most 0.000" in why and "opening_moves" in why
+    assert "entropy at most 0.000" in why and "explore_moves" in why
     assert stuck([*collapsed[:2], _updated(27, 0.6, 12.0)], first) is None  # one group still taught something
     frozen_step = {"step": 27, "rollout": {"outcome": 0.6, "agents": {}}, "policies": {}}  # no update: no evidence
     assert stuck([*collapsed[:2], frozen_step], first) is None

@@ -65,8 +65,9 @@ def untrained(window: list[dict]) -> str | None:
     ent = f"; policy entropy at most {max(entropies):.3f}" if entropies else ""
     return (f"nothing trained: for the last {len(window)} steps every update trained no token{moved}: every group's "
             f"samples were rewarded alike{ent}, so more steps would change nothing. If the entropy is near 0 the "
-            f"policy has collapsed onto one answer per task (in self-play, one game): try a higher temperature, "
-            f"algorithm.entropy_coef, varied starts (a game's opening_moves) or harder tasks; if it solves every "
+            f"policy has collapsed onto one answer per task (in self-play, one game): in a game, moves it would not "
+            f"make (the split's explore_moves or opening_moves, or the random player as an opponent); else a higher "
+            f"temperature, algorithm.entropy_coef or harder tasks; if it solves every "
             f"task, evaluate it or move to harder ones; train.stop_when_stuck=0 runs on regardless")
 
 

@@ -165,7 +165,7 @@ class TextArenaGame:
             elif rate and explore.random() < rate:
                 agent, action = "explore", arena.random_move(obs, explore, self.game)
             else:
-                call = await ctx.call(seats[pid], self._messages(pid, obs), turn=len(calls[pid]))
+                call = await ctx.call(agent, self._messages(pid, obs), turn=len(calls[pid]))
                 calls[pid].append(call)
                 action = call.parsed.get("move") or (call.completion or "").strip()
             bad = game.move(pid, action)

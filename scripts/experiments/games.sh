@@ -24,15 +24,15 @@ set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-200}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-900}; OUT=${OUT:-out}
 TASKS=${TASKS:-8}; EVAL_GAMES=${EVAL_GAMES:-128}; H2H_GAMES=${H2H_GAMES:-128}
 TL=$(( LIMIT - (LIMIT / 8 > 120 ? LIMIT / 8 : 120) ))
-# memory per run (SmolLM2-135M, a KV pool of 0.02 of the device per engine, 2048-token update micro-batches), peaks
-# measured on an H100: one policy 5-8 GiB, two independent policies 10.8, the pool (four engines) 11.9-14.7. Each
-# process holds more than its peak (nvidia-smi: 8.5-9.2 GB for one policy, 17-19.5 for the pool). On one 80 GB card
-# keep each wave's sum of peaks under ~50 GiB: the four arms' twelve runs did not fit, nor did ttt_open_explore and
-# ttt_league's three seeds each (a pool seed ran out of memory), hence waves
+# memory per run (SmolLM2-135M, a KV pool of 0.01 of the device per engine, the configs' 4096-token update
+# micro-batches), measured on an H100: one policy peaks at 6-7.4 GiB and holds ~9 GB on nvidia-smi, the league (four
+# engines) 8.3-13.3 GiB and ~17.5 GB (two independent policies: 10.8 GiB with a 0.02 pool and 2048 tokens). Three
+# seeds each of ttt_explore_moves and ttt_league held ~79 GB of the 80, and a league seed ran out of memory at step
+# 73: keep each wave's sum of nvidia-smi shares under ~70 GB, hence waves. Engines used at most 0.37 of their pool
 common=(device=cuda "train.steps=$STEPS" "train.eval_every=${EVAL:-10}" train.save_every=0 "data.eval.n=$EVAL_GAMES"
         train.log_traces=4 "train.time_limit_s=$TL" rollout.samples_per_task=8
-        rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.02
-        algorithm.micro_batch_tokens=2048 ${EXTRA:-})
+        rollout.max_in_flight=256 rollout.max_batch_size=256 rollout.engine=paged rollout.gpu_memory_utilization=0.01
+        ${EXTRA:-})
 R=${RUNS:-runs/games-$(date +%s)}
 mkdir -p "$R" "$OUT"
 arm() {  # name config overrides...

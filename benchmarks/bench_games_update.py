@@ -118,9 +118,9 @@ def main() -> None:
     print("| side | micro-batches | tokens run | update s | peak GiB | GPU busy | speed-up |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     base = None
+    stand_in = [Sample(str(i), "p", p, [0, 0, 0], [0.0] * 3, 1.0, {}) for i, (_, p) in enumerate(prompts)]
     for algo in sides.values():
         layout = choose_layout(host, algo)  # packed needs CUDA's varlen flash attention; else padded
-        stand_in = [Sample(str(i), "p", p, [0, 0, 0], [0.0] * 3, 1.0, {}) for i, (_, p) in enumerate(prompts)]
         mbs = micro_batches(stand_in, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens)
         ran = {"prefix": sum(prefix_cost(m) for m in mbs), "packed": n_tok}.get(
             layout, sum(len(m) * max(s.length for s in m) for m in mbs))

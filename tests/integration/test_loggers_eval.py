@@ -73,11 +73,12 @@ def test_held_out_tasks_of_several_levels_are_also_reported_per_level(tmp_path):
 
     data = tiny_config("math/solver", tmp_path / "run", steps=1)
     data["data"]["eval"] = {"source": "arithmetic", "n": 6, "seed": 2, "levels": [1, 3]}
-    data["output_dir"] = str(tmp_path / "out")
     data["eval"] = {"log_traces": 4}
-    summary = evaluate(load_config(data=data))
+    out = tmp_path / "out" / "eval.json"
+    summary = evaluate(load_config(data=data), out=out)
     assert len((tmp_path / "out" / "eval_traces.jsonl").read_text().splitlines()) == 4
-    evaluate(load_config(data=data))  # again into the same folder: its traces replace the first ones
+    assert json.loads(out.read_text())["traces"] == summary["traces"]
+    evaluate(load_config(data=data), out=out)  # again into the same folder: its traces replace the first ones
     assert len((tmp_path / "out" / "eval_traces.jsonl").read_text().splitlines()) == 4
     want: dict[str, int] = {}
     for t in arithmetic.generate(6, seed=2, levels=[1, 3]):

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from masrl.cli.page import read_jsonl, write_page
+from masrl.cli.page import write_page
+from masrl.driver.run.rundir import read_jsonl
 from masrl.errors import MasrlError
 
 # per-agent held-out figures a workflow reports beside accuracy (a game's: docs/games.md), in the table's order

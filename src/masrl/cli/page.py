@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from masrl.errors import MasrlError
-
 STYLE = """body{font:14px/1.4 system-ui,sans-serif;margin:20px;color:#222;max-width:1300px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
 .charts{display:flex;flex-wrap:wrap;gap:14px}.chart{border:1px solid #ddd;padding:6px;background:#fff}
@@ -27,20 +25,6 @@ function sv(tag,attrs){const e=document.createElementNS(NS,tag);for(const k in (
 function legend(box,series){const lg=el('div',{class:'legend'});
   series.forEach((s,i)=>{const sp=el('span',{},'— '+s.name);sp.style.color=COLORS[i%COLORS.length];lg.appendChild(sp);});
   box.appendChild(lg);}"""
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a run's JSONL file (none when it is missing); a broken line names itself."""
-    if not path.is_file():
-        return []
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise MasrlError(f"{path}:{i}: not a JSON line (a run killed mid-write?); delete that line") from None
-    return out
 
 
 def render(*, title: str, body: str, script: str, data: dict, style: str = "") -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from masrl.cli.page import read_jsonl, write_page
+from masrl.cli.page import write_page
+from masrl.driver.run.rundir import read_jsonl
 from masrl.errors import MasrlError
 
 

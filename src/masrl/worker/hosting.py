@@ -77,6 +77,7 @@ class ModelHost:
         self.is_lora = any(p.is_lora for p in policies)
         self.device = torch.device(device)
         self.dtype = dtype
+        self.seed = seed  # a random-weight base is drawn from it (an exported adapter's base is drawn again)
         self.ref_stash = PinnedStash()  # the reference model, with offload_reference
         self.stash = PinnedStash()  # the policies' weights, with offload_weights (park / unpark)
         self.parked = False

@@ -37,7 +37,9 @@ def save_policy(host, policy: str, optimizer, directory: Path, weights=None) -> 
         save_file(sd, str(directory / "adapter.safetensors"))
         spec = host.policies[policy].lora
         (directory / "adapter.json").write_text(json.dumps({"base": host.model_name, "r": spec.r, "alpha": spec.alpha,
-                                                            "target_modules": list(spec.target_modules)}))
+                                                            "dropout": spec.dropout,
+                                                            "target_modules": list(spec.target_modules),
+                                                            "seed": getattr(host, "seed", None)}))
     else:
         save_file(sd, str(directory / "model.safetensors"))
         host.core.config.save_pretrained(str(directory))

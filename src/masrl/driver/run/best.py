@@ -77,7 +77,7 @@ async def eval_best(trainer, loggers, after: dict) -> dict:
         summary = await trainer.evaluate(f"eval at the best checkpoint (step {best.step})")
         trainer.step = last  # the run trained `last` steps: what it reports after this says so
     summary.update(best_step=best.step, validation=best.score)
-    trainer.write_eval_traces(trainer.run_dir, best.step, "best")
+    trainer.write_eval_traces(trainer.run_dir / "eval_traces.jsonl", best.step, "best")
     loggers.log_eval(best.step, "best", summary)
     trainer._write_json("eval_best.json", summary)
     trainer.log(f"[masrl] held-out at the best-by-validation checkpoint (step {best.step}, validation "

@@ -13,6 +13,7 @@ save never leaves a half-written checkpoint behind):
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -135,3 +136,70 @@ def prune(root: Path, keep: int) -> list[Path]:
     for p in removed:
         shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+# -- which weights a checkpoint holds ----------------------------------------------------------------
+
+def weights_layout(cfg) -> dict[str, dict]:
+    """What each policy's saved weights are: the model they belong to and, for an adapter, its shape.
+    Written into every checkpoint's ``state.json``; a config whose layout differs cannot load them."""
+    out = {}
+    for name, p in cfg.policies.items():
+        lora = None if p.lora is None else {"r": p.lora.r, "target_modules": sorted(p.lora.target_modules)}
+        out[name] = {"model": cfg.policy_model(name), "lora": lora}
+    return out
+
+
+def _describe(entry: dict) -> str:
+    lora = entry.get("lora")
+    kind = f"LoRA r={lora['r']} on" if lora else "full weights of"
+    return f"{kind} {entry.get('model')}"
+
+
+def _same_model(a, b) -> bool:
+    if a == b:
+        return True
+    try:
+        return a is not None and b is not None and Path(a).resolve() == Path(b).resolve() and Path(a).exists()
+    except OSError:
+        return False
+
+
+def saved_layout(path: Path) -> dict[str, dict] | None:
+    """The layout a checkpoint was saved with: its ``state.json``'s, or for a checkpoint written before
+    layouts were recorded, its run's ``config.yaml``'s (None when neither says)."""
+    state = json.loads((Path(path) / "state.json").read_text())
+    if isinstance(state.get("layout"), dict):
+        return state["layout"]
+    run_config = Path(path).parent.parent / "config.yaml"
+    if Path(path).parent.name == "checkpoints" and run_config.is_file():
+        from masrl.config import load_config
+
+        try:
+            return weights_layout(load_config(run_config))
+        except MasrlError:
+            return None
+    return None
+
+
+def check_fits(path: Path, cfg, *, fix: str) -> None:
+    """Refuse, in one line naming both, a config whose policies would not take the weights of the
+    checkpoint ``path`` (another model, full weights against an adapter, another adapter shape, a
+    trainable policy the checkpoint has no weights for); ``fix`` ends the message. Before any weight loads."""
+    path = Path(path)
+    saved = saved_layout(path)
+    held = {p.name for p in path.iterdir() if p.is_dir() and p.name not in ("critics",)}
+    want = weights_layout(cfg)
+    for name, entry in want.items():
+        trainable = not cfg.policies[name].frozen
+        if name not in held:
+            if trainable:
+                raise MasrlError(f"checkpoint {path} holds no weights for policy '{name}' (it holds "
+                                 f"{', '.join(sorted(held)) or 'none'}); {fix}")
+            continue
+        got = (saved or {}).get(name)
+        if got is None:
+            continue
+        if not _same_model(got.get("model"), entry["model"]) or (got.get("lora") or None) != (entry["lora"] or None):
+            raise MasrlError(f"checkpoint {path} holds policies.{name} as {_describe(got)}, but this config has "
+                             f"{_describe(entry)}; {fix}")

@@ -35,6 +35,7 @@ from masrl.driver.run import checkpoints as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest, eval_best, validate
 from masrl.driver.run.budget import TimeBudget
+from masrl.driver.run.rundir import RunDir, write_atomically
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
@@ -69,15 +70,9 @@ class Trainer:
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self, *, resume: bool) -> None:
-        existing = ckpt.latest_checkpoint(self.ckpt_root)
-        if existing is not None and not resume:
-            raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); pass --resume to "
-                             f"continue it, or choose another run: output_dir=... or name=...")
-        logged = self.run_dir / "metrics.jsonl"
-        if existing is None and not resume and logged.is_file() and logged.stat().st_size > 0:
-            raise MasrlError(f"{self.run_dir} already holds an earlier run's {logged.name} (and no checkpoint); a new run "
-                             f"would append to it. Pass --resume to start it again from step 0 (its lines are dropped), "
-                             f"or choose another run: output_dir=... or name=...")
+        run = RunDir(self.run_dir)
+        existing = run.latest()
+        self._check_place(run, existing, resume)
         self.log(f"[masrl] run '{self.cfg.name}' with seed {self.cfg.seed} -> {self.run_dir}")
         d = self.cfg.data
         report = data_report(train=self.train_tasks, held_out=self.eval_tasks, validation=self.validation_tasks,
@@ -88,11 +83,8 @@ class Trainer:
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
-            (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
-            (self.run_dir / "data.json").write_text(json.dumps({  # what the splits held, for whoever reads the run
-                "train_tasks": len(self.train_tasks), "validation_tasks": len(self.validation_tasks),
-                "held_out_tasks": len(self.eval_tasks), "train_mix": mix(self.train_tasks),
-                "held_out_mix": mix(self.eval_tasks), "report": report}, indent=1))
+            if not run.config_file.is_file():  # a new run's record; a resumed run's is rewritten only
+                write_atomically(run.config_file, dump_config(self.cfg))  # once it really continues (below)
             self.rt = build_runtime(self.cfg, log=self.log, plan=self.plan)
         except BaseException:
             if created:  # a run that never started leaves nothing behind
@@ -102,23 +94,34 @@ class Trainer:
             raise
         if resume and existing is not None:
             self.load_checkpoint(existing)
-            self._forget_after(self.step)
+            run.forget_after(self.step)
             self.log(f"[masrl] resumed from {existing} at step {self.step}")
         elif resume:
-            self._forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
-            self.log(f"[masrl] --resume: no checkpoint in {self.ckpt_root}; starting at step 0")
+            run.forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
+            self.log(f"[masrl] no checkpoint in {self.ckpt_root} yet; starting at step 0")
+        write_atomically(run.config_file, dump_config(self.cfg))
+        write_atomically(self.run_dir / "data.json", json.dumps({  # what the splits held, for whoever reads the run
+            "train_tasks": len(self.train_tasks), "validation_tasks": len(self.validation_tasks),
+            "held_out_tasks": len(self.eval_tasks), "train_mix": mix(self.train_tasks),
+            "held_out_mix": mix(self.eval_tasks), "report": report}, indent=1))
         if self.step == 0:  # init_from first; then an opponent pool starts as copies of the policy it trails
             for name in pools.load_initial(self.cfg, self.rt.workers):
                 self.log(f"[masrl] {name} starts from {self.cfg.policies[name].init_from}")
             pools.start(self.cfg, self.rt.workers, self.run_dir)
 
-    def _forget_after(self, step: int) -> None:
-        """Drop metric and trace lines of steps after ``step`` (they ran past the checkpoint and are redone)."""
-        for name in ("metrics.jsonl", "traces.jsonl", "eval_traces.jsonl"):
-            path = self.run_dir / name
-            if path.is_file():
-                keep = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x).get("step", 0) <= step]
-                path.write_text("".join(x + "\n" for x in keep))
+    def _check_place(self, run: RunDir, existing: Path | None, resume: bool) -> None:
+        """A new run starts in an empty place; a resumed one's checkpoint fits its policies (before any model loads)."""
+        if existing is not None and not resume:
+            raise MasrlError(f"{self.run_dir} already holds checkpoints (latest {existing.name}); continue it with "
+                             f"{run.continue_command()}, or choose another run: output_dir=... or name=...")
+        logged = self.run_dir / "metrics.jsonl"
+        if existing is None and not resume and logged.is_file() and logged.stat().st_size > 0:
+            raise MasrlError(f"{self.run_dir} already holds an earlier run's {logged.name} (and no checkpoint); a new run "
+                             f"would append to it. Start it again from step 0 with {run.continue_command()} (its lines "
+                             f"are dropped), or choose another run: output_dir=... or name=...")
+        if resume and existing is not None:
+            ckpt.check_fits(existing, self.cfg, fix=f"a run keeps the models and adapters it was trained with; "
+                                                    f"continue it as it was: {run.continue_command()}")
 
     def load_checkpoint(self, path: Path, *, with_optimizer: bool = True) -> None:
         assert self.rt is not None
@@ -133,7 +136,8 @@ class Trainer:
             w.save(str(tmp), weights_only=weights_only)
             faults.point(f"checkpoint:{self.step}")  # half-written
         (tmp / "state.json").write_text(json.dumps({"step": self.step, "name": self.cfg.name,
-                                                    "policies": list(self.cfg.policies)}))
+                                                    "policies": list(self.cfg.policies),
+                                                    "layout": ckpt.weights_layout(self.cfg)}))
 
     def save_checkpoint(self) -> Path:
         path = ckpt.write_atomically(ckpt.step_dir(self.ckpt_root, self.step), self._fill_checkpoint)
@@ -323,22 +327,21 @@ class Trainer:
         """The run's first step record (the baseline of the collapse alarms); after a resume, read
         back from metrics.jsonl."""
         if getattr(self, "_first", None) is None:
-            path = self.run_dir / "metrics.jsonl"
-            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+            lines = RunDir(self.run_dir).read("metrics.jsonl")
             self._first = next((x for x in lines if "rollout" in x and "eval" not in x), rec)
         return self._first
 
-    def write_eval_traces(self, folder: Path, step: int, label: str) -> None:
-        """The first ``eval.log_traces`` traces of the last evaluation, appended to ``folder/eval_traces.jsonl``."""
+    def write_eval_traces(self, path: Path, step: int, label: str) -> None:
+        """The first ``eval.log_traces`` traces of the last evaluation, appended to ``path`` (a JSONL file)."""
         n = self.cfg.eval.log_traces
         if n and self.last_eval_traces:
-            with (folder / "eval_traces.jsonl").open("a") as f:
+            with path.open("a") as f:
                 for t in self.last_eval_traces[:n]:
                     f.write(json.dumps({**t.to_dict(), "step": step, "eval": label}, default=str) + "\n")
 
     async def _eval_and_log(self, loggers, label: str, title: str) -> dict:
         summary = await self.evaluate(title)
-        self.write_eval_traces(self.run_dir, self.step, label)
+        self.write_eval_traces(self.run_dir / "eval_traces.jsonl", self.step, label)
         loggers.log_eval(self.step, label, summary)
         if label in ("before", "after"):
             self._write_json(f"eval_{label}.json", summary)
@@ -365,8 +368,17 @@ def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = Non
         trainer.rt.close()
 
 
-def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console | None = None) -> dict:
+def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: Console | None = None,
+             out: Path | None = None, fix: str | None = None, note: dict | None = None) -> dict:
+    """The held-out figures of ``checkpoint``'s weights (the config's own weights without one). ``out``:
+    a JSON file that gets them (with ``note`` beside: what was evaluated), its traces beside it
+    (``NAME_traces.jsonl``). A checkpoint whose weights do not fit the config is refused before any
+    model loads; ``fix`` ends that message."""
     path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None  # before any model loads
+    if path is not None:
+        run = RunDir.find(path)
+        ckpt.check_fits(path, cfg, fix=fix or (f"evaluate the run as it was trained: masrl eval {run.path}" if run
+                                                else "give the config it was trained with"))
     trainer = Trainer(cfg, console=console)
     trainer.rt = build_runtime(cfg, log=trainer.log, plan=trainer.plan)
     for name in pools.load_initial(cfg, trainer.rt.workers):  # e.g. a fixed opponent from another run
@@ -389,12 +401,11 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | None = None, console: Console 
     for name, a in summary.get("agents", {}).items():
         trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "
                     f"tokens {a['tokens']:.1f}")
-    if cfg.output_dir:  # asked for a place: every metric, per agent and per source, as JSON
-        out = Path(cfg.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "eval.json").write_text(json.dumps(summary, indent=1, default=str))
-        (out / "eval_traces.jsonl").unlink(missing_ok=True)  # this evaluation's traces, not an earlier one's too
-        trainer.write_eval_traces(out, trainer.step, "eval")
-        trainer.log(f"[masrl] wrote {out / 'eval.json'}"
-                    + (f" and {out / 'eval_traces.jsonl'}" if cfg.eval.log_traces else ""))
+    if out is not None:  # every metric, per agent and per source, as JSON, and the traces beside
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(out, json.dumps({**(note or {}), **summary}, indent=1, default=str))
+        traces = out.with_name(out.stem + "_traces.jsonl")
+        traces.unlink(missing_ok=True)  # this evaluation's traces, not an earlier one's too
+        trainer.write_eval_traces(traces, trainer.step, "eval")
+        trainer.log(f"[masrl] wrote {out}" + (f" and {traces}" if cfg.eval.log_traces else ""))
     return summary

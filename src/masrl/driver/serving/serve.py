@@ -28,6 +28,8 @@ def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0
     """Check the config, take the port, then load the models and answer until stopped: a bad config
     or a port in use is a one-line error before any model loads."""
     path = ckpt.resolve_checkpoint(checkpoint) if checkpoint else None
+    if path is not None:
+        ckpt.check_fits(path, cfg, fix="serve the run as it was trained: masrl serve RUN")
     key = None
     if api_key_env:
         key = os.environ.get(api_key_env)

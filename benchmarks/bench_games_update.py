@@ -39,7 +39,7 @@ def game_prompts(games: int, tokenizer: str) -> list[tuple[int, list[int]]]:
             pid, obs = game.observe()
             text = tok.apply_chat_template(wf._messages(pid, obs), add_generation_prompt=True, tokenize=False)
             out.append((g // 8, list(tok.encode(text, add_special_tokens=False))))
-            game.move(pid, arena.random_move(obs, rng))
+            game.move(pid, arena.random_move(game, obs, rng))
     return out
 
 

@@ -12,7 +12,7 @@ import yaml
 from tinycfg import ROOT, tiny_config
 
 from masrl.config import load_config
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 from masrl.driver.run.loop import train
 from masrl.errors import MasrlError
 from masrl.families import shipped_configs

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tinycfg import tiny_config
 
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 from masrl.errors import DataError, MasrlError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from test_kill_resume import config as kill_config  # noqa: E402
 from test_kill_resume import metrics, run  # noqa: E402
 from tinycfg import prepared_trainer, tiny_config  # noqa: E402
 
-from masrl.driver.run import checkpoints as ckpt  # noqa: E402
+from masrl.driver.run import rundir as ckpt  # noqa: E402
 
 
 def _data(run_dir, fsdp: bool, steps: int = 2) -> dict:

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from tinycfg import tiny_config
 
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 from masrl.errors import MasrlError
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux)")

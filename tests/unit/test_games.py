@@ -58,8 +58,9 @@ def test_the_random_player_moves_among_the_listed_moves_and_seats_swap_every_oth
     wf = TextArenaGame(GAME, ["player", "random"], swap_seats=True, examples=0)
     assert wf.seats(4) == ["player", "random"] and wf.seats(7) == ["random", "player"]
     assert set(wf.roles()) == {"player"}
-    obs = arena.Game(GAME, 2, 1).start().observe()[1]
-    picks = {arena.random_move(obs, random.Random(k)) for k in range(60)}
+    game = arena.Game(GAME, 2, 1).start()
+    obs = game.observe()[1]
+    picks = {arena.random_move(game, obs, random.Random(k)) for k in range(60)}
     assert picks == {f"[{i}]" for i in range(9)}
     trace, _ = run_scripted(wf, _task(7), {"player": [f"[{i}]" for i in range(9)]})
     assert trace.metrics["player/seat1_score"] == trace.metrics["player/score"]  # seed 7: the player has seat 1
@@ -93,6 +94,31 @@ def test_prompts_show_worked_turns_from_the_game_itself():
     assert len(wf.shots) == 2
     for obs, move in wf.shots:
         assert "Available Moves" in obs and move in obs
+
+
+@pytest.mark.parametrize("game, move", [("ConnectFour-v0", "[col "), ("Nim-v0", "[")])
+def test_games_whose_screen_lists_no_moves_get_them_from_their_state(game, move):
+    """ConnectFour and Nim list no moves on their screen: the random player, the openings and the worked turns
+    read them from the game's own state, and every move drawn is one the library accepts."""
+    wf = TextArenaGame(game, ["player", "random"], examples=2)
+    assert len(wf.shots) == 2 and all(m.startswith(move) for _, m in wf.shots)
+    for seed in range(3):  # random against random, to the end: the library never refuses a drawn move
+        g, rng = arena.Game(game, 2, seed).start(), random.Random(seed)
+        while not g.done:
+            pid, obs = g.observe()
+            assert not g.move(pid, arena.random_move(g, obs, rng))
+        assert g.rewards
+    trace, _ = run_scripted(wf, _task(3), {"player": ["[col 0]", "[0 1]"] * 40})
+    assert trace.error is None and trace.state["rewards"]
+
+
+def test_a_game_whose_moves_are_unknown_is_refused_for_random_moves_and_worked_turns():
+    game = "Othello-v0"  # lists no moves, and masrl does not read its state
+    with pytest.raises(ConfigError, match="examples shows 2 worked turns.*lists no moves.*examples: 0"):
+        TextArenaGame(game, ["a", "b"])
+    with pytest.raises(ConfigError, match="players seats the random player.*lists no moves"):
+        TextArenaGame(game, ["a", "random"], examples=0)
+    TextArenaGame(game, ["a", "b"], examples=0)  # agents in every seat, no worked turns: playable
 
 
 def test_bad_games_and_seatings_are_refused_before_any_model_loads():

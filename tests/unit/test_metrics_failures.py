@@ -41,3 +41,18 @@ def test_what_counts_as_running_out_of_gpu_memory():
     assert not memory_failure(cudnn, free=60 * gib, total=140 * gib)  # room to spare: some other cuDNN failure
     assert not memory_failure(cudnn)  # nothing known of the device
     assert not memory_failure("shape '[4, 8]' is invalid for input of size 30", free=0, total=140 * gib)
+
+
+def test_a_held_out_task_that_failed_scores_zero_and_its_reason_is_on_the_line():
+    from masrl.driver.observe.metrics import eval_line, held_out_summary
+    from masrl.trace import Trace
+
+    traces = [Trace(f"t{i}", f"task{i}", 0) for i in range(4)]
+    for t in traces[:2]:
+        t.metrics["outcome"] = 1.0
+    for t in traces[2:]:
+        t.error = "the random player found no legal moves"
+    got = held_out_summary(traces)
+    assert got["failed"] == 2 and got["outcome"] == 0.5 and got["outcome_ran"] == 1.0
+    line = eval_line(got)
+    assert "accuracy 0.500" in line and "failed 2 (each counted as 0" in line and "no legal moves" in line

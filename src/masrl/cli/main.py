@@ -147,7 +147,7 @@ def _eval(args) -> int:
         owner = RunDir.find(args.checkpoint) if args.checkpoint else None
         out = Path(cfg.output_dir) / "eval.json" if cfg.output_dir else None
         if owner is not None and out is None:  # the figures go to the run whose weights they are
-            from masrl.driver.run.checkpoints import resolve_checkpoint
+            from masrl.driver.run.rundir import resolve_checkpoint
 
             path = resolve_checkpoint(args.checkpoint)
             out = owner.path / "evals" / f"{path.name}-{Path(str(args.config)).stem}.json"

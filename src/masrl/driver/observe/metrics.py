@@ -59,6 +59,18 @@ def summarize_traces(traces: list[Trace]) -> dict:
     return out
 
 
+def held_out_summary(traces: list[Trace]) -> dict:
+    """``summarize_traces`` for an evaluation: a task whose trace failed scores 0 in ``outcome`` (a held-out
+    score never drops what it could not finish); ``outcome_ran`` is the mean over the traces that ran."""
+    out = summarize_traces(traces)
+    if out["failed"] and "outcome" in out:
+        out["outcome_ran"] = out["outcome"]
+        out["outcome"] = out["outcome"] * (out["traces"] - out["failed"]) / out["traces"]
+    elif out["failed"]:
+        out["outcome"] = 0.0
+    return out
+
+
 def _workflow_metrics(ok: list[Trace]) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
     """The workflow's own metrics: run-wide ones (their mean over the traces, 0 where a trace has
     none), and ``<agent>/<metric>`` ones by agent (the values of the traces that have them)."""
@@ -236,6 +248,9 @@ def memory_summary(rows: list[dict]) -> dict:
 def eval_line(s: dict) -> str:
     """A held-out summary in one line (and one line per source or level group)."""
     line = f"accuracy {s.get('outcome', 0):.3f}, mean reward {s.get('reward', 0):.3f}, failed {s.get('failed', 0)}"
+    if s.get("failed"):
+        line += (f" (each counted as 0; {s.get('outcome_ran', 0):.3f} over the {s['traces'] - s['failed']} that ran; "
+                 f"first: {str(s.get('first_error', ''))[:300]})")
     if "k" in s:
         k = s["k"]
         line += f", pass@1 {s['pass@1']:.3f}, pass@{k} {s[f'pass@{k}']:.3f}, maj@{k} {s[f'maj@{k}']:.3f}"

@@ -16,7 +16,7 @@ from typing import Callable
 
 from masrl.config import KeepBestConfig
 from masrl.driver.observe.metrics import eval_line
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 
 BEST = "best"
 

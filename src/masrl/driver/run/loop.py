@@ -23,19 +23,19 @@ from masrl.driver.observe.metrics import (
     check_failures,
     comparison_rich,
     eval_line,
+    held_out_summary,
     memory_summary,
     sample_metrics,
     step_line,
     summaries_by,
-    summarize_traces,
 )
 from masrl.driver.observe.progress import progress
 from masrl.driver.rollout import pools
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest, eval_best, validate
 from masrl.driver.run.budget import TimeBudget
-from masrl.driver.run.rundir import RunDir, write_atomically
+from masrl.driver.run.rundir import RunDir, replace_file
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
@@ -84,7 +84,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             if not run.config_file.is_file():  # a new run's record; a resumed run's is rewritten only
-                write_atomically(run.config_file, dump_config(self.cfg))  # once it really continues (below)
+                replace_file(run.config_file, dump_config(self.cfg))  # once it really continues (below)
             self.rt = build_runtime(self.cfg, log=self.log, plan=self.plan)
         except BaseException:
             if created:  # a run that never started leaves nothing behind
@@ -99,8 +99,8 @@ class Trainer:
         elif resume:
             run.forget_after(-1)  # what an earlier attempt logged before its first checkpoint is redone
             self.log(f"[masrl] no checkpoint in {self.ckpt_root} yet; starting at step 0")
-        write_atomically(run.config_file, dump_config(self.cfg))
-        write_atomically(self.run_dir / "data.json", json.dumps({  # what the splits held, for whoever reads the run
+        replace_file(run.config_file, dump_config(self.cfg))
+        replace_file(self.run_dir / "data.json", json.dumps({  # what the splits held, for whoever reads the run
             "train_tasks": len(self.train_tasks), "validation_tasks": len(self.validation_tasks),
             "held_out_tasks": len(self.eval_tasks), "train_mix": mix(self.train_tasks),
             "held_out_mix": mix(self.eval_tasks), "report": report}, indent=1))
@@ -193,7 +193,7 @@ class Trainer:
             if isinstance(got, InfraError):  # a judge or an allocator that failed (RewardFailure): a failed trace
                 tr.error = f"reward: {got}"
         self.last_eval_traces = traces
-        summary = summarize_traces(traces)
+        summary = held_out_summary(traces)
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")
         if e.samples_per_task > 1:
             summary.update(sample_metrics(traces))
@@ -403,7 +403,7 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: C
                     f"tokens {a['tokens']:.1f}")
     if out is not None:  # every metric, per agent and per source, as JSON, and the traces beside
         out.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(out, json.dumps({**(note or {}), **summary}, indent=1, default=str))
+        replace_file(out, json.dumps({**(note or {}), **summary}, indent=1, default=str))
         traces = out.with_name(out.stem + "_traces.jsonl")
         traces.unlink(missing_ok=True)  # this evaluation's traces, not an earlier one's too
         trainer.write_eval_traces(traces, trainer.step, "eval")

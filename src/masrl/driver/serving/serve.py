@@ -16,7 +16,7 @@ from masrl.config import RunConfig
 from masrl.driver.builder import build_runtime
 from masrl.driver.checks import check_run
 from masrl.driver.rollout.context import WorkflowContext
-from masrl.driver.run import checkpoints as ckpt
+from masrl.driver.run import rundir as ckpt
 from masrl.driver.serving.gateway import Gateway
 from masrl.errors import ConfigError
 from masrl.tools import web

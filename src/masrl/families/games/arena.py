@@ -7,9 +7,11 @@ end (``close``: each player's reward, +1 / -1 / 0 in the two-player games, and t
 Any exception the library raises is an ``ArenaError`` naming the game and the seed, so that one broken episode
 fails alone.
 
-``random_move(observation, rng)``: the random-legal-move player's choice among the moves the observation lists
-(``Available Moves: '[0]', '[1]'`` in TicTacToe, ``Your available actions are: '[check]', '[bet]'`` in Kuhn Poker);
-a game whose observations list no moves cannot be played by it, and says so.
+``legal_moves(game, observation)``: the moves the observation lists (``Available Moves: '[0]', '[1]'`` in
+TicTacToe, ``Your available actions are: '[check]', '[bet]'`` in Kuhn Poker), or, for a game whose screen lists
+none, read from the game's own state where masrl knows how (``STATE_MOVES``: ConnectFour's open columns, Nim's
+removals). The random player, the openings, ``explore_moves`` and the prompt's worked turns draw from them; a
+game with neither (``moves_known``) is refused for those before any model loads, naming why.
 """
 
 from __future__ import annotations
@@ -60,14 +62,56 @@ def check_game(game: str, players: int, key: str = "workflow.options.game") -> N
                           f"one agent per seat): {type(exc).__name__}: {str(exc)[:300]}") from None
 
 
-def random_move(observation: str, rng: random.Random, game: str = "") -> str:
-    """A move chosen at random among those the latest 'available moves' line of ``observation`` lists."""
+def listed_moves(observation: str) -> list[str]:
+    """The moves the latest 'available moves' line of ``observation`` lists (none when it lists none)."""
     lines = _LISTED.findall(observation)
-    moves = _MOVE.findall(lines[-1]) if lines else []
-    if not moves:
-        raise ArenaError(f"the random player found no listed moves in {game or 'the game'}'s observation (it plays "
-                         f"games that list them, 'Available Moves: ...'; use an agent for this game)")
-    return rng.choice(moves)
+    return _MOVE.findall(lines[-1]) if lines else []
+
+
+def _connect_four(state: dict) -> list[str]:
+    return [f"[col {c}]" for c, cell in enumerate(state["board"][0]) if cell == "."]
+
+
+def _nim(state: dict) -> list[str]:
+    return [f"[{i} {q}]" for i, n in enumerate(state["piles"]) for q in range(1, int(n) + 1)]
+
+
+# games whose screen lists no moves: their legal moves read from the library's own game state (by env class)
+STATE_MOVES = {"ConnectFourEnv": _connect_four, "NimEnv": _nim}
+
+
+def _base_env(env):
+    """The library's environment under its wrappers (each keeps the one it wraps as ``env``)."""
+    seen = 0
+    while hasattr(env, "env") and type(env).__name__ not in STATE_MOVES and seen < 20:
+        env, seen = env.env, seen + 1
+    return env
+
+
+def moves_known(game: str, players: int) -> bool:
+    """Whether masrl can tell this game's legal moves: its opening screen lists them, or its state does."""
+    g = Game(game, players, 0).start()
+    return bool(legal_moves(g, g.observe()[1], strict=False))
+
+
+def legal_moves(game: "Game", observation: str, *, strict: bool = True) -> list[str]:
+    """The moves of the player to move: those ``observation`` lists, else those the game's state allows."""
+    moves = listed_moves(observation)
+    if moves:
+        return moves
+    base = _base_env(game.env)
+    reader = STATE_MOVES.get(type(base).__name__)
+    if reader is not None:
+        moves = game._guard("its state", lambda: reader(base.state.game_state))
+    if not moves and strict:
+        raise ArenaError(f"no legal moves known in {game.game} (seed {game.seed}): its screen lists none and masrl "
+                         f"reads the state of {', '.join(sorted(STATE_MOVES))} only")
+    return moves
+
+
+def random_move(game: "Game", observation: str, rng: random.Random) -> str:
+    """A move chosen at random among the legal ones."""
+    return rng.choice(legal_moves(game, observation))
 
 
 EXAMPLE_SEED = 90_210  # the worked turns' games: seeds no split draws (episodes' seeds are 48-bit draws)
@@ -75,15 +119,12 @@ EXAMPLE_SEED = 90_210  # the worked turns' games: seeds no split draws (episodes
 
 def worked_turns(game: str, players: int, n: int) -> list[tuple[str, str]]:
     """``n`` worked turns for a prompt: the game's opening observation at seeds of their own, each answered with a
-    move it lists (none for a game that lists no moves)."""
+    legal move (the caller checks ``moves_known`` first)."""
     out = []
     for k in range(n):
         g = Game(game, players, EXAMPLE_SEED + k).start()
         _, obs = g.observe()
-        try:
-            out.append((obs, random_move(obs, random.Random(EXAMPLE_SEED + k), game)))
-        except ArenaError:
-            return []
+        out.append((obs, random_move(g, obs, random.Random(EXAMPLE_SEED + k))))
     return out
 
 

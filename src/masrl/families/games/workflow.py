@@ -88,7 +88,23 @@ class TextArenaGame:
         if max_moves < 1:
             raise ConfigError("workflow.options.max_moves must be at least 1")
         arena.check_game(game, len(self.players))
+        self.moves_known = arena.moves_known(game, len(self.players))
+        if examples and not self.moves_known:
+            raise ConfigError(self._no_moves("workflow.options.examples", f"shows {examples} worked turns", "set "
+                                             "workflow.options.examples: 0 (the prompt then shows the game's own rules "
+                                             "alone)"))
+        if RANDOM in [a for opts in self.options for a in opts]:
+            self._refuse_random("workflow.options.players")
         self.shots = arena.worked_turns(game, len(self.players), examples)
+
+    def _no_moves(self, key: str, what: str, fix: str) -> str:
+        return (f"{key} {what}, each a legal move, but TextArena's {self.game} lists no moves on its screen and masrl "
+                f"reads the legal moves from the state of {', '.join(arena.STATE_MOVES).replace('Env', '')} only; {fix}")
+
+    def _refuse_random(self, key: str) -> None:
+        if not self.moves_known:
+            raise ConfigError(self._no_moves(key, "seats the random player, who plays", "seat an agent (a frozen "
+                                             "policy is a fixed opponent) or pick a game that lists its moves"))
 
     def roles(self) -> dict[str, AgentRole]:
         return {a: AgentRole(a, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
@@ -118,10 +134,17 @@ class TextArenaGame:
 
     def check_split(self, split, key: str) -> None:
         """A split's own seating (source ``episodes``, ``options.players``): as many seats as the game's, and only
-        this workflow's agents (or ``random``) in them, so that every seat's agent has a policy."""
-        players = (split.options or {}).get("players") if split.source == "episodes" else None
+        this workflow's agents (or ``random``) in them, so that every seat's agent has a policy; random moves
+        (the random player, openings, ``explore_moves``) only in a game whose legal moves are known."""
+        opts = (split.options or {}) if split.source == "episodes" else {}
+        for name in ("opening_moves", "explore_moves"):
+            if opts.get(name) and not self.moves_known:
+                raise ConfigError(self._no_moves(f"{key}.options.{name}", "plays random moves", "remove it"))
+        players = opts.get("players")
         if not players:
             return
+        if RANDOM in [a for seat in self._seating(players) for a in seat]:
+            self._refuse_random(f"{key}.options.players")
         if len(players) != len(self.players):
             raise ConfigError(f"{key}.options.players: {len(players)} seats, but the game is played with "
                               f"{len(self.players)} (workflow.options.players); give one agent per seat")
@@ -149,7 +172,7 @@ class TextArenaGame:
             if game.done:
                 break
             pid, obs = game.observe()
-            action = arena.random_move(obs, opening, self.game)
+            action = arena.random_move(game, obs, opening)
             game.move(pid, action)
             moves.append({"seat": pid, "agent": "opening", "move": action, "invalid": False})
         rate = float(task.meta.get("explore_moves", 0))
@@ -161,9 +184,9 @@ class TextArenaGame:
             pid, obs = game.observe()
             agent = seats[pid]
             if agent == RANDOM:
-                action = arena.random_move(obs, rng, self.game)
+                action = arena.random_move(game, obs, rng)
             elif rate and explore.random() < rate:
-                agent, action = "explore", arena.random_move(obs, explore, self.game)
+                agent, action = "explore", arena.random_move(game, obs, explore)
             else:
                 call = await ctx.call(agent, self._messages(pid, obs), turn=len(calls[pid]))
                 calls[pid].append(call)

@@ -29,7 +29,7 @@ venv: $(STAMP)
 # side on held-out problems. SEED picks the seed; ARGS go to scripts/cpu_team_vs_agent.py (e.g. ARGS="train.steps=12").
 SEED ?= 0
 demo: $(STAMP)
-	$(PY) scripts/cpu_team_vs_agent.py --seed $(SEED) --out runs/demo-$$(date +%Y%m%d-%H%M%S) $(ARGS)
+	$(PY) scripts/cpu_team_vs_agent.py --seed $(SEED) --out runs/demo $(ARGS)
 
 # On a GPU host with network: the search team against one search agent at equal training compute, SmolLM2,
 # 100 steps, seeds 0-2 side by side on one GPU (docs/results.md); writes runs/gpu-demo/compare.html.

@@ -22,11 +22,18 @@ against one search agent with the same BM25 tool, 6 steps unless ``--steps`` say
 held-out questions; there the team is not ahead after 6 CPU steps, and on a GPU the two end level
 (docs/results.md).
 
-KEY=VALUE overrides go to both arms. A run that finished is not run again. ``--precision auto`` (the default)
-trains in bf16 (fp32 master weights) where the CPU has bf16 units, about 1.6x faster a step, else in fp32.
-``--side-by-side auto`` (the default) trains the arms at once where the machine has at least 2 cores,
-each in its own process on its share of the cores (``threads=``), its lines prefixed with the arm's name and
-kept in the run's ``train.log``. Each arm's minutes are then its own wall-clock while sharing the machine.
+KEY=VALUE overrides go to both arms. ``--precision auto`` (the default) trains in bf16 (fp32 master weights)
+where the CPU has bf16 units, about 1.6x faster a step, else in fp32.
+
+Memory: an arm (SmolLM2-135M, bf16 weights, fp32 masters and AdamW moments, activation checkpointing) peaks
+at about ``ARM_GB`` of RSS. ``--side-by-side auto`` (the default) trains as many arms at once as both the
+cores (one each at least) and ``--memory-gb`` (default: the smaller of 8 GB and what the system has free)
+allow, each in its own process on its share of the cores (``threads=``), its lines prefixed with the arm's
+name and kept in the run's ``train.log``; the rest wait for a place. Each arm's minutes are its own
+wall-clock. An arm the kernel kills for lack of memory is named so, with its peak RSS and what to do.
+
+Interrupted or killed, the demo continues where it stopped when run again with the same ``--out``: a
+finished arm is not run again, and an unfinished one resumes from its last checkpoint (every 4 steps).
 """
 
 from __future__ import annotations
@@ -40,12 +47,15 @@ import threading
 import time
 from pathlib import Path
 
+from masrl.driver.run.rundir import read_jsonl
 from masrl.worker.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 # train.keep_best for every arm: validation tasks held back from training, and how often they score the weights;
 # the held-out set is scored at the weights they pick beside the last step's
 KEEP_N, KEEP_EVERY = 32, 2
+ARM_GB = 4.0  # an arm's peak RSS, as measured (docs/benchmarks.md): what side by side plans with
+MEMORY_GB = 8.0  # at most this much for all arms together, unless --memory-gb says otherwise
 
 # each family: its two arms (name: folder, config, own overrides; the team first), what is scored, the default
 # steps. An arm's folder is ``<folder>-seed<S>``: the chain families share the team's, so running
@@ -66,47 +76,80 @@ FAMILIES = {
 
 
 def arm_command(config: str, overrides: list[str], out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "masrl.cli", "train", config, *overrides, f"output_dir={out}"]
-    return [*cmd, "--resume"] if out.exists() else cmd
+    """A new arm trains its config; an arm that ran before (its folder holds the run's config) resumes
+    as it was trained, from its last checkpoint."""
+    if (out / "config.yaml").is_file():
+        return [sys.executable, "-m", "masrl.cli", "resume", str(out)]
+    return [sys.executable, "-m", "masrl.cli", "train", config, *overrides, f"output_dir={out}"]
 
 
-def run_arm(config: str, overrides: list[str], out: Path) -> float:
-    """Train one arm; returns the seconds it took."""
-    cmd = arm_command(config, overrides, out)
-    print("$", " ".join(cmd[2:]), flush=True)
-    t0 = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    return time.perf_counter() - t0
+def available_gb() -> float:
+    """Memory the system can give without swapping (MemAvailable), in GB; 0 where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
 
 
-def run_side_by_side(arms: dict[str, tuple[str, list[str], Path]]) -> dict[str, float]:
-    """Train the arms at once, each in its own process; every line an arm prints is shown prefixed with
-    its name and kept in its output folder's ``train.log``. Returns each arm's seconds, to its own end;
-    an arm that fails stops the demo with its name, exit code and log."""
-    t0, took, codes, readers = time.perf_counter(), {}, {}, []
-    for name, (config, overrides, out) in arms.items():
-        cmd = arm_command(config, overrides, out)
-        print(f"[{name}] $", " ".join(cmd[2:]), flush=True)
-        out.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+def places(arms: int, cores: int, memory_gb: float, mode: str) -> int:
+    """How many arms train at once: all with ``on``, one with ``off``; ``auto``: as many as there are cores
+    and as ``memory_gb`` holds at ``ARM_GB`` each."""
+    if mode == "on":
+        return arms
+    if mode == "off":
+        return 1
+    return max(1, min(arms, cores, int(memory_gb // ARM_GB)))
 
-        def relay(name=name, proc=proc, log=out / "train.log") -> None:
-            with log.open("a") as f:
+
+def killed_message(name: str, rc: int, peak_gb: float, log: Path) -> str:
+    """What an arm's end says: the kernel's out-of-memory kill named as such, with what to do."""
+    if rc in (-9, 137):
+        return (f"{name} was killed (SIGKILL), most likely by the kernel for lack of memory: it had reached "
+                f"{peak_gb:.1f} GB RSS, and {available_gb():.1f} GB are available now. Run the arms one at a time "
+                f"(--side-by-side off) or close other programs, then run the demo again: it continues where it "
+                f"stopped (its log: {log})")
+    return f"{name} exited with {rc} (its log: {log})"
+
+
+def run_arms(arms: dict[str, tuple[str, list[str], Path]], at_once: int) -> dict[str, tuple[float, float]]:
+    """Train the arms, ``at_once`` at a time, each in its own process; every line an arm prints is shown
+    prefixed with its name and kept in its output folder's ``train.log``. Returns each arm's seconds (to its
+    own end, from its own start) and peak RSS in GB; an arm that fails stops the demo with its name, exit
+    code and log, after the arms already running end."""
+    gate = threading.Semaphore(at_once)
+    done: dict[str, tuple[int, float, float]] = {}
+
+    def train(name: str, config: str, overrides: list[str], out: Path) -> None:
+        with gate:
+            if any(rc for rc, _, _ in done.values()):
+                return  # an arm failed: the demo stops; the others are not started
+            cmd = arm_command(config, overrides, out)
+            print(f"[{name}] $", " ".join(cmd[2:]), flush=True)
+            out.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    bufsize=1)
+            with (out / "train.log").open("a") as f:
                 for line in proc.stdout:
                     f.write(line)
                     f.flush()
                     print(f"[{name}] {line}", end="", flush=True)
-            codes[name] = proc.wait()
-            took[name] = time.perf_counter() - t0
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            done[name] = (proc.returncode, time.perf_counter() - t0, usage.ru_maxrss / 2**20)
 
-        readers.append(threading.Thread(target=relay, daemon=True))
-        readers[-1].start()
-    for r in readers:
-        r.join()
-    failed = [f"{name} exited with {rc} (its log: {arms[name][2] / 'train.log'})" for name, rc in codes.items() if rc]
+    threads = [threading.Thread(target=train, args=(name, *arm), daemon=True) for name, arm in arms.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    failed = [killed_message(name, rc, peak, arms[name][2] / "train.log") for name, (rc, _, peak) in done.items() if rc]
     if failed:
         raise SystemExit("[demo] " + "; ".join(failed))
-    return took
+    return {name: (took, peak) for name, (_, took, peak) in done.items()}
 
 
 def folder(kind: str, seed: int) -> str:
@@ -119,7 +162,7 @@ def summary(out: Path) -> dict:
     before, after = (json.loads((out / f"eval_{k}.json").read_text()) for k in ("before", "after"))
     best_file = out / "eval_best.json"  # train.keep_best: the held-out figures at the best-by-validation weights
     best = json.loads(best_file.read_text()) if best_file.is_file() else None
-    steps = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
+    steps = [r for r in read_jsonl(out / "metrics.jsonl") if "rollout" in r]
     train_calls = sum(a["calls"] for r in steps for a in r["rollout"]["agents"].values())
     per_question = sum(a["calls"] for a in after["agents"].values()) / max(1, after["traces"])
     return {"before": before["outcome"], "after": after["outcome"], "em": after.get("em", 0.0), "train_calls": train_calls,
@@ -138,7 +181,11 @@ def main() -> None:
     ap.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                     help="auto: bf16 where this CPU has bf16 units (avx512_bf16 / amx_bf16: ~1.6x faster), else fp32")
     ap.add_argument("--side-by-side", choices=["auto", "on", "off"], default="auto",
-                    help="train the arms at once, each on its share of the cores (auto: where there are at least 2)")
+                    help="train arms at once, each on its share of the cores (auto: as many as the cores and "
+                         "--memory-gb allow; off: one after the other on all cores)")
+    ap.add_argument("--memory-gb", type=float, default=None,
+                    help=f"memory all arms together may take (default: the smaller of {MEMORY_GB:g} GB and what the "
+                         f"system has available); auto side by side plans {ARM_GB:g} GB an arm")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE config overrides for both arms")
     a = ap.parse_args()
     fam = FAMILIES[a.family]
@@ -147,37 +194,37 @@ def main() -> None:
     print(f"[demo] precision={precision} (bf16 weights with fp32 master weights where the CPU computes bf16 natively; "
           f"--precision fp32 for the fp32 figures)", flush=True)
     cores = os.cpu_count() or 1
-    threads = max(1, cores // len(fam["arms"]))
-    together = a.side_by_side == "on" or (a.side_by_side == "auto" and cores >= 2)
-    common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=0", "data.eval.n=32", f"precision={precision}",
-              f"train.keep_best.n={KEEP_N}", f"train.keep_best.every={KEEP_EVERY}",
-              *([f"threads={threads}"] if together else []), *a.overrides]
-    arms = {name: (config, [*common, *own], ROOT / a.out / folder(kind, a.seed))
-            for name, (kind, config, own) in fam["arms"].items()}
-    todo = {name: arm for name, arm in arms.items() if not (arm[2] / "eval_after.json").is_file()}  # not run again
-    took = dict.fromkeys(arms, 0.0)
-    if together:
-        print(f"[demo] the {len(todo)} arms train side by side, {threads} thread(s) each on {cores} cores "
-              f"(--side-by-side off: one after the other on all of them)", flush=True)
-        took.update(run_side_by_side(todo))
-    else:
-        took.update({name: run_arm(*arm) for name, arm in todo.items()})
-    rows = {name: summary(out) for name, (_, _, out) in arms.items()}
+    memory_gb = a.memory_gb if a.memory_gb is not None else min(MEMORY_GB, available_gb() or MEMORY_GB)
+    arms = {name: (config, ROOT / a.out / folder(kind, a.seed)) for name, (kind, config, own) in fam["arms"].items()}
+    todo = [name for name, (_, out) in arms.items() if not (out / "eval_after.json").is_file()]  # not run again
+    at_once = places(len(todo), cores, memory_gb, a.side_by_side) if todo else 1
+    threads = max(1, cores // at_once)
+    # a checkpoint every 4 steps (the last kept): a demo stopped midway continues from there
+    common = [f"seed={a.seed}", f"train.steps={a.steps}", "train.save_every=4", "train.keep_last=1", "data.eval.n=32",
+              f"precision={precision}", f"train.keep_best.n={KEEP_N}", f"train.keep_best.every={KEEP_EVERY}",
+              "algorithm.activation_checkpointing=true", f"threads={threads}", *a.overrides]
+    if todo:
+        print(f"[demo] {len(todo)} arm(s) to train, {at_once} at a time, {threads} thread(s) each on {cores} cores, "
+              f"within {memory_gb:.1f} GB ({ARM_GB:g} GB an arm; --side-by-side on|off, --memory-gb)", flush=True)
+    ran = run_arms({name: (arms[name][0], [*common, *fam["arms"][name][2]], arms[name][1]) for name in todo}, at_once)
+    rows = {name: summary(out) for name, (_, out) in arms.items()}
     team_name, *agent_names = fam["arms"]
     n, tasks = rows[team_name]["questions"], fam["tasks"]
     print(f"\nheld-out: {n} {tasks} never trained on, {fam['scored']}, seed {a.seed}, "
           f"{a.steps} training steps on this CPU, precision {precision}")
-    minutes = "minutes (side by side)" if together else "minutes"
+    minutes = f"minutes ({at_once} at a time)" if at_once > 1 else "minutes"
     em = a.family == "search"  # F1 families also show exact match; accuracy is exact already
     print(f"| arm | before -> after |{' exact match after |' * em} best-by-validation (its step) | training calls | "
-          f"calls per {tasks[:-1]} | {minutes} |")
-    print("| --- | --- |" + " --- |" * (4 + em))
+          f"calls per {tasks[:-1]} | {minutes} | peak RSS GB |")
+    print("| --- | --- |" + " --- |" * (5 + em))
     for name, r in rows.items():
-        mins = f"{took[name] / 60:.1f}" if took[name] else "(done before)"
+        took, peak = ran.get(name, (0.0, 0.0))
+        mins = f"{took / 60:.1f}" if took else "(done before)"
+        rss = f"{peak:.1f}" if peak else "-"
         exact = f" {r['em']:.3f} |" if em else ""
         best = f"{r['best'][0]:.3f} ({r['best'][1]})" if r["best"] else "(not kept)"
         print(f"| {name} | {r['before']:.3f} -> **{r['after']:.3f}** |{exact} {best} | {r['train_calls']} | "
-              f"{r['per_question']:.1f} | {mins} |")
+              f"{r['per_question']:.1f} | {mins} | {rss} |")
     team = rows[team_name]["after"]
     best_agent = max(agent_names, key=lambda k: rows[k]["after"])
     agent = rows[best_agent]["after"]

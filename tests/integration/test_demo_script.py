@@ -22,7 +22,7 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--family", "search", "--seed", "3",
-           "--steps", "1", "--out", str(out), *SMALL]
+           "--steps", "1", "--out", str(out), "--memory-gb", "8", *SMALL]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {m.group(1): m for m in re.finditer(r"^\| (search team|one search agent) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
@@ -40,12 +40,14 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     team_calls = float(rows["search team"].group(7))
     assert 2 < team_calls <= 6  # the team: planner and answerer, then searcher, summarizer, updater per turn
     assert "The trained team is" in r.stdout and "single agent" in r.stdout
-    # on 2+ cores the arms train at once, each on half of them: every line shown with its arm's name, and kept
-    assert "arms train side by side" in r.stdout and "minutes (side by side)" in r.stdout
+    # as many arms at once as the cores and the memory hold (4 GB an arm): every line shown with its arm's name
+    cores = os.cpu_count() or 1
+    at_once = min(2, cores)
+    assert f"{at_once} at a time" in r.stdout and "peak RSS GB" in r.stdout
     for arm, folder in (("search team", "team-seed3"), ("one search agent", "agent-seed3")):
         log = (out / folder / "train.log").read_text()
         assert "step 1/1" in log and f"[{arm}] " + log.splitlines()[0] in r.stdout
-        assert f"threads={max(1, (os.cpu_count() or 1) // 2)}" in (out / folder / "config.yaml").read_text().replace(": ", "=")
+        assert f"threads={max(1, cores // at_once)}" in (out / folder / "config.yaml").read_text().replace(": ", "=")
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and again.stdout.count("(done before)") == 2  # a finished arm is not run again
 
@@ -62,6 +64,25 @@ def test_an_arm_that_fails_stops_the_demo_with_its_name_and_log_while_the_other_
     assert "max_turns" in (out / "agent-seed3" / "train.log").read_text()  # the arm's own error, kept
     assert (out / "team-seed3" / "eval_after.json").is_file()  # the other arm was not cut short
     assert "search team exited" not in r.stderr
+    fixed = [x for x in cmd if x != "workflow.options.max_turns=1"]  # run again: the failed arm trains, the other waits
+    again = subprocess.run(fixed, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("(done before)") == 1 and (out / "agent-seed3" / "eval_after.json").is_file()
+
+
+def test_the_demo_plans_its_memory_and_names_an_arm_the_kernel_killed():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "cpu_team_vs_agent.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.places(3, 2, 8.0, "auto") == 2 and demo.places(3, 16, 8.0, "auto") == 2  # 4 GB an arm
+    assert demo.places(3, 1, 64.0, "auto") == 1 and demo.places(3, 2, 3.0, "auto") == 1
+    assert demo.places(3, 2, 3.0, "on") == 3 and demo.places(3, 16, 64.0, "off") == 1
+    said = demo.killed_message("team", -9, 7.4, Path("runs/demo/team-seed0/train.log"))
+    assert "lack of memory" in said and "7.4 GB RSS" in said and "--side-by-side off" in said
+    assert "continues where it stopped" in said
+    assert demo.killed_message("team", 1, 1.0, Path("x")) == "team exited with 1 (its log: x)"
 
 
 def test_the_default_demo_sets_the_chained_math_team_against_both_single_agents_at_about_equal_calls(tmp_path):

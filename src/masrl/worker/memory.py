@@ -136,3 +136,25 @@ def update_oom_message(policy: str, algo, *, device: str, held: int, free: int, 
         f"  torch said: {detail.splitlines()[0][:300] if detail else '(nothing)'}",
     ]
     return "\n".join(lines)
+
+
+def _libc_trim():
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _libc_trim()
+
+
+def give_back_freed() -> None:
+    """Hand the heap pages freed since the last call back to the system. glibc keeps what a phase freed
+    (a rollout's KV caches, an update's activations) in its arenas; on a CPU host the next phase then
+    allocates beside it, and a 135M policy's process held 5-6 GB after two steps where 2.6 GB were live.
+    Called between a host's rollout and its update, and after the update."""
+    if _TRIM is not None:
+        _TRIM(0)

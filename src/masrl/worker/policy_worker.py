@@ -279,6 +279,7 @@ class PolicyWorker(PolicyHost):
         update are not part of it and stay."""
         metrics: dict[str, dict[str, float]] = {}
         waiting: set[str] = set()  # policies not due this step: their calls wait for their next update
+        memory.give_back_freed()  # what the rollout freed (its KV caches) before the update allocates
         self._resident()
         with self._buffer_lock:
             view = dict(self.buffer)
@@ -316,6 +317,7 @@ class PolicyWorker(PolicyHost):
         self.step += 1
         if self.offload_weights:
             self._park_after_update(metrics)
+        memory.give_back_freed()
         return metrics
 
     def _sync_metrics(self, metrics: dict[str, dict[str, float]], updated: list[str]) -> None:

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
+from masrl.families.reasoning_gym.answers import worked_answer
 
 VERSION = "0.1.25"  # the release the shipped configs and tests were measured with (pyproject's extra pins it)
 EXAMPLES_SEED = 90_210  # the worked examples' seed: not a split's (splits pass their own `seed`)
@@ -121,15 +122,29 @@ def _dataset(name: str, config_key: str, seed: int = 0, size: int = 1):
     return _library().create_dataset(name, seed=seed, size=size, **json.loads(config_key))
 
 
+EXAMPLE_DRAWS = 8  # entries tried per worked example for one whose answer the scorer gives full marks
+
+
 def _examples(opts: ReasoningGymOptions) -> tuple[dict, ...]:
     """Worked examples, ``opts.examples`` of each dataset, drawn at their own seed: the library's entries
-    (``dataset``, ``question``, ``answer``, ``metadata``)."""
+    (``dataset``, ``question``, ``answer``, ``metadata``), each answered with what the dataset's own scorer
+    gives 1.0 (``answers.worked_answer``); an entry with no such answer found is passed over."""
     out = []
     for name, spec in opts.datasets.items():
-        if opts.examples:
-            ds = _dataset(name, _key(spec.config), seed=EXAMPLES_SEED, size=opts.examples)
-            out += [{"dataset": name, "question": e["question"], "answer": str(e["answer"]), "metadata": e["metadata"]}
-                    for e in (ds[i] for i in range(opts.examples))]
+        if not opts.examples:
+            continue
+        size = opts.examples * EXAMPLE_DRAWS
+        ds = _dataset(name, _key(spec.config), seed=EXAMPLES_SEED, size=size)
+        kept = 0
+        for i in range(size):
+            e = ds[i]
+            answer = worked_answer(ds, e)
+            if answer is None:
+                continue
+            out.append({"dataset": name, "question": e["question"], "answer": answer, "metadata": e["metadata"]})
+            kept += 1
+            if kept == opts.examples:
+                break
     return tuple(out)
 
 

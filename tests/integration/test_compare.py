@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from tinycfg import tiny_config
 
 from masrl.cli import main
@@ -54,6 +55,11 @@ def test_the_compare_page_is_written_by_the_cli_and_draws_bands(runs, tmp_path, 
     out = tmp_path / "pages" / "cmp.html"
     assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
     assert "arms" in out.read_text()
+    printed = capsys.readouterr().out.splitlines()  # the table in the terminal too
+    assert printed[0].split()[:3] == ["arm", "seeds", "held-out"] and printed[1].startswith("---")
+    team = next(x for x in printed if x.startswith("team "))
+    last = collect_runs(runs)["arms"][0]["summary"]["heldout_last"]
+    assert "0,1" in team and f"{last['mean']:.3f} ({last['min']:.3f}-{last['max']:.3f})" in team
     assert main(["compare", str(tmp_path / "nothing")]) == 2
     assert "does not exist" in capsys.readouterr().err
     if not (CHROMIUM and DRIVER):
@@ -135,3 +141,16 @@ def test_a_games_arms_agents_are_put_side_by_side_per_seat(tmp_path):
         assert row.is_displayed() and len(row.find_elements(By.TAG_NAME, "td")) == 10
     finally:
         driver.quit()
+
+
+def test_runs_of_one_name_trained_with_other_settings_are_arms_of_their_own(runs, tmp_path):
+    """A run given another game or model on the command line keeps its config's name; compare files it apart,
+    named by what differs, instead of as a seed of the arm."""
+    other = tmp_path / "team-other"
+    shutil.copytree(runs[0], other)
+    cfg = yaml.safe_load((other / "config.yaml").read_text())
+    cfg["model"], cfg["threads"] = "tiny-random-qwen2", 7  # another model; threads may differ between seeds
+    (other / "config.yaml").write_text(yaml.safe_dump(cfg))
+    names = {a["name"]: a["summary"]["seeds"] for a in collect_runs([runs[0], runs[1], other])["arms"]}
+    assert names.pop("team") == [0, 1]
+    assert names == {"team (model=tiny-random-qwen2)": [0]}

@@ -44,6 +44,13 @@ def test_collapse_alarms_name_the_agent_the_figure_and_where_it_started():
                       "[shared] entropy 0.020 (was 0.300 at step 1)"]
     # a policy that starts near-deterministic is not flagged for staying so
     assert collapse_alarms(_rec(30, 0.6, 0.2, 0.015), _rec(1, 0.6, 0.2, 0.02)) == []
+    # an update that trained no token measured no entropy: no alarm, whatever its record says
+    idle = _rec(31, 0.6, 0.2, 0.0)
+    idle["policies"]["shared"]["trained_tokens"] = 0.0
+    assert collapse_alarms(idle, first) == []
+    trained = _rec(32, 0.6, 0.2, 0.0)
+    trained["policies"]["shared"]["trained_tokens"] = 12.0
+    assert collapse_alarms(trained, first) == ["[shared] entropy 0.000 (was 0.300 at step 1)"]
 
 
 def _step(step, outcome, **flat):

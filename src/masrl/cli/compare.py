@@ -62,6 +62,7 @@ def run_curves(run_dir: Path) -> dict:
     agents = {a: {k: m[k] for k in AGENT_FIGURES if isinstance(m.get(k), (int, float))}
               for a, m in (last or {}).get("agents", {}).items()}
     out = {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
+           "config": {k: v for k, v in cfg.items() if k not in PER_RUN},
            "evals": evals, "best": best, "agents_last": {a: f for a, f in agents.items() if f}}
     data = run_dir / "data.json"  # what the splits held (runs since 2026-12-04)
     if data.is_file():
@@ -126,22 +127,85 @@ def held_out_notes(arms: dict[str, list[dict]]) -> list[str]:
         for (n, m), who in sets.items()) + "): compare them on one held-out set"]
 
 
+PER_RUN = ("seed", "output_dir", "threads")  # what the seeds of one arm may differ in
+
+
+def _flat(d, prefix: str = "") -> dict[str, object]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def arm_names(runs: list[dict]) -> list[str]:
+    """Each run's arm: its config's ``name``, and where runs of one name were trained with other settings (a
+    game or a model given on the command line), those settings too, so that they are not filed as seeds of one
+    arm (``tictactoe_selfplay (workflow.options.game=ConnectFour-v0)``)."""
+    variants: dict[str, list[dict]] = {}
+    for r in runs:
+        flat = _flat(r.get("config", {}))
+        known = variants.setdefault(r["name"], [])
+        if flat not in known:
+            known.append(flat)
+    out = []
+    for r in runs:
+        known = variants[r["name"]]
+        flat = _flat(r.get("config", {}))
+        if flat == known[0]:
+            out.append(r["name"])
+            continue
+        diff = [f"{k}={flat.get(k)}" for k in sorted(set(flat) | set(known[0])) if flat.get(k) != known[0].get(k)]
+        out.append(f"{r['name']} ({', '.join(diff[:3])}{', ...' if len(diff) > 3 else ''})")
+    return out
+
+
 def collect_runs(run_dirs: list[str | Path]) -> dict:
-    arms: dict[str, list[dict]] = {}
+    runs = []
     for d in run_dirs:
         d = Path(d)
         if not d.is_dir():
             raise MasrlError(f"run directory '{d}' does not exist")
-        run = run_curves(d)
-        arms.setdefault(run["name"], []).append(run)
+        runs.append(run_curves(d))
+    arms: dict[str, list[dict]] = {}
+    for name, run in zip(arm_names(runs), runs):
+        arms.setdefault(name, []).append(run)
     return {"arms": [{"name": n, "runs": rs, "summary": arm_summary(rs)} for n, rs in arms.items()],
             "notes": held_out_notes(arms)}
 
 
-def build_compare(run_dirs: list[str | Path], out: str | Path) -> Path:
+def _figure(s: dict, key: str) -> str:
+    got = s.get(key)
+    if not got:
+        return "-"
+    spread = f" ({got['min']:.3f}-{got['max']:.3f})" if len(got["values"]) > 1 else ""
+    return f"{got['mean']:.3f}{spread}"
+
+
+def compare_table(data: dict) -> list[str]:
+    """The page's summary as a text table for the terminal: one row per arm, mean over its seeds (range)."""
+    rows = [["arm", "seeds", "held-out first", "held-out last", "best-by-validation", "training calls"]]
+    for arm in data["arms"]:
+        s = arm["summary"]
+        seeds = ",".join(str(x) for x in s["seeds"])
+        calls = f"{s['train_calls']['mean']:.0f}" if "train_calls" in s else "-"
+        rows.append([arm["name"], seeds, _figure(s, "heldout_first"), _figure(s, "heldout_last"),
+                     _figure(s, "heldout_best"), calls])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:], *data.get("notes", [])]
+
+
+def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None) -> Path:
+    """The page; ``print_table``: a function that gets the text table's lines (the terminal's)."""
     if not run_dirs:
         raise MasrlError("masrl compare: give one or more run directories")
-    return write_page(out, title="masrl compare", body=_BODY, script=_SCRIPT, data=collect_runs(run_dirs),
+    data = collect_runs(run_dirs)
+    if print_table is not None:
+        for line in compare_table(data):
+            print_table(line)
+    return write_page(out, title="masrl compare", body=_BODY, script=_SCRIPT, data=data,
                       style="td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}")
 
 

@@ -220,8 +220,8 @@ def _serve(args) -> int:
 def _compare(args) -> int:
     from masrl.cli.compare import build_compare
 
-    path = build_compare(args.run_dirs, args.out)
-    print(f"[masrl] wrote {path} (open it in a browser)")
+    path = build_compare(args.run_dirs, args.out, print_table=print)
+    print(f"[masrl] wrote {path} (open it in a browser: curves, every agent's figures)")
     return 0
 
 

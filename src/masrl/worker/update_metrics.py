@@ -47,7 +47,6 @@ def update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict
         "loss": sum(st.losses) / max(1, len(st.losses)),
         "pg_loss": sums.get("pg_sum", 0.0) / ntok,
         "kl": sums.get("kl_sum", 0.0) / ntok,
-        "entropy": sums.get("ent_sum", 0.0) / max(1.0, sums.get("ent_tokens", 0.0)),
         "clip_frac": sums.get("clip_sum", 0.0) / ntok,
         "ratio": sums.get("ratio_sum", 0.0) / ntok if sums.get("tokens") else 1.0,
         "grad_norm": (sum(st.grad_norms) / len(st.grad_norms)) if st.grad_norms else 0.0,
@@ -63,6 +62,8 @@ def update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict
         "lp_mismatch": sums.get("mismatch_first", 0.0) / max(1.0, sums.get("mismatch_tokens", 0.0)),
         "lp_mismatch_max": st.mismatch_max,
     }
+    if sums.get("ent_tokens"):  # an update that trained no token measured no entropy (not an entropy of 0)
+        out["entropy"] = sums["ent_sum"] / sums["ent_tokens"]
     if algo.tis_cap is not None or algo.mis is not None:  # the trainer's own old logprobs against the rollout's
         gaps = [abs(a - b) for s in samples for a, b in zip(s.old_logprobs, s.logprobs)]
         out["lp_mismatch"] = sum(gaps) / max(1, len(gaps))

@@ -41,6 +41,8 @@ def collapse_alarms(rec: dict, first: dict | None) -> list[str]:
             out.append(f"{name}: {a['zero_var_groups']:.0%} of its groups have equal rewards (no advantage)")
     first_policies = first.get("policies", {})
     for name, p in rec.get("policies", {}).items():
+        if not p.get("trained_tokens", 1.0):  # an update that trained no token measured no entropy
+            continue
         was = first_policies.get(name, {}).get("entropy")
         now = p.get("entropy")
         if was and now is not None and now < ENTROPY_DROP * was and now < ENTROPY_FLOOR:

@@ -165,7 +165,18 @@ def sample_metrics(traces: list[Trace]) -> dict:
     return {"k": k, "pass@1": mean(p1), f"pass@{k}": mean(pk), f"maj@{k}": mean(maj)}
 
 
+LINE = 160  # a step line longer than this puts each agent, policy and alarm on a line of its own
+
+
+def agent_result(a: dict) -> tuple[str, float]:
+    """What an agent is judged by on the console: its own ``score`` where the workflow gives one (a game's
+    player: its own result, not the first seat's), else the accuracy of the traces it took part in."""
+    return ("score", a["score"]) if "score" in a else ("acc", a.get("accuracy", 0.0))
+
+
 def step_line(step: int, total: int, rec: dict) -> str:
+    """The console's line for a step; a team's (past ``LINE`` characters) wraps, one agent, policy or alarm
+    to an indented line."""
     r = rec["rollout"]
     parts = [f"step {step}/{total}", f"rollout {rec['rollout_s']:.1f}s update {rec['update_s']:.1f}s",
              f"outcome {r.get('outcome', 0.0):.3f}", f"reward {r.get('reward', 0.0):.3f}"]
@@ -178,15 +189,20 @@ def step_line(step: int, total: int, rec: dict) -> str:
         pre = sum(e["engine_preemptions"] for e in pools)
         parts.append(f"kv pool {max(e['engine_pool_peak'] for e in pools):.0%}"
                      + (f", {pre:.0f} pre-empted (raise rollout.gpu_memory_utilization)" if pre else ""))
+    head = len(parts)
     for name, a in r.get("agents", {}).items():
-        parts.append(f"{name}: r={a['reward']:.2f} acc={a['accuracy']:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
+        label, value = agent_result(a)
+        parts.append(f"{name}: r={a['reward']:.2f} {label}={value:.2f} fmt={a['format_rate']:.2f} tok={a['tokens']:.0f}")
     for name, p in rec.get("policies", {}).items():
         parts.append(f"[{name}] loss={p['loss']:.4f} kl={p['kl']:.4f} gn={p['grad_norm']:.2f} "
                      f"skip={p['skipped_zero_adv']:.0f}/{p['n_seqs']:.0f} "
                      f"dlogp={p.get('lp_mismatch', 0.0):.1e}/{p.get('lp_mismatch_max', 0.0):.1e}")
     for alarm in rec.get("alarms", []):
         parts.append(f"ALARM {alarm}")
-    return " | ".join(parts)
+    line = " | ".join(parts)
+    if len(line) <= LINE:
+        return line
+    return " | ".join(parts[:head]) + "".join(f"\n    {p}" for p in parts[head:])
 
 
 def comparison_table(before: dict, after: dict) -> list[list[str]]:
@@ -202,7 +218,8 @@ def comparison_table(before: dict, after: dict) -> list[list[str]]:
                  f"{before.get('reward', 0):.3f} -> {after.get('reward', 0):.3f}"])
     for name in after.get("agents", {}):
         b, a = before.get("agents", {}).get(name), after["agents"][name]
-        rows.append([name, row(name, b, a, "accuracy"), row(name, b, a, "format_rate"), row(name, b, a, "reward")])
+        key = "score" if "score" in a else "accuracy"  # a game's player: its own result
+        rows.append([name, row(name, b, a, key), row(name, b, a, "format_rate"), row(name, b, a, "reward")])
     return rows
 
 

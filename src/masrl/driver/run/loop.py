@@ -20,6 +20,7 @@ from masrl.driver.checks import check_run
 from masrl.driver.observe.alarms import StuckWatch, collapse_alarms
 from masrl.driver.observe.loggers import build_loggers
 from masrl.driver.observe.metrics import (
+    agent_result,
     check_failures,
     comparison_rich,
     eval_line,
@@ -399,8 +400,9 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: C
         trainer.rt.close()
     trainer.log(f"[masrl] held-out: {eval_line(summary)}")
     for name, a in summary.get("agents", {}).items():
-        trainer.log(f"  {name}: accuracy {a['accuracy']:.3f} format {a['format_rate']:.3f} reward {a['reward']:.3f} "
-                    f"tokens {a['tokens']:.1f}")
+        label, value = agent_result(a)
+        trainer.log(f"  {name}: {'accuracy' if label == 'acc' else label} {value:.3f} format {a['format_rate']:.3f} "
+                    f"reward {a['reward']:.3f} tokens {a['tokens']:.1f}")
     if out is not None:  # every metric, per agent and per source, as JSON, and the traces beside
         out.parent.mkdir(parents=True, exist_ok=True)
         replace_file(out, json.dumps({**(note or {}), **summary}, indent=1, default=str))

@@ -38,7 +38,11 @@ def test_report_command_writes_one_self_contained_file(run_dir):
     assert "http://" not in html.split("<script id=\"data\"")[0] and "<script src" not in html  # nothing fetched
     data = json.loads(html.split('type="application/json">', 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
     assert [s["step"] for s in data["steps"]] == [1, 2, 3] and len(data["evals"]) == 4
-    assert {t["step"] for t in data["traces"]} == {1, 2, 3}
+    assert {t["view"] for t in data["traces"] if t["view"].startswith("step")} == {"step 1", "step 2", "step 3"}
+    # the held-out traces too: every evaluation's (before, at each step, after), what was answered on unseen tasks
+    views = {t["view"] for t in data["traces"] if t["view"].startswith("held-out")}
+    assert views == {"held-out, before, step 0", "held-out, held_out, step 1", "held-out, held_out, step 2",
+                     "held-out, after, step 3"}
 
 
 @pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="needs Debian's chromium and chromium-driver")
@@ -70,7 +74,7 @@ def test_the_report_opens_in_chromium_and_shows_a_call(run_dir, tmp_path):
                 "distinct-2 of completions per policy"} <= titles
         div = driver.find_element(By.CSS_SELECTOR, "svg[data-title='distinct-2 of completions per policy']")
         assert div.find_elements(By.CSS_SELECTOR, "polyline")  # a curve, not "no data"
-        Select(driver.find_element(By.ID, "step-select")).select_by_value("2")
+        Select(driver.find_element(By.ID, "step-select")).select_by_value("step 2")
         Select(driver.find_element(By.ID, "task-select")).select_by_value(target["task_id"])
         box = driver.find_element(By.CSS_SELECTOR, f"[data-call='{call['call_id']}']")
         body = box.find_element(By.CSS_SELECTOR, ".body")
@@ -150,7 +154,7 @@ def test_a_games_moves_and_winner_show_in_the_trace_browser(tmp_path):
     driver = _browser(tmp_path)
     try:
         driver.get(page.resolve().as_uri())
-        Select(driver.find_element(By.ID, "step-select")).select_by_value("1")
+        Select(driver.find_element(By.ID, "step-select")).select_by_value("step 1")
         Select(driver.find_element(By.ID, "task-select")).select_by_value(target["task_id"])
         sample = driver.find_element(By.CSS_SELECTOR, f"[data-trace='{target['trace_id']}']")
         moves = sample.find_element(By.CSS_SELECTOR, ".moves").text

@@ -144,3 +144,17 @@ def test_data_parallel_switches_are_refused_with_the_key_and_the_fix(overrides, 
     cfg = load_config(data=copy.deepcopy(BASE), overrides=overrides)
     with pytest.raises(ConfigError, match=message):
         check_policies(cfg)
+
+
+def test_a_typo_inside_a_nested_option_gets_a_close_match():
+    """Options checked below the config's own models (a workflow's keyword options, a family's source options)
+    name the key and suggest the right one, as the config's own keys do."""
+    from masrl.families import build_workflow, check_source
+
+    with pytest.raises(ConfigError, match=r"workflow.options.gmae: .* \(did you mean `game`\?\)"):
+        build_workflow("textarena", {"gmae": "TicTacToe-v0"})
+    from masrl.config import DataSourceConfig
+
+    bad = DataSourceConfig(source="reasoning_gym", n=4, seed=1, options={"datasets": {"leg_counting": {"weigth": 1}}})
+    with pytest.raises(ConfigError, match=r"data.train.options.datasets.leg_counting.weigth` \(did you mean `weight`"):
+        check_source(bad, "data.train")

@@ -42,7 +42,13 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
     if len(trace_steps) > max_steps:
         idx = {round(i * (len(trace_steps) - 1) / (max_steps - 1)) for i in range(max_steps)}
         keep = {trace_steps[i] for i in idx}
-    kept = [_cut(t, max_chars) for t in traces if t["step"] in keep]
+    kept = [{**_cut(t, max_chars), "view": f"step {t['step']}"} for t in traces if t["step"] in keep]
+    held_out = read_jsonl(run_dir / "eval_traces.jsonl")  # what the agents answered on tasks never trained on
+    shown = list(dict.fromkeys((t.get("step", 0), str(t.get("eval", "eval"))) for t in held_out))
+    if len(shown) > max_steps:
+        shown = [shown[round(i * (len(shown) - 1) / (max_steps - 1))] for i in range(max_steps)]
+    kept += [{**_cut(t, max_chars), "view": f"held-out, {t.get('eval', 'eval')}, step {t.get('step', 0)}"}
+             for t in held_out if (t.get("step", 0), str(t.get("eval", "eval"))) in set(shown)]
     config = (run_dir / "config.yaml").read_text(encoding="utf-8") if (run_dir / "config.yaml").is_file() else ""
     return {
         "name": run_dir.name,
@@ -60,7 +66,8 @@ def collect(run_dir: Path, *, max_steps: int = 50, max_chars: int = 4000) -> dic
                    **{k: v for k, v in r.items() if k.startswith(("pass@", "maj@"))}} for r in evals],
         "traces": kept,
         "note": (f"Traces: those logged per step (train.log_traces), of {len(keep)} of {len(trace_steps)} steps"
-                 f"{' (evenly spread)' if len(keep) < len(trace_steps) else ''}; texts cut at {max_chars} characters."),
+                 f"{' (evenly spread)' if len(keep) < len(trace_steps) else ''}, and the held-out ones of "
+                 f"{len(shown)} evaluations (eval.log_traces); texts cut at {max_chars} characters."),
     }
 
 
@@ -117,7 +124,7 @@ device), and what the hosts hold between steps: weights, the engine's KV cache, 
 the optimizer's fp32 masters and moments.</div><div class="charts" id="memory-charts"></div></div>
 <h2>Held-out</h2><div class="charts" id="eval-charts"></div>
 <h2>Trace browser</h2>
-<div>step<select id="step-select"></select>task<select id="task-select"></select></div>
+<div>step or evaluation<select id="step-select"></select>task<select id="task-select"></select></div>
 <div id="traces"></div>"""
 
 _SCRIPT = r"""function chart(parent,title,series){
@@ -167,13 +174,13 @@ if(gpus.length){document.getElementById('memory-section').style.display='block';
 const evalKeys=[...new Set([].concat(...D.evals.map(e=>Object.keys(e).filter(k=>k==='outcome'||k.startsWith('pass@')||k.startsWith('maj@')))))];
 chart(document.getElementById('eval-charts'),'held-out accuracy',evalKeys.map(k=>({name:k==='outcome'?'accuracy':k,points:D.evals.map(e=>[e.step,e[k]])})));
 const stepSel=document.getElementById('step-select'), taskSel=document.getElementById('task-select');
-const traceSteps=[...new Set(D.traces.map(t=>t.step))].sort((a,b)=>a-b);
-for(const s of traceSteps) stepSel.appendChild(el('option',{value:s},'step '+s));
-function fillTasks(){taskSel.innerHTML='';const st=+stepSel.value;
-  for(const t of [...new Set(D.traces.filter(x=>x.step===st).map(x=>x.task_id))]) taskSel.appendChild(el('option',{value:t},t)); show();}
+const traceSteps=[...new Set(D.traces.map(t=>t.view))];
+for(const s of traceSteps) stepSel.appendChild(el('option',{value:s},s));
+function fillTasks(){taskSel.innerHTML='';const st=stepSel.value;
+  for(const t of [...new Set(D.traces.filter(x=>x.view===st).map(x=>x.task_id))]) taskSel.appendChild(el('option',{value:t},t)); show();}
 function kv(obj){const t=el('table',{class:'kv'});for(const k in obj){const r=el('tr');r.appendChild(el('td',{},k));r.appendChild(el('td',{},typeof obj[k]==='object'?JSON.stringify(obj[k]):String(obj[k])));t.appendChild(r);}return t;}
-function show(){const box=document.getElementById('traces');box.innerHTML='';const st=+stepSel.value, task=taskSel.value;
-  for(const tr of D.traces.filter(x=>x.step===st&&x.task_id===task)){
+function show(){const box=document.getElementById('traces');box.innerHTML='';const st=stepSel.value, task=taskSel.value;
+  for(const tr of D.traces.filter(x=>x.view===st&&x.task_id===task)){
     const s=el('div',{class:'sample','data-trace':tr.trace_id});
     s.appendChild(el('div',{},'sample '+tr.sample_idx+' · final answer: '+JSON.stringify(tr.final_answer)+' · metrics: '+JSON.stringify(tr.metrics)));
     if(tr.state&&Array.isArray(tr.state.moves))s.appendChild(el('div',{class:'moves'},'moves: '+tr.state.moves.map(m=>'P'+m.seat+' '+m.agent+' '+m.move+(m.invalid?' (invalid)':'')).join(' · ')+(tr.state.reason?' · '+tr.state.reason:'')));

@@ -44,10 +44,16 @@ def _model_in(ann: Any):
 
 def format_validation_error(exc: ValidationError, source: str, root: type[BaseModel]) -> str:
     """One line per error; ``root``: the model validated (for "did you mean" suggestions)."""
-    lines = [f"invalid config {source}:"]
+    return "\n".join([f"invalid config {source}:", *error_lines(exc, root)])
+
+
+def error_lines(exc: ValidationError, root: type[BaseModel], prefix: str = "") -> list[str]:
+    """Each error of ``exc`` on a line naming its key (after ``prefix``, the dotted place ``root`` sits at in
+    the config) and the fix: a close match for an unknown key at any depth."""
+    lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc)
+        key = ".".join(str(p) for p in (prefix.split(".") if prefix else []) + list(loc))
         if err["type"] == "extra_forbidden":
             lines.append(f"  unknown key `{key}`{_suggest(loc, root)}; remove or rename it")
         elif err["type"] == "missing":
@@ -57,4 +63,4 @@ def format_validation_error(exc: ValidationError, source: str, root: type[BaseMo
             got = err.get("input")
             got_s = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
             lines.append(f"  `{key}`: {msg}{got_s}" if key else f"  {msg}")
-    return "\n".join(lines)
+    return lines

@@ -50,10 +50,31 @@ def build_workflow(name: str, options: dict):
         options["env"] = ENVS[options.get("env", "hidden_sum")]
     if name == "graph" and isinstance(options.get("path"), str):
         options["path"] = str(graph_path(options["path"]))
+    _check_options(name, cls, options)
     try:
         return cls(**options)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"workflow.options for '{name}': {exc}") from None
+
+
+def _check_options(name: str, cls, options: dict) -> None:
+    """Every option is one the workflow takes (unless it takes any): a typo is named, with a close match."""
+    import difflib
+    import inspect
+
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):  # a callable without a signature: it judges its own options
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [p for p, v in params.items() if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)]
+    for key in options:
+        if key not in takes:
+            close = difflib.get_close_matches(key, takes, n=1)
+            raise ConfigError(f"workflow.options.{key}: workflow '{name}' has no option '{key}'"
+                              + (f" (did you mean `{close[0]}`?)" if close else "")
+                              + f"; its options: {', '.join(takes) or 'none'}")
 
 
 def graph_path(path: str) -> Path:

@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from masrl.config.explain import error_lines
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError, DataError
 from masrl.families.reasoning_gym.answers import worked_answer
@@ -89,9 +90,7 @@ def parse_options(raw: dict, key: str) -> ReasoningGymOptions:
     try:
         opts = ReasoningGymOptions.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise ConfigError(f"{key}.options{'.' + where if where else ''}: {err['msg']}") from None
+        raise ConfigError("\n".join(x.strip() for x in error_lines(exc, ReasoningGymOptions, f"{key}.options"))) from None
     rg = _library()
     names = sorted(rg.factory.DATASETS)
     for name, spec in opts.datasets.items():

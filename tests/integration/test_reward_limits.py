@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from masrl.cli import main
 from masrl.families import config_path
 
@@ -62,3 +64,57 @@ def test_an_allocator_that_raises_is_named_with_the_task_above_its_traceback(tmp
     assert "on task arith-" in head and "raised KeyError: \"a bug in the user's reward\"" in head, head
     assert err.count("Traceback (most recent call last)") == 1  # once per allocator, not once per trace
     assert err.index(head) < err.index("Traceback (most recent call last)")
+
+
+def _failed_by(run: Path, name: str) -> list[dict]:
+    traces = [json.loads(x) for x in (run / "traces.jsonl").read_text().splitlines() if x.strip()]
+    return [t for t in traces if t.get("error") and f"reward allocator '{name}'" in t["error"]]
+
+
+def _workers_alive() -> list[str]:
+    """Reward worker processes of this process still running (a stopped allocator's worker must be gone)."""
+    import multiprocessing
+
+    return [p.name for p in multiprocessing.active_children() if p.name == "masrl-reward-worker"]
+
+
+@pytest.mark.parametrize("reward, name, says", [
+    ("bad_rewards:Backtrack", "backtrack", "did not return within 2 s .*its worker process was stopped"),
+    ("bad_rewards:BusyLoop", "busy", "did not return within 2 s .*its worker process was stopped"),
+    ("bad_rewards:Endless", "endless", "raised MemoryError|its worker process was stopped|its worker died"),
+])
+def test_user_code_that_holds_the_gil_loops_or_grows_is_stopped_at_its_limit(tmp_path, capsys, reward, name, says):
+    """A regex that backtracks in C (holding the GIL), a busy loop and an allocation without end: each fails its
+    own trace (the first sample of each task) within about its 2 s limit, the others train, and nothing of it
+    runs on afterwards (its worker process is gone)."""
+    import re
+
+    rc, took, run = _train(tmp_path, reward, "rollout.reward_timeout_s=2", "rollout.max_failed_fraction=0.9",
+                           "rollout.reward_memory_mb=300")
+    err = capsys.readouterr().err
+    assert rc == 0, err[-2000:]
+    rollout = next(s for s in _steps(run) if s.get("step") == 1)["rollout"]
+    assert rollout["traces"] == 4 and rollout["failed"] == 2, rollout  # sample 0 of each of 2 tasks
+    failed = _failed_by(run, name)
+    assert failed and all(re.search(says, t["error"]) for t in failed), [t["error"] for t in failed]
+    assert took < 120
+    assert _workers_alive() == []  # closed with the run; the stopped ones were killed at their limit
+
+
+def test_numbers_of_every_kind_are_rewards_and_one_too_big_fails_its_trace(tmp_path, capsys):
+    rc, _, run = _train(tmp_path, "bad_rewards:NumpyScalars")
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    assert next(s for s in _steps(run) if s.get("step") == 1)["rollout"]["failed"] == 0  # NumPy's numbers count
+    rc, _, run = _train(tmp_path / "huge", "bad_rewards:Huge", "rollout.max_failed_fraction=0.9")
+    err = capsys.readouterr().err
+    assert rc == 0 and "Traceback" not in err, err[-2000:]  # before: an OverflowError traceback ended the run
+    bad = _failed_by(run, "huge")
+    assert bad and "a reward must be a finite number within" in bad[0]["error"] and "1000000000" in bad[0]["error"]
+
+
+@pytest.mark.parametrize("isolation", ["process", "thread"])
+def test_a_dataclass_allocators_traceback_is_printed_once(tmp_path, capsys, isolation):
+    rc, _, _ = _train(tmp_path, "bad_rewards:DataclassRaises", f"rollout.reward_isolation={isolation}")
+    err = capsys.readouterr().err
+    assert rc != 0 and "a bug in a dataclass reward" in err
+    assert err.count("Traceback (most recent call last)") == 1, err  # before: one per trace (16)

@@ -3,20 +3,50 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from masrl.errors import ConfigError
 
+_DOTTED = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
 
 def load_object(ref: str, what: str):
-    """Import ``module:attr``; errors name the config key (``what``) and what to fix."""
-    if ":" not in ref:
+    """Import ``module:attr``; every way it can fail (a malformed name, a module that is missing, does not
+    compile or raises as it is imported, a missing attribute) is a ``ConfigError`` naming the config key
+    (``what``), with the module's own message and what to fix."""
+    if not isinstance(ref, str) or ":" not in ref:
         raise ConfigError(f"{what} '{ref}' is not registered; use a registered name or 'module:attr'")
     mod_name, attr = ref.split(":", 1)
+    if not _DOTTED.match(mod_name) or not _DOTTED.match(attr):
+        raise ConfigError(f"{what} '{ref}': write an absolute module path and an attribute, 'package.module:Name' "
+                          f"(no empty part, no leading dot)")
     try:
         mod = importlib.import_module(mod_name)
     except ImportError as exc:
         raise ConfigError(f"{what} '{ref}': cannot import module '{mod_name}' ({exc})") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"{what} '{ref}': module '{mod_name}' does not compile: {exc.msg} ({exc.filename}, line "
+                          f"{exc.lineno})") from None
+    except Exception as exc:  # the module's own code raised as it was imported: say what
+        raise ConfigError(f"{what} '{ref}': importing module '{mod_name}' raised {type(exc).__name__}: "
+                          f"{str(exc)[:300]}") from None
+    obj = mod
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"{what} '{ref}': module '{mod_name}' has no attribute '{attr}'") from None
+    return obj
+
+
+def build_object(factory, what: str, *args, **kwargs):
+    """``factory(*args, **kwargs)`` for a user's plugin; its failure is a ``ConfigError`` naming the key
+    (``what``) and the plugin's own message, never a raw traceback."""
     try:
-        return getattr(mod, attr)
-    except AttributeError:
-        raise ConfigError(f"{what} '{ref}': module '{mod_name}' has no attribute '{attr}'") from None
+        return factory(*args, **kwargs)
+    except ConfigError:
+        raise
+    except TypeError as exc:
+        raise ConfigError(f"{what}: cannot build it with {', '.join(kwargs) or 'no arguments'}: {exc}") from None
+    except Exception as exc:  # the plugin's own code raised while it was built
+        raise ConfigError(f"{what}: building it raised {type(exc).__name__}: {str(exc)[:300]}") from None

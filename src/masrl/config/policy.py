@@ -9,7 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    """Every config section: unknown keys are errors, and no number is infinite or NaN (``.inf`` in YAML)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class LoraConfig(Strict):
@@ -63,9 +65,9 @@ class EngineConfig(Strict):
     model: str = Field(..., description="the model name the server knows")
     api_key_env: str | None = Field(None, description="environment variable holding the API key (never the key)")
     max_concurrency: int = Field(8, ge=1, description="requests in flight at once for this policy")
-    timeout_s: float = Field(60.0, gt=0, description="per request")
+    timeout_s: float = Field(60.0, gt=0, le=86_400, description="per request")
     retries: int = Field(3, ge=0, description="retries on connection errors, timeouts, 408/409/429/5xx")
-    backoff_s: float = Field(0.5, ge=0, description="first retry's wait, doubled each retry")
+    backoff_s: float = Field(0.5, ge=0, le=3600, description="first retry's wait, doubled each retry")
 
 
 class PolicyConfig(Strict):

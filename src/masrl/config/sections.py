@@ -106,9 +106,9 @@ class RetrieverConfig(Strict):
                                                  "world's corpus")
     endpoints: list[str] = Field(default_factory=list, description="http: server URLs, e.g. http://127.0.0.1:8000")
     topk: int = Field(3, ge=1, le=100, description="documents per query")
-    timeout_s: float = Field(5.0, gt=0, description="http: per request")
+    timeout_s: float = Field(5.0, gt=0, le=86_400, description="http: per request")
     retries: int = Field(1, ge=0, description="http: retries per endpoint before failing over")
-    dead_for_s: float = Field(30.0, ge=0, description="http: a failed endpoint is skipped this long")
+    dead_for_s: float = Field(30.0, ge=0, le=86_400, description="http: a failed endpoint is skipped this long")
     api_key_env: str | None = Field(None, description="http: environment variable holding the servers' API key "
                                                       "(a server started without one answers loopback hosts only)")
 
@@ -130,10 +130,11 @@ class SandboxConfig(Strict):
         "any", description="namespaces: refuse to run unless the full walls are available (root + unshare); "
                            "any: run with what the machine allows, warning when it is weak")
     max_workers: int | None = Field(None, ge=1, description="programs run at once (default: CPU count)")
-    cpu_s: float = Field(5.0, gt=0)
-    wall_s: float = Field(10.0, gt=0)
-    memory_mb: int = Field(512, ge=64, description="for the whole run of one program, its children included")
-    tool_timeout_s: float = Field(300.0, gt=0, description="a test run that takes longer (queueing included) is "
+    cpu_s: float = Field(5.0, gt=0, le=86_400)
+    wall_s: float = Field(10.0, gt=0, le=86_400)
+    memory_mb: int = Field(512, ge=64, le=1_048_576, description="for the whole run of one program, its children "
+                                                                  "included")
+    tool_timeout_s: float = Field(300.0, gt=0, le=86_400, description="a test run that takes longer (queueing included) is "
                                                             "an infrastructure failure")
 
 
@@ -142,7 +143,7 @@ class RolloutConfig(Strict):
     samples_per_task: int = Field(4, ge=1, description="samples of each task per step (the GRPO group)")
     max_in_flight: int = Field(64, ge=1, description="workflows running at once")
     max_batch_size: int = Field(64, ge=1, description="largest engine batch per worker")
-    max_wait_ms: float = Field(20.0, ge=0, description="how long a batcher waits to fill a batch (a paged host's "
+    max_wait_ms: float = Field(20.0, ge=0, le=10_000, description="how long a batcher waits to fill a batch (a paged host's "
                                                           "waits at most 1 ms: its calls join the running decode)")
     engine: Literal["auto", "hf", "paged", "vllm"] = Field(
         "auto", description="hf: eager, any architecture; paged: continuous batching over a paged KV cache held to "
@@ -179,11 +180,20 @@ class RolloutConfig(Strict):
                                                            "(default): on a GPU; the tokens are the same either way")
     sync_every: int = Field(8, ge=1, le=256, description="paged engine: decode steps between host checks for "
                                                            "finished rows (EOS, stop strings)")
-    call_timeout_s: float = Field(600.0, gt=0)
-    trace_timeout_s: float = Field(1800.0, gt=0)
-    reward_timeout_s: float = Field(120.0, gt=0, description="the reward allocators of one trace, together: past it "
-                                                              "the trace fails (a stuck judge or plugin), counted "
-                                                              "like other failed traces")
+    call_timeout_s: float = Field(600.0, gt=0, le=86_400)
+    trace_timeout_s: float = Field(1800.0, gt=0, le=7 * 86_400)
+    reward_timeout_s: float = Field(120.0, gt=0, le=3600, description="the reward allocators of one trace, together: "
+                                                                       "past it the trace fails (a stuck judge or "
+                                                                       "plugin), counted like other failed traces")
+    reward_isolation: Literal["process", "thread"] = Field(
+        "process", description="where `module:factory` rewards run: process: in worker processes stopped at "
+                               "reward_timeout_s and capped at reward_memory_mb (rewards/isolated.py); thread: in "
+                               "the run's process, on a thread that is abandoned, not stopped, at the limit. The "
+                               "built-in rewards always run in the run's process")
+    reward_memory_mb: int = Field(2048, ge=64, le=1_048_576, description="process isolation: each reward worker's "
+                                                                          "address space; past it the trace fails")
+    reward_workers: int = Field(4, ge=1, le=64, description="process isolation: worker processes per reward plugin "
+                                                             "(started as traces need them)")
     max_failed_fraction: float = Field(0.5, ge=0, le=1, description="stop the run when more of a step's traces "
                                                                     "than this fail for infrastructure reasons")
     mode: Literal["sync", "async"] = Field(
@@ -319,7 +329,7 @@ class TrainConfig(Strict):
     eval_after: bool = True
     eval_every: int = Field(0, ge=0, description="evaluate on the held-out set every N steps (0: never during training)")
     log_traces: int = Field(4, ge=0, description="traces per step written to traces.jsonl")
-    progress_every_s: float = Field(60.0, gt=0, description="when the console is not a terminal (a log file), a line "
+    progress_every_s: float = Field(60.0, gt=0, le=86_400, description="when the console is not a terminal (a log file), a line "
                                                             "'rollout: done/total after XmYYs' at most this often "
                                                             "during a rollout or an evaluation")
     stop_when_stuck: int = Field(40, ge=0, description="end the run (checkpoint, final evaluation, exit status 3) "

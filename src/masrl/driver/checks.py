@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from masrl.agents import AgentSpec
 from masrl.algorithms.estimators import check_estimator, needs_critic, needs_reference
 from masrl.config import RunConfig
-from masrl.config.loading import load_object
+from masrl.config.loading import build_object, load_object
 from masrl.errors import ConfigError, ModelError
 from masrl.families import build_workflow, check_source
 from masrl.models import resolve_model
@@ -242,6 +242,17 @@ def _check_data_parallel(cfg: RunConfig, name: str, p) -> None:
                               f"data_parallel")
 
 
+def _isolated(cfg: RunConfig, r, built):
+    """A plugin reward (built here once, so that a bad option fails before any model loads) served from worker
+    processes the run stops at ``rollout.reward_timeout_s`` (``rewards/isolated.py``)."""
+    from masrl.rewards.isolated import IsolatedAllocator
+
+    ro = cfg.rollout
+    return IsolatedAllocator(r.type, weight=r.weight, options=dict(r.options),
+                             name=getattr(built, "name", type(built).__name__), timeout_s=ro.reward_timeout_s,
+                             memory_mb=ro.reward_memory_mb, workers=ro.reward_workers)
+
+
 def check_rewards(cfg: RunConfig) -> list:
     """The reward allocators, built (cheap: no model) so that a bad type or option fails here."""
     out = []
@@ -255,10 +266,8 @@ def check_rewards(cfg: RunConfig) -> list:
                 raise ConfigError(f"rewards.{i}: {r.type} takes no option(s) {', '.join(r.options)} ({exc})") from None
         else:
             factory = load_object(r.type, f"rewards.{i}.type")
-            try:
-                out.append(factory(weight=r.weight, **r.options))
-            except TypeError as exc:
-                raise ConfigError(f"rewards.{i}: cannot build '{r.type}' with weight and options {r.options}: {exc}") from None
+            built = build_object(factory, f"rewards.{i} ('{r.type}')", weight=r.weight, **r.options)
+            out.append(_isolated(cfg, r, built) if cfg.rollout.reward_isolation == "process" else built)
     for a in out:
         if not hasattr(a, "allocate"):
             raise ConfigError(f"reward {a!r} has no allocate(trace, task) method")

@@ -53,8 +53,12 @@ def build_workflow(name: str, options: dict):
     _check_options(name, cls, options)
     try:
         return cls(**options)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"workflow.options for '{name}': {exc}") from None
+    except Exception as exc:  # a user's workflow raised while it was built: a config error, named
+        raise ConfigError(f"workflow '{name}': building it raised {type(exc).__name__}: {str(exc)[:300]}") from None
 
 
 def _check_options(name: str, cls, options: dict) -> None:

@@ -1,19 +1,21 @@
 """RewardAllocator protocol and the reward combination step.
 
-Allocators are user code (``module:factory`` plugins), so ``combine`` runs each one off the caller's
-thread under a time limit and checks what it returns. An allocator that runs past the limit (a stuck
-judge, a deadlock), raises, assigns to a call that is not in the trace, or returns a reward that is not a
-finite number fails that trace with ``RewardFailure``, whose message names the allocator and the task; the
-trace is dropped from training and counted like any failed trace (``rollout.max_failed_fraction``).
+Allocators are user code (``module:factory`` plugins), so ``combine`` runs each one under a time limit and
+checks what it returns: a plugin in worker processes that are killed at the limit (``isolated.py``), a
+built-in on a thread of its own. An allocator that runs past the limit (a stuck judge, a deadlock, a regex
+that holds the GIL), raises, assigns to a call that is not in the trace, or returns a reward that is not a
+finite real number within ``MAX_REWARD`` fails that trace with ``RewardFailure``, whose message names the
+allocator and the task; the trace is dropped from training and counted like any failed trace
+(``rollout.max_failed_fraction``). Python's and NumPy's numbers are all rewards.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import threading
 import traceback
-import weakref
 from collections import defaultdict
 from typing import Any, Callable, Protocol
 
@@ -22,7 +24,8 @@ from masrl.errors import InfraError
 from masrl.trace import RewardAssignment, Trace
 
 DEFAULT_TIMEOUT_S = 120.0
-_reported: "weakref.WeakSet" = weakref.WeakSet()  # allocators whose traceback was printed once already
+MAX_REWARD = 1e6  # a reward's magnitude past this is refused (it would swamp every advantage it meets)
+_reported: dict[int, Any] = {}  # id -> allocator whose traceback was printed once already (kept: ids stay unique)
 
 
 class RewardAllocator(Protocol):
@@ -61,8 +64,35 @@ def _name(alloc) -> str:
 
 
 def _all_allocations(trace: Trace, task: Task, allocators: list, timeout_s: float | None) -> list[tuple[str, list]]:
-    """Every allocator's assignments, ``(name, list)``, all run on one thread under one time limit; a
-    failure names the allocator that was running."""
+    """Every allocator's assignments, ``(name, list)``, in config order: the built-ins on one thread under one
+    time limit, each isolated plugin in its worker processes under its own."""
+    here = [a for a in allocators if not getattr(a, "isolated", False)]
+    done = iter(_thread_allocations(trace, task, here, timeout_s) if here else [])
+    return [next(done) if not getattr(alloc, "isolated", False) else (_name(alloc), _isolated_allocation(alloc, trace, task))
+            for alloc in allocators]
+
+
+def _isolated_allocation(alloc, trace: Trace, task: Task) -> list:
+    from masrl.rewards.isolated import WorkerError
+
+    where = f"reward allocator '{_name(alloc)}' on task {task.id} (trace {trace.trace_id})"
+    try:
+        return list(alloc.allocate(trace, task))
+    except TimeoutError:
+        raise RewardFailure(f"{where} did not return within {alloc.timeout_s:g} s (rollout.reward_timeout_s); its "
+                            f"worker process was stopped") from None
+    except WorkerError as exc:
+        if exc.infra:
+            raise RewardFailure(f"{where}: {exc.message}") from None
+        if exc.trace_text and _first_failure(alloc):
+            print(f"[masrl] {where} raised {exc.kind}: {exc.message} (the trace fails; its traceback, printed once "
+                  f"per allocator, follows)\n{exc.trace_text}", file=sys.stderr, end="")
+        raise RewardFailure(f"{where} raised {exc.kind}: {exc.message}") from None
+
+
+def _thread_allocations(trace: Trace, task: Task, allocators: list, timeout_s: float | None) -> list[tuple[str, list]]:
+    """The allocators' assignments, all run on one thread under one time limit; a failure names the
+    allocator that was running."""
     running: dict[str, Any] = {"name": "", "alloc": None}
 
     def work():
@@ -96,13 +126,22 @@ def _all_allocations(trace: Trace, task: Task, allocators: list, timeout_s: floa
 
 
 def _first_failure(alloc) -> bool:
-    try:
-        if alloc in _reported:
-            return False
-        _reported.add(alloc)
-    except TypeError:  # not weak-referenceable: say it every time
-        pass
+    """Whether ``alloc``'s failure is its first (by identity: a dataclass allocator is not hashable)."""
+    if id(alloc) in _reported:
+        return False
+    _reported[id(alloc)] = alloc
     return True
+
+
+def _as_reward(value) -> float | None:
+    """A finite real number within ``MAX_REWARD`` as a float (Python's or NumPy's), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        out = float(value)
+    except (OverflowError, ValueError, TypeError):  # an int too big for a float
+        return None
+    return out if math.isfinite(out) and abs(out) <= MAX_REWARD else None
 
 
 class _NotAList(Exception):
@@ -122,11 +161,13 @@ def combine(trace: Trace, task: Task, allocators: list[RewardAllocator],
             if call_id not in known:
                 raise RewardFailure(f"reward allocator '{name}' on task {task.id} assigned a reward to "
                                     f"{str(call_id)[:80]!r}, which is not a call of the trace")
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            value = _as_reward(reward)
+            if value is None:
+                shown = reward[1] if isinstance(reward, tuple) and reward[:1] == ("unreadable",) else repr(reward)[:80]
                 raise RewardFailure(f"reward allocator '{name}' on task {task.id} gave call {call_id} the reward "
-                                    f"{reward!r}; a reward must be a finite number")
+                                    f"{shown}; a reward must be a finite number within +-{MAX_REWARD:g}")
             source = getattr(a, "source", name)
-            parts[call_id][source] = parts[call_id].get(source, 0.0) + float(reward)
+            parts[call_id][source] = parts[call_id].get(source, 0.0) + value
     totals = {}
     for call in trace.calls:
         call.reward_parts = dict(parts.get(call.call_id, {}))

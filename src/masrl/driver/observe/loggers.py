@@ -143,10 +143,10 @@ def build_loggers(cfg, run_dir: Path) -> Loggers:
         elif name == "wandb":
             out.append(WandbLogger(run_dir, cfg))
         else:
-            from masrl.config.loading import load_object
+            from masrl.config.loading import build_object, load_object
 
             factory = load_object(name, f"train.loggers.{i}")
-            logger = factory(run_dir, cfg)
+            logger = build_object(factory, f"train.loggers.{i} ('{name}')", run_dir, cfg)
             missing = [m for m in ("log_step", "log_eval", "log_traces", "close") if not hasattr(logger, m)]
             if missing:
                 raise ConfigError(f"train.loggers.{i}: '{name}' made a logger without {', '.join(missing)}")

@@ -260,6 +260,10 @@ class Controller:
     async def aclose(self) -> None:
         for b in self.batchers:
             await b.aclose()
+        for alloc in self.allocators:  # reward plugins' worker processes
+            close_alloc = getattr(alloc, "close", None)
+            if close_alloc is not None:
+                close_alloc()
         close = getattr(self.workflow, "aclose", None)  # a workflow that serves (the external one's gateway)
         if close is not None:
             await close()

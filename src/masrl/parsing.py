@@ -113,7 +113,9 @@ def parse_json_key(text: str, key: str, *, want: type | None = list) -> ParseRes
 
     Checks, each worth the same: the text is one JSON object (a leading/trailing fence or spaces
     allowed; an object cut off by a stop string is closed for it); it has ``key``; the value has
-    type ``want`` (a list must hold non-empty strings). Field ``text`` keeps the raw completion.
+    type ``want`` (a list must hold non-empty strings). Field ``text`` keeps the raw completion; field ``key``
+    is set only to a value of type ``want`` (a list: its non-empty strings), so a workflow never meets
+    ``{"queries": 5}``'s 5 where it expects a list.
     """
     import json
 
@@ -140,7 +142,7 @@ def parse_json_key(text: str, key: str, *, want: type | None = list) -> ParseRes
         value = [str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip()]
         typed = bool(value) and len(value) == len(obj[key])
     checks.append(typed)
-    if value is not None:
+    if value is not None and (want is None or isinstance(value, want)):  # a wrong type never reaches the workflow
         fields[key] = value
     if value is not None and not typed:
         errors.append(f"'{key}' must be a {'list of non-empty strings' if want is list else want.__name__}")

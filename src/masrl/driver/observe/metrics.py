@@ -165,7 +165,7 @@ def sample_metrics(traces: list[Trace]) -> dict:
     return {"k": k, "pass@1": mean(p1), f"pass@{k}": mean(pk), f"maj@{k}": mean(maj)}
 
 
-LINE = 160  # a step line longer than this puts each agent, policy and alarm on a line of its own
+LINE = 240  # a step line longer than this puts each agent, policy and alarm on a line of its own
 
 
 def agent_result(a: dict) -> tuple[str, float]:

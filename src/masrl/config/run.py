@@ -8,11 +8,12 @@ model on disk) is checked once, before anything is built, by ``driver.checks``.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from masrl.config.explain import format_validation_error
 from masrl.config.policy import DEVICE, CriticConfig, PolicyConfig, RuntimeConfig, Strict
@@ -32,8 +33,9 @@ from masrl.errors import ConfigError
 
 
 class RunConfig(Strict):
-    name: str = "run"
-    output_dir: str | None = Field(None, description="default: runs/<name>")
+    name: str = Field("run", description="the run's name: one path component (letters, digits, '.', '_', '+', '-'); its "
+                                  "folder is runs/<name> unless output_dir says otherwise")
+    output_dir: str | None = Field(None, min_length=1, description="default: runs/<name>")
     seed: int = 0
     model: str = Field("smollm2-135m-instruct", description="default model of every policy")
     device: str = Field("auto", pattern=DEVICE, description="auto (the GPU when there is one) | cpu | cuda | cuda:N")
@@ -56,6 +58,14 @@ class RunConfig(Strict):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _one_component(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,119}", v):
+            raise ValueError(f"name {v!r} must be one path component of 1-120 letters, digits, '.', '_', '+' or '-' "
+                             f"(not starting with '.'); to write the run elsewhere, set output_dir")
+        return v
 
     @model_validator(mode="before")
     @classmethod

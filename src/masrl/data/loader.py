@@ -38,7 +38,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         lineno = raw[: exc.start].count(b"\n") + 1
         raise DataError(f"{path}:{lineno}: not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
                         f"re-save the file as UTF-8") from None
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, line in enumerate(text.split("\n"), 1):  # JSON's own line rule: U+2028 and U+0085 are text
         if not line.strip():
             continue
         try:

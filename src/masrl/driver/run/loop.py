@@ -36,7 +36,7 @@ from masrl.driver.run import rundir as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
 from masrl.driver.run.best import KeepBest, eval_best, validate
 from masrl.driver.run.budget import TimeBudget
-from masrl.driver.run.rundir import RunDir, replace_file
+from masrl.driver.run.rundir import RunDir, make_run_dir, replace_file
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
 from masrl.errors import InfraError, MasrlError
@@ -82,7 +82,7 @@ class Trainer:
         for line in report:
             self.log(f"[masrl] {line}")
         created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_run_dir(self.run_dir)
         try:
             if not run.config_file.is_file():  # a new run's record; a resumed run's is rewritten only
                 replace_file(run.config_file, dump_config(self.cfg))  # once it really continues (below)

@@ -245,6 +245,22 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def make_run_dir(path: Path) -> None:
+    """Create a run's folder; a path that cannot be one (a file, a folder under a file, no permission) is a
+    one-line ``ConfigError`` naming ``output_dir``."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output_dir {path}: that is a file, not a folder; give a folder for the run")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".masrl-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"output_dir {path}: cannot write the run there ({exc.strerror or exc}); give a folder "
+                          f"you can write to") from None
+
+
 def replace_file(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file and a rename: a kill leaves the old or the new."""
     tmp = path.with_name(path.name + ".tmp")

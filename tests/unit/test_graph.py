@@ -21,7 +21,7 @@ from masrl.families.qa.rag import RAG
 from masrl.families.qa.world import ensure_world, world_tasks
 from masrl.trace import Trace
 from masrl.workflows.expr import EvalError, ExprError, compile_expr, compile_template
-from masrl.workflows.graph import Graph
+from masrl.workflows.graph import Graph, GraphRunError
 
 ROOT = Path(__file__).resolve().parents[2]
 RAG_GRAPH = yaml.safe_load((graph_path("qa/graphs/rag.yaml")).read_text())
@@ -243,5 +243,56 @@ def test_a_graph_names_the_node_whose_expression_failed():
          "nodes": {"ask": {"type": "llm", "agent": "a", "prompt": "{task.question}",
                            "next": [{"if": "join(ask.answer, 5) == '4'", "to": "end"}]}},
          "score": "math"}
-    with pytest.raises(EvalError, match=r"nodes\.ask: join.s separator must be a string, not a int \(in `join\(ask\.answer, 5\)"):
+    # the values a task met did not fit: that trace fails (counted), naming where; it is no crash of the run
+    with pytest.raises(GraphRunError, match=r"nodes\.ask: join.s separator must be a string, not a int \(in `join\(ask\.answer, 5\)"):
         _run(Graph(graph=g), Task("t", "2+2?", "4"), None, Echo({"a": "<answer>4</answer>"}))
+
+
+@pytest.mark.parametrize("name", ["steps", "task", "visits", "calls", "item", "join"])
+def test_a_node_named_as_a_built_in_is_refused_at_load(name):
+    g = {"agents": {"a": {}}, "start": name, "answer": f"{name}.text",
+         "nodes": {name: {"type": "llm", "agent": "a", "prompt": "x"}}}
+    with pytest.raises(ConfigError, match=f"nodes.{name}: '{name}' is a built-in name"):
+        Graph(graph=g)
+
+
+def test_a_foreach_fans_out_to_at_most_max_calls_model_calls():
+    """A 7-line graph whose foreach runs over 200,000 items once launched 200,000 calls a task: the calls a task
+    may make are bounded (``max_calls``, default 64), foreach's each counted, and the task ends at the bound."""
+    g = {"agents": {"a": {}}, "start": "fan", "answer": "fan.text",
+         "nodes": {"fan": {"type": "llm", "agent": "a", "foreach": "[1] * 200000", "prompt": "{item}",
+                           "next": "again"},
+                   "again": {"type": "llm", "agent": "a", "prompt": "x"}}}
+    trace = _run(Graph(graph=g), Task("t", "q", "a"), None, Echo({"a": "ok"}))
+    assert len(trace.calls) == 64 and trace.metrics["step_limit_hit"] == 1.0
+    g["max_calls"] = 5
+    assert len(_run(Graph(graph=g), Task("t", "q", "a"), None, Echo({"a": "ok"})).calls) == 5
+
+
+def test_a_whole_prompt_is_held_to_the_size_cap_across_all_its_fields():
+    """400 fields of 999,999 characters each rendered a 400M-character prompt; the cap counts all fields."""
+    import tracemalloc
+
+    from masrl.workflows.expr_bounds import MAX_SIZE
+
+    tpl = compile_template("{x}" * 400)
+    tracemalloc.start()
+    try:
+        with pytest.raises(EvalError, match="all its fields together"):
+            tpl.render({"x": "a" * (MAX_SIZE - 1)})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * MAX_SIZE  # a few fields' worth, not 400
+    assert tpl.render({"x": "ab"}) == "ab" * 400
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_walked(tmp_path):
+    bomb = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
+        f"{n}: &{n} [{', '.join(['*' + p] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi"))
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb + "agents: {}\nstart: x\nnodes: {}\nanswer: x\n")
+    with pytest.raises(ConfigError, match="aliases expand to more than"):
+        Graph(path=str(path))
+    with pytest.raises(ConfigError, match="once its YAML aliases are expanded"):
+        Graph(graph=yaml.safe_load(bomb))

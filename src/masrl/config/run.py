@@ -16,6 +16,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from masrl.config.explain import format_validation_error
+from masrl.config.loading import MAX_YAML_NODES, expanded_size, read_yaml
 from masrl.config.policy import DEVICE, CriticConfig, PolicyConfig, RuntimeConfig, Strict
 from masrl.config.sections import (
     AgentConfig,
@@ -213,15 +214,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)  # type: ignore[arg-type]
         if not p.is_file():
             raise ConfigError(f"config file '{path}' does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {exc}") from None
+        data = read_yaml(p.read_text(), f"config file '{path}'") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
     for text in overrides or []:
         key, value = parse_override(text)
         apply_override(data, key, value)
+    if expanded_size(data, MAX_YAML_NODES) > MAX_YAML_NODES:  # an override's aliases count too
+        raise ConfigError(f"config {source}: with its overrides it stands for more than {MAX_YAML_NODES:,} values "
+                          f"once YAML aliases are expanded; write the values out")
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

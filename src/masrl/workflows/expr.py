@@ -358,13 +358,19 @@ class Template:
     parts: tuple  # str | Expr
 
     def render(self, env: dict[str, Any]) -> str:
-        out = []
+        """The text with every field filled; the whole of it, all fields together, is held to ``MAX_SIZE``
+        characters (each field's value alone is already bounded by its expression's budget)."""
+        out, total = [], 0
         for p in self.parts:
             if isinstance(p, str):
-                out.append(p)
+                piece = p
             else:
                 v = p(env)
-                out.append(_numbered(v) if isinstance(v, list) else "" if v is None else str(v))
+                piece = _numbered(v) if isinstance(v, list) else "" if v is None else str(v)
+            total += len(piece)
+            if total > MAX_SIZE:
+                raise EvalError(f"the rendered text holds more than {MAX_SIZE:,} characters (all its fields together)")
+            out.append(piece)
         return "".join(out)
 
     @property

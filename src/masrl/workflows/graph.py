@@ -14,6 +14,7 @@ A graph file::
     tools: [search_many]          # search | search_many | run_tests | module:factory (factory(services) -> Tool)
     start: decompose
     max_steps: 20                 # node runs per task; past it the task ends with the answer so far
+    max_calls: 64                 # model calls per task (each of a foreach's counted); past it, the same
     nodes:
       decompose: {type: llm, agent: decomposer, prompt: "Question: {task.question}", next: retrieve}
       retrieve:  {type: tool, tool: search_many, args: {queries: "take(decompose.queries or [task.question], 3)"},
@@ -29,9 +30,10 @@ Prompts are templates whose ``{...}`` fields are expressions (``workflows.expr``
 boolean logic, field access, a few functions; never ``eval``). An llm node's value has its
 parser's fields (``None`` when missing) and ``text``; a ``foreach`` node runs one call per item
 of a list, all at once, with ``item`` and ``index`` bound, and its fields are lists. A tool node's
-value has ``result``, ``ok``, ``error`` and ``args``. ``visits.<node>`` counts a node's runs and
-``steps`` all runs. Everything is checked at load: an unknown node, agent, tool, function or field
-is an error that names it.
+value has ``result``, ``ok``, ``error`` and ``args``. ``visits.<node>`` counts a node's runs,
+``steps`` all runs and ``calls`` the model calls. Everything is checked at load: an unknown node, agent,
+tool, function or field, or a node named as a built-in (``task``, ``steps``, a function), is an error
+that names it. An expression that fails on the values a task meets fails that trace (``GraphRunError``).
 """
 
 from __future__ import annotations
@@ -40,13 +42,13 @@ import asyncio
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from masrl.agents import AgentRole
 from masrl.config.explain import format_validation_error
+from masrl.config.loading import MAX_YAML_NODES, expanded_size, read_yaml
 from masrl.data.tasks import Task
-from masrl.errors import ConfigError
+from masrl.errors import ConfigError, InfraError
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_json_key, parse_tags
 from masrl.trace import Trace
 from masrl.workflows.expr import FUNCTIONS, EvalError, Expr, ExprError, compile_expr, compile_template
@@ -90,13 +92,21 @@ class GraphSpec(_Strict):
     agents: dict[str, AgentDef]
     tools: list[str] = Field(default_factory=list)
     start: str
-    max_steps: int = Field(50, ge=1)
+    max_steps: int = Field(50, ge=1, le=10_000, description="node runs per task")
+    max_calls: int = Field(64, ge=1, le=10_000, description="model calls per task, a foreach's each counted; past "
+                                                              "it the task ends with the answer so far")
     nodes: dict[str, Annotated[Union[LLMNode, ToolNode], Field(discriminator="type")]]
     answer: str
     score: str = "qa"
 
 
 TASK_FIELDS = {"question", "answer", "id", "meta"}
+BUILTIN_NAMES = {"task", "visits", "steps", "calls", "item", "index", "end", "none", "true", "false"}
+
+
+class GraphRunError(InfraError):
+    """An expression failed on the values a task met (a model's reply of another shape than the graph expects,
+    say): that trace fails, counted like other failed traces; a graph that fails every trace stops the run."""
 
 
 def make_parser(spec: Union[str, dict], where: str):
@@ -142,13 +152,13 @@ def load_graph(path: str | Path | None = None, graph: dict | None = None) -> Gra
         p = Path(path).expanduser()
         if not p.is_file():
             raise ConfigError(f"graph file '{path}' does not exist (workflow.options.path)")
-        try:
-            graph = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"graph file '{path}' is not valid YAML: {exc}") from None
+        graph = read_yaml(p.read_text(), f"graph file '{path}'")
         where = str(path)
     if not isinstance(graph, dict):
         raise ConfigError(f"{where}: a graph must be a mapping with agents, start, nodes and answer")
+    if expanded_size(graph, MAX_YAML_NODES) > MAX_YAML_NODES:  # an inline graph, read with the run's config
+        raise ConfigError(f"{where}: the graph stands for more than {MAX_YAML_NODES:,} values once its YAML aliases "
+                          f"are expanded; write it without nested anchors")
     try:
         return GraphSpec.model_validate(graph)
     except ValidationError as exc:
@@ -172,6 +182,10 @@ class Graph:
         self.compiled: dict[str, dict[str, Any]] = {}
         if spec.start not in spec.nodes:
             raise ConfigError(f"{self.where}: start '{spec.start}' is not a node (nodes: {', '.join(spec.nodes)})")
+        for name in spec.nodes:
+            if name in BUILTIN_NAMES or name in FUNCTIONS:
+                raise ConfigError(f"{self.where}: nodes.{name}: '{name}' is a built-in name of the expressions; "
+                                  f"rename the node")
         for name, node in spec.nodes.items():
             self.compiled[name] = self._compile_node(name, node)
         self.answer = self._expr(spec.answer, "answer", foreach=False)
@@ -185,7 +199,7 @@ class Graph:
 
     def _check_refs(self, e: Expr, where: str, foreach: bool) -> None:
         for root, fld in e.refs:
-            if root in FUNCTIONS or root == "steps":
+            if root in FUNCTIONS or root in ("steps", "calls"):
                 continue
             if root in ("item", "index"):
                 if not foreach:
@@ -301,10 +315,15 @@ class Graph:
             return few_shot(a.system, [tuple(x) for x in a.examples], c["prompt"].render(local))
 
         if c["foreach"] is None:
+            env["calls"] += 1
             return self._value(node.agent, await ctx.call(node.agent, messages(env)))
         items = c["foreach"](env)
         if not isinstance(items, list):
-            raise TypeError(f"{self.where}: foreach `{c['foreach'].source}` gave a {type(items).__name__}, not a list")
+            raise EvalError(f"foreach `{c['foreach'].source}` gave a {type(items).__name__}, not a list")
+        room = self.spec.max_calls - env["calls"]
+        if len(items) > room:  # the rest would pass max_calls: the task ends after the calls it may make
+            items, env["call_limit_hit"] = items[:room], True
+        env["calls"] += len(items)
         calls = await asyncio.gather(*[ctx.call(node.agent, messages({**env, "item": it, "index": i}))
                                        for i, it in enumerate(items)])
         values = [self._value(node.agent, call) for call in calls]
@@ -325,16 +344,18 @@ class Graph:
 
     async def run(self, task: Task, ctx) -> None:
         env: dict[str, Any] = {"task": {"question": task.question, "answer": task.answer, "id": task.id,
-                                        "meta": dict(task.meta)}, "visits": {n: 0 for n in self.spec.nodes}, "steps": 0}
+                                        "meta": dict(task.meta)}, "visits": {n: 0 for n in self.spec.nodes}, "steps": 0,
+                                        "calls": 0, "call_limit_hit": False}
         current, limit_hit = self.spec.start, False
         while current != "end":
-            if env["steps"] >= self.spec.max_steps:
+            if env["steps"] >= self.spec.max_steps or env["call_limit_hit"] or (
+                    env["calls"] >= self.spec.max_calls and isinstance(self.spec.nodes[current], LLMNode)):
                 limit_hit = True
                 break
             try:
                 current = await self._step(current, env, ctx)
-            except EvalError as exc:  # an expression failed on the values it met: say where
-                raise EvalError(f"{self.where}: nodes.{current}: {exc}") from None
+            except EvalError as exc:  # an expression failed on the values it met: this trace fails, saying where
+                raise GraphRunError(f"{self.where}: nodes.{current}: {exc}") from None
         try:
             answer = self.answer(env)
         except Exception:  # the node it reads never ran (the step limit cut the graph short)

@@ -244,7 +244,8 @@ def test_a_graph_names_the_node_whose_expression_failed():
                            "next": [{"if": "join(ask.answer, 5) == '4'", "to": "end"}]}},
          "score": "math"}
     # the values a task met did not fit: that trace fails (counted), naming where; it is no crash of the run
-    with pytest.raises(GraphRunError, match=r"nodes\.ask: join.s separator must be a string, not a int \(in `join\(ask\.answer, 5\)"):
+    said = r"nodes\.ask: join.s separator must be a string, not a int \(in `join\(ask\.answer, 5\)"
+    with pytest.raises(GraphRunError, match=said):
         _run(Graph(graph=g), Task("t", "2+2?", "4"), None, Echo({"a": "<answer>4</answer>"}))
 
 

@@ -226,6 +226,8 @@ def _compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from masrl.tools.web import bounded
+
     p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a workflow's agents (eval before and after)")
@@ -270,10 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key-env", help="name of an environment variable holding the key requests must send")
-    s.add_argument("--read-timeout-s", type=float, default=30.0,
+    s.add_argument("--read-timeout-s", type=bounded(float, 0.01, 3600), default=30.0,
                    help="a connection's request line and headers, and then its body, must arrive within this")
-    s.add_argument("--max-connections", type=int, default=1024, help="open connections; past it a new one gets a 503")
-    s.add_argument("--max-body-mb", type=int, default=16, help="largest request body; a larger one gets a 413")
+    s.add_argument("--max-connections", type=bounded(int, 1, 100_000), default=1024,
+                   help="open connections; past it a new one gets a 503 (1-100000)")
+    s.add_argument("--max-body-mb", type=bounded(int, 1, 4096), default=16,
+                   help="largest request body in MB; a larger one gets a 413 (1-4096)")
     s.set_defaults(fn=_serve)
     c = sub.add_parser("compare", help="one HTML page: runs grouped by config name (seeds), held-out accuracy "
                                        "against training calls, tokens and seconds, with the spread over seeds")

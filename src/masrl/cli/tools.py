@@ -110,13 +110,17 @@ def _arithmetic(args) -> int:
 
 
 def add_commands(sub) -> None:
+    from masrl.tools.web import bounded
+
     r = sub.add_parser("retriever", help="BM25 retrieval service").add_subparsers(dest="retriever_cmd", required=True)
     s = r.add_parser("serve", help="serve POST /retrieve over a JSONL corpus")
     s.add_argument("--corpus", required=True, help="JSONL of {id, title?, text}; index saved beside it")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--idle-timeout", type=float, default=30.0, help="seconds before an idle or half-sent connection is closed")
-    s.add_argument("--max-connections", type=int, default=1024, help="open connections past this get a 503")
+    s.add_argument("--idle-timeout", type=bounded(float, 0.01, 3600), default=30.0,
+                   help="seconds before an idle or half-sent connection is closed (0.01-3600)")
+    s.add_argument("--max-connections", type=bounded(int, 1, 100_000), default=1024,
+                   help="open connections past this get a 503 (1-100000)")
     s.add_argument("--api-key-env", help="environment variable holding the key every request must send; without one "
                                          "only requests to a loopback host are answered")
     s.set_defaults(fn=_serve)

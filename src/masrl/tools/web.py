@@ -33,7 +33,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from masrl.errors import MasrlError
+from masrl.errors import ConfigError, MasrlError
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 # a Host header: a name or IPv4 address, or a bracketed IPv6 address, and an optional port; nothing else
@@ -42,17 +42,53 @@ log = logging.getLogger("masrl.http")
 ErrorShape = Callable[[int, str], dict]
 
 
+def bounded(kind, low: float, high: float):
+    """An argparse ``type`` for a numeric flag: a finite ``kind`` within ``[low, high]``, else a usage error that
+    says the range (0, negative, NaN and inf made servers refuse every request or never time out)."""
+    import argparse
+    import math
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not math.isfinite(v) or not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give {low:g} to {high:g}")
+        return v
+
+    return parse
+
+
 def plain_error(status: int, message: str) -> dict:
     """The default error shape: ``{"error": message}``."""
     return {"error": message}
 
 
+# each limit's range: (lowest, highest, the flag that sets it)
+LIMIT_RANGES = {"idle_timeout_s": (0.01, 3600.0, "--read-timeout-s / --idle-timeout"),
+                "body_timeout_s": (0.01, 3600.0, "--read-timeout-s / --idle-timeout"),
+                "max_connections": (1, 100_000, "--max-connections"),
+                "max_body_bytes": (1024, 4096 * 2**20, "--max-body-mb")}
+
+
 @dataclass(frozen=True)
 class ServerLimits:
+    """A server's limits, each checked against its range (``LIMIT_RANGES``): zero, negative, NaN or infinite
+    values made a server refuse every request or never close a half-sent connection."""
+
     idle_timeout_s: float = 30.0  # request line and headers must arrive within this
     body_timeout_s: float = 30.0  # the body, once the headers are in
     max_connections: int = 1024  # open connections; past it a new one gets a 503
     max_body_bytes: int = 16 * 2**20
+
+    def __post_init__(self):
+        import math
+
+        for name, (low, high, flag) in LIMIT_RANGES.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low <= v <= high:
+                raise ConfigError(f"{flag}: {v!r} is out of range for {name}; give a number from {low:g} to {high:g}")
 
 
 class PortInUse(MasrlError):
@@ -91,6 +127,30 @@ def loopback_host(host_header: str | None) -> bool:
         return False
     host = f"[{m.group('v6')}]" if m.group("v6") else m.group("name")
     return host.lower() in LOOPBACK_NAMES
+
+
+def browser_refusal(request) -> tuple[int, str] | None:
+    """For a server without a key: why a request that a web page could have sent is refused, or None. A page
+    the user opens can POST to 127.0.0.1 (a CSRF path to a local server): its requests carry an ``Origin``
+    (refused unless the origin is itself a loopback one), and without a preflight it can send only
+    ``text/plain`` or form bodies (a POST must say ``Content-Type: application/json``)."""
+    from urllib.parse import urlsplit
+
+    origin = request.headers.get("Origin")
+    if origin is not None:
+        try:
+            host = urlsplit(origin).netloc if origin != "null" else ""
+        except ValueError:
+            host = ""
+        if not loopback_host(host):
+            return 403, (f"a cross-origin request (Origin {origin[:100]!r}) to a server without an API key; a web page "
+                         f"may not use it (give the server a key to serve other origins)")
+    if request.method == "POST":
+        ctype = (request.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            return 415, (f"Content-Type {ctype[:60] or '(none)'!r}: send the body as application/json (a server "
+                         f"without an API key takes JSON only)")
+    return None
 
 
 def same_key(given: str | None, expected: str) -> bool:
@@ -236,8 +296,16 @@ def _payload_error(exc: BaseException) -> bool:
     return isinstance(exc, (web_protocol.RequestPayloadError, http_exceptions.HttpProcessingError))
 
 
+_QUOTED = re.compile(r"b?'(?:[^'\\]|\\.)*'" + r'|b?"(?:[^"\\]|\\.)*"')
+_SECRET_HEADER = re.compile(r"(authorization|cookie|x-api-key)\s*:.*", re.I)
+
+
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+    """An error as one line for the log and the answer, with no header's value in it: the HTTP parser quotes
+    the bytes it choked on, which can be the line that holds the API key."""
+    text = _QUOTED.sub("(bytes not shown)", str(exc))
+    text = _SECRET_HEADER.sub(r"\1: (not shown)", text)
+    return " ".join(text.split())[:200] or type(exc).__name__
 
 
 def json_error(status: int, shape: dict, *, close: bool = False):

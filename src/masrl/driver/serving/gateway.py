@@ -120,6 +120,10 @@ class Gateway:
                     return _answer(403, f"Host {request.headers.get('Host', '')[:100]!r} is not a loopback name; a "
                                         f"gateway without an API key answers only requests to 127.0.0.1, localhost or "
                                         f"[::1] (give it a key to serve other hosts)")
+                else:
+                    refused = web.browser_refusal(request)  # a web page the user opened cannot reach it blind
+                    if refused is not None:
+                        return _answer(*refused)
                 return await handler(request)
             except BadRequest as exc:
                 return _answer(exc.status, exc.message, exc.param)

@@ -183,6 +183,10 @@ class RetrieverServer:
             return _json(403, {"error": f"Host {request.headers.get('Host', '')[:100]!r} is not a loopback name; a "
                                         f"retriever without an API key answers only requests to 127.0.0.1, localhost "
                                         f"or [::1] (start it with --api-key-env to serve other hosts)"})
+        else:
+            refused = web.browser_refusal(request)  # a web page the user opened cannot reach it blind
+            if refused is not None:
+                return _json(refused[0], {"error": refused[1]})
         return None
 
     @property

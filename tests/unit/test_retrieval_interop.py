@@ -118,7 +118,8 @@ def test_idle_and_half_sent_connections_are_closed_and_connections_are_capped(in
         host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1])
         idle = socket.create_connection((host, port))
         half = socket.create_connection((host, port))
-        half.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"queries\"")
+        half.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"queries\"")
         assert _closed_within(idle, 5) and _closed_within(half, 5, b"HTTP/1.1 408")  # a late body gets its 408
         held = [socket.create_connection((host, port)) for _ in range(3)]
         time.sleep(0.2)

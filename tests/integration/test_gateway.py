@@ -270,3 +270,22 @@ def test_posted_rewards_are_checked_before_any_is_kept():
             post_rewards(trace, bad)
         assert "posted_outcome" not in trace.state  # nothing of a bad batch is kept
     assert post_rewards(trace, [{"id": "chatcmpl-c1", "reward": -1}]) == 1 and trace.calls[0].credit == -1.0
+
+
+def test_a_programs_output_is_read_in_bounded_chunks_and_capped(tmp_path):
+    """A program that writes megabytes: the answer is still its last line (only the tail is kept); past
+    ``max_output_mb`` it is stopped and its trace fails, saying so."""
+    noisy = ("import sys; sys.stderr.write('e' * (3 << 20)); sys.stdout.write('x\\n' * (2 << 20)); "
+             "print('7'); sys.stdout.flush()")
+    data = _data(tmp_path / "ok", command=["python", "-c", noisy])
+    tr, _, _ = prepared_trainer(data, tmp_path / "ok")
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == 0 and {t.final_answer for t in tr.last_traces} == {"7"}
+    asyncio.run(tr.rt.controller.aclose())
+    data = _data(tmp_path / "cap", command=["python", "-c", noisy], max_output_mb=1)
+    data["rollout"]["max_failed_fraction"] = 1.0
+    tr, _, _ = prepared_trainer(data, tmp_path / "cap")
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == 6
+    assert all("wrote more than 1 MB" in t.error for t in tr.last_traces), [t.error for t in tr.last_traces][:2]
+    asyncio.run(tr.rt.controller.aclose())

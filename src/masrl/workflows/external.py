@@ -20,6 +20,10 @@ itself (``POST <base_url>/rewards`` with ``{"reward": r}``; ``{"id": <a response
 posts a call's credit, paid by the ``credit`` reward, with any scorer). A program that raises,
 hangs past ``timeout_s`` or meets a failed model call has its trace dropped as infrastructure and
 counted (``rollout.max_failed_fraction`` stops the run); the answer is never made up.
+
+A command's output is read in chunks as it comes: the last ``KEEP_OUT`` bytes of its stdout (where the
+answer is) and ``KEEP_ERR`` of its stderr are kept, and a program that writes more than ``max_output_mb``
+in all is stopped and its trace fails (four programs writing 360 MB each once took the driver to 2.5 GB).
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ from masrl.errors import ConfigError, InfraError
 from masrl.parsing import ParseResult
 from masrl.trace import Trace
 
+CHUNK = 64 * 1024
+KEEP_OUT = 1 << 20  # bytes of a command's stdout kept: its last line is the answer
+KEEP_ERR = 64 * 1024  # of its stderr: the end says why it failed
+
 
 def parse_raw(text: str) -> ParseResult:
     """An outside agent's output is whatever it wrote; its program reads it."""
@@ -53,7 +61,10 @@ class External:
 
     def __init__(self, agents: list[str], agent: str | None = None, command: list[str] | str | None = None,
                  score: str = "math", timeout_s: float = 600.0, max_new_tokens: int = 256, api_key: str | None = None,
-                 port: int = 0):
+                 port: int = 0, max_output_mb: float = 64.0):
+        if not 0 < max_output_mb <= 4096:
+            raise ValueError("max_output_mb: a command's output in MB, more than 0 and at most 4096")
+        self.max_output = int(max_output_mb * 2**20)
         if (agent is None) == (command is None):
             raise ValueError("give exactly one of agent ('pkg.module:function', called with the task and a base URL) "
                              "and command (a program run with OPENAI_BASE_URL set)")
@@ -146,11 +157,22 @@ class External:
                    MASRL_TASK=json.dumps(view))
         proc = await asyncio.create_subprocess_exec(*self.command, env=env, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE)
+        seen = [0]
+        readers = [asyncio.ensure_future(self._tail(proc.stdout, KEEP_OUT, seen)),
+                   asyncio.ensure_future(self._tail(proc.stderr, KEEP_ERR, seen))]
         try:
-            out, err = await proc.communicate()
-        except asyncio.CancelledError:
-            proc.kill()
+            out, err = await asyncio.gather(*readers)
             await proc.wait()
+        except BaseException:  # cancelled (the trace's time limit), or it wrote past its cap
+            for r in readers:
+                r.cancel()
+            if proc.returncode is None:
+                proc.kill()
+            await asyncio.shield(proc.wait())
+            await asyncio.gather(*readers, return_exceptions=True)
+            for stream in (proc.stdout, proc.stderr):  # what the dead program left in its pipes, so they close
+                while await stream.read(CHUNK):
+                    pass
             raise
         if proc.returncode != 0:
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
@@ -163,6 +185,18 @@ class External:
             return obj.get("answer") if isinstance(obj, dict) else last
         except json.JSONDecodeError:
             return last
+
+    async def _tail(self, stream, keep: int, seen: list[int]) -> bytes:
+        """The last ``keep`` bytes ``stream`` gives, read in chunks; past ``max_output`` bytes on both streams
+        together, ``InfraError``."""
+        tail = b""
+        while chunk := await stream.read(CHUNK):
+            seen[0] += len(chunk)
+            if seen[0] > self.max_output:
+                raise InfraError(f"the outside agent {self.command[0]} wrote more than {self.max_output / 2**20:g} MB "
+                                 f"(workflow.options.max_output_mb); it was stopped")
+            tail = (tail + chunk)[-keep:]
+        return tail
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]:
         if self.scorer == "posted":

@@ -160,6 +160,47 @@ def test_parts_tool_calls_and_tools_are_counted_before_they_are_read(served, fie
     assert status == 400 and body["error"]["param"] == param and "at most" in body["error"]["message"], body
 
 
+def _compact(body: dict) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("name, body, says", [
+    # 2048 messages of 128 tool calls each: 262k calls in 9 MB, each message within its own cap
+    ("262k tool calls", _compact({**_ask(), "messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"function": {"name": "f"}}] * 128}] * 2048}), "tool calls; at most 1024"),
+    # 128 tools of 10k parameters each in 12 MB: every tool within its own caps
+    ("128 tools x 10k parameters", _compact({**_ask(), "tools": [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": {
+            str(j): {} for j in range(10_000)}}}} for i in range(128)]}), "schemas hold more than"),
+])
+def test_what_a_request_holds_is_counted_whole_and_no_one_waits_behind_it(served, name, body, says):
+    """Caps counted over the whole request, before any per-item work; a big body's checks run off the event loop,
+    so a /v1/models poller beside it keeps its answers coming (before: every request stalled 4-9 s)."""
+    waits = []
+
+    async def poll(s, stop):
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            async with s.get(f"{served.url}/v1/models") as r:
+                assert r.status == 200
+            waits.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.02)
+
+    async def go():
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession() as s:
+            poller = asyncio.ensure_future(poll(s, stop))
+            got = await _post(s, f"{served.url}/v1/chat/completions", body)
+            normal = await _post(s, f"{served.url}/v1/chat/completions", _ask())
+            stop.set()
+            await poller
+            return got, normal
+
+    (status, answer, _), (ok, _, _) = asyncio.run(go())
+    assert ok == 200 and status == 400 and says in answer["error"]["message"], answer
+    assert waits and max(waits) < 2.0, (name, max(waits))
+
+
 def test_a_host_that_only_starts_like_loopback_is_refused(served):
     hosts = ["[::1]evil.com", "localhost.evil.com", "127.0.0.1.evil.com:80", "localhost:80:80", "[::1]:80x"]
     answers = _beside_good_ones(served.url, [_ask()] * len(hosts))  # the good ones, then the same bodies...
@@ -260,8 +301,8 @@ def test_the_retriever_answers_only_loopback_hosts_without_a_key_and_a_bad_gzip_
     assert status == 403 and "loopback" in body["error"], body
     bad = gzip.compress(ok)[:-8] + b"xxxxxxxx"
     status, body, _ = _json_answer(_raw(retriever.port, b"POST /retrieve HTTP/1.1\r\nHost: localhost\r\n"
-                                                        b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bad)
-                                        + bad))
+                                                        b"Content-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                                                        b"Content-Length: %d\r\n\r\n" % len(bad) + bad))
     assert status == 400 and "could not be read" in body["error"], body
     status, body, _ = _json_answer(_raw(retriever.port, b"BOGUS\r\n\r\n"))
     assert status == 400 and "malformed" in body["error"]

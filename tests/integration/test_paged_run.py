@@ -147,13 +147,13 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
     from masrl.config import SamplingParams
     from masrl.errors import PromptError
     from masrl.messages import GenCall
-    from masrl.worker.prompts import MAX_CHARS_PER_TOKEN
+    from masrl.worker.prompts import MAX_BYTES_PER_TOKEN
 
     data = tiny_config("math/team_shared", tmp_path / "bad", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "bad")
     w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]
-    huge = "x" * (w.context_limit() * MAX_CHARS_PER_TOKEN + 1)
+    huge = "x" * (w.context_limit() * MAX_BYTES_PER_TOKEN + 1)
 
     def call(i, text):
         return GenCall(f"c{i}", "shared", [{"role": "user", "content": text}],
@@ -171,6 +171,6 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
     finally:
         tr.rt.close()
     assert b.stats.batches == 1 and b.stats.items == 3
-    assert isinstance(bad, PromptError) and "characters" in str(bad)
+    assert isinstance(bad, PromptError) and "bytes" in str(bad)
     assert good0.n_completion_tokens == 4 and good2.n_completion_tokens == 4
     assert sorted(w.buffer) == ["c0", "c2"]

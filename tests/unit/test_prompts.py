@@ -93,7 +93,7 @@ def test_prepare_fails_only_the_calls_that_cannot_run_beside_good_ones():
     from masrl.config import SamplingParams
     from masrl.errors import ContextOverflow, PromptError
     from masrl.messages import GenCall
-    from masrl.worker.prompts import MAX_CHARS_PER_TOKEN
+    from masrl.worker.prompts import MAX_BYTES_PER_TOKEN
 
     r = PromptRenderer(TOK)
     limit = 64
@@ -101,10 +101,12 @@ def test_prepare_fails_only_the_calls_that_cannot_run_beside_good_ones():
     def call(i, content, new=8):
         return GenCall(f"c{i}", "p", [{"role": "user", "content": content}], SamplingParams(max_new_tokens=new))
 
-    calls = [call(0, "Hi."), call(1, "x" * (limit * MAX_CHARS_PER_TOKEN + 1)), call(2, "word " * 80),
-             call(3, "Hi.", new=limit), call(4, "Bye.")]
+    emoji = "\U0001F642" * (limit * MAX_BYTES_PER_TOKEN // 4 + 1)  # fewer characters than the cap, 4 bytes each
+    calls = [call(0, "Hi."), call(1, "x" * (limit * MAX_BYTES_PER_TOKEN + 1)), call(2, "word " * 80),
+             call(3, "Hi.", new=limit), call(4, "Bye."), call(5, emoji)]
     out = r.prepare(calls, limit)
     assert out[0] == r.render(calls[0].messages)[1] and out[4] == r.render(calls[4].messages)[1]
     assert isinstance(out[1], PromptError) and "refused before tokenising" in str(out[1])
+    assert isinstance(out[5], PromptError) and "refused before tokenising" in str(out[5])  # counted in bytes
     assert isinstance(out[2], ContextOverflow) and isinstance(out[3], ContextOverflow)  # too long; no room to answer
     assert set(r.pending) == {"c0", "c2", "c3", "c4"}  # rendered text kept for every call it tokenised

@@ -153,6 +153,20 @@ def browser_refusal(request) -> tuple[int, str] | None:
     return None
 
 
+def count_values(value: Any, limit: int) -> int:
+    """The values in ``value`` (keys, items and leaves of its lists and objects), counted until past ``limit``."""
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        v = stack.pop()
+        count += 1
+        if isinstance(v, dict):
+            count += len(v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return count
+
+
 def same_key(given: str | None, expected: str) -> bool:
     """``Authorization: Bearer <key>`` checked in constant time, whatever bytes the header holds."""
     if given is None:

@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from masrl.errors import ContextOverflow, PromptError
 from masrl.messages import RAW_ROLE, GenCall
 
-# no tokenizer packs more characters than this into one token on average: a longer prompt cannot fit
-MAX_CHARS_PER_TOKEN = 32
+# no tokenizer packs more UTF-8 bytes than this into one token on average: a longer prompt cannot fit. Bytes,
+# not characters: a byte-level tokenizer gives an emoji (4 bytes) up to 4 tokens, so 130k emoji (3-4x a
+# context's tokens) passed a count of characters and were tokenised whole before they were refused
+MAX_BYTES_PER_TOKEN = 32
 
 
 @dataclass
@@ -29,6 +31,20 @@ class Turn:
     text: str  # the rendered prompt text
     prompt_ids: list[int]
     completion_ids: list[int]
+
+
+def prompt_bytes(call: GenCall, stop_past: int) -> int:
+    """The UTF-8 bytes of ``call``'s messages and tool specs, counted until past ``stop_past``."""
+    total = 0
+    for m in call.messages:
+        total += len((m.get("content") or "").encode("utf-8", "surrogatepass"))
+        if total > stop_past:
+            return total
+    for t in call.tools or []:
+        total += len(json.dumps(t).encode("utf-8", "surrogatepass"))
+        if total > stop_past:
+            break
+    return total
 
 
 class PromptRenderer:
@@ -58,17 +74,17 @@ class PromptRenderer:
     def prepare(self, calls: list[GenCall], limit: int) -> list[list[int] | PromptError]:
         """Each call's prompt ids (tokenised in one batch, the text kept in ``pending`` until the call's
         completion is known), or the ``PromptError`` that fails that call alone: too many characters to
-        be worth tokenising (no tokenizer packs more than ``MAX_CHARS_PER_TOKEN`` into a token), a render
+        be worth tokenising (no tokenizer packs more than ``MAX_BYTES_PER_TOKEN`` bytes into a token), a render
         or tokeniser failure, a prompt of no tokens, or a prompt that with its ``max_new_tokens`` does not fit
         ``limit``."""
         out: list[list[int] | PromptError | None] = [None] * len(calls)
         todo = []
         for i, c in enumerate(calls):
-            chars = sum(len(m.get("content") or "") for m in c.messages) + sum(len(json.dumps(t)) for t in c.tools or [])
-            if chars > limit * MAX_CHARS_PER_TOKEN:
-                out[i] = PromptError(f"the prompt has {chars:,} characters, more than the model's context of {limit:,} "
-                                     f"tokens holds (at most {MAX_CHARS_PER_TOKEN} characters a token); refused before "
-                                     f"tokenising")
+            size = prompt_bytes(c, limit * MAX_BYTES_PER_TOKEN)
+            if size > limit * MAX_BYTES_PER_TOKEN:
+                out[i] = PromptError(f"the prompt has more than {limit * MAX_BYTES_PER_TOKEN:,} bytes, more than the "
+                                     f"model's context of {limit:,} tokens holds (at most {MAX_BYTES_PER_TOKEN} bytes a "
+                                     f"token); refused before tokenising")
             else:
                 todo.append(i)
         rendered = self.render_many([(calls[i].messages, calls[i].template_kwargs, calls[i].tools, calls[i].extends)

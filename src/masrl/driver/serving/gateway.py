@@ -42,7 +42,7 @@ from masrl.errors import ContextOverflow, InfraError, PromptError
 from masrl.tools import web
 from masrl.trace import new_id
 
-BIG_BODY = 256 * 1024  # bodies past this are parsed off the event loop
+BIG_BODY = 256 * 1024  # bodies past this are parsed and checked off the event loop
 
 
 class Gateway:
@@ -148,7 +148,8 @@ class Gateway:
         """The request's JSON body within the server's limits, or a 4xx that says why not."""
         try:
             raw = await web.read_body(request, self.limits)
-            if len(raw) > BIG_BODY:
+            request["masrl_big"] = len(raw) > BIG_BODY
+            if request["masrl_big"]:
                 return await asyncio.to_thread(web.load_json, raw)
             return web.load_json(raw)
         except web.BodyError as exc:
@@ -185,7 +186,11 @@ class Gateway:
     async def _serve(self, request, *, chat: bool):
         rid, ctx = self._context(request)
         body = await self._json(request)
-        req = parse_request(body, ctx.agents, chat=chat, agent=request.headers.get("X-Masrl-Agent"))
+        agent = request.headers.get("X-Masrl-Agent")
+        if request.get("masrl_big"):  # each of its items checked on a thread: the loop keeps serving meanwhile
+            req = await asyncio.to_thread(parse_request, body, ctx.agents, chat=chat, agent=agent)
+        else:
+            req = parse_request(body, ctx.agents, chat=chat, agent=agent)
         if rid is None:  # serving: the request's own sampling choices
             ctx.temperature, ctx.top_p = req["temperature"], req["top_p"]
             if req["seed"] is not None:

@@ -45,6 +45,8 @@ MAX_TOOL_CALLS = 128  # tool calls of one assistant message
 MAX_TOOLS = 128  # tools offered in one request
 MAX_NESTING = 32  # lists and objects inside a tool call's arguments or a tool's parameters
 MAX_FIELDS = 64  # top-level fields of a request
+MAX_ALL_TOOL_CALLS = 1024  # tool calls of all of a request's messages together
+MAX_TOOL_ITEMS = 20_000  # values in all the offered tools' schemas together (names, types, properties, ...)
 MAX_REWARDS = 4096  # items of one POST to /rewards
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -255,6 +257,7 @@ def parse_request(body: Any, agents: dict, *, chat: bool, agent: str | None = No
         if len(msgs) > MAX_MESSAGES:
             raise BadRequest(400, f"messages has {len(msgs):,} messages; at most {MAX_MESSAGES} in one request",
                              "messages")
+        _counted_before_checked(msgs, body.get("tools"))
         messages, tools = [_message(m, i) for i, m in enumerate(msgs)], _tools(body)
     else:
         messages, tools = [{"role": RAW_ROLE, "content": _prompt(body.get("prompt"))}], []
@@ -264,6 +267,19 @@ def parse_request(body: Any, agents: dict, *, chat: bool, agent: str | None = No
     return {"agent": name, "messages": messages, "tool_specs": tools, "limit": _limit(body),
             "temperature": _number(body, "temperature", 0, 2), "top_p": _number(body, "top_p", 0, 1, low_open=True),
             "logprobs": _logprobs(body, chat), "seed": seed}
+
+
+def _counted_before_checked(msgs: list, tools: Any) -> None:
+    """What costs, counted over the whole request before any item is checked: the tool calls of every message
+    together, and every value of every offered tool's schema together (a cap per message or per tool let 262k
+    tool calls, or 128 tools of 10k parameters, through to be checked one by one)."""
+    calls = sum(len(m["tool_calls"]) for m in msgs if isinstance(m, dict) and isinstance(m.get("tool_calls"), list))
+    if calls > MAX_ALL_TOOL_CALLS:
+        raise BadRequest(400, f"the messages hold {calls:,} tool calls; at most {MAX_ALL_TOOL_CALLS} in one request",
+                         "messages")
+    if isinstance(tools, list) and web.count_values(tools, MAX_TOOL_ITEMS) > MAX_TOOL_ITEMS:
+        raise BadRequest(400, f"the tools' schemas hold more than {MAX_TOOL_ITEMS:,} values together; offer fewer "
+                              f"or smaller tools", "tools")
 
 
 def _one_whole_answer(body: dict) -> None:

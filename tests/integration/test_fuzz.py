@@ -1,7 +1,9 @@
 """Property-based fuzzing of every input path a stranger reaches (issue 60): the gateway's request schema against
-`masrl serve` as it ships (tiny-random), the retriever's, raw HTTP bytes, and the workflow expression grammar.
+`masrl serve` as it ships (tiny-random), the retriever's, raw HTTP bytes, the workflow expression grammar, graph
+YAML and what a reward plugin returns (model replies to every shipped workflow: test_reply_fuzz.py).
 The properties: a 200 or a 4xx in the server's JSON error shape, never a 5xx, each answer in bounded time;
-an expression loads or fails with ExprError and evaluates or fails with EvalError, within its time limit.
+an expression loads or fails with ExprError and evaluates or fails with EvalError, within its time limit; a graph
+loads or is a ConfigError; a reward's value is taken or fails its trace with RewardFailure, never anything else.
 
 The budget is fixed (``FUZZ_EXAMPLES`` per test, default in ``BUDGET``); each run draws new cases, so the
 tests keep looking. A failure prints the case and hypothesis's seed to reproduce it."""
@@ -27,7 +29,7 @@ from tinycfg import start_serve  # noqa: E402
 from masrl.families import config_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET = {"gateway": 300, "raw": 200, "retriever": 400, "expr": 2000}
+BUDGET = {"gateway": 300, "raw": 200, "retriever": 400, "expr": 2000, "reward": 500, "graph": 400}
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]
 SLOW_S = 30.0  # one request's or evaluation's answer (the server's own read timeout here is 5 s), on a loaded machine
 
@@ -277,3 +279,70 @@ def test_every_expression_loads_or_says_why_and_evaluates_or_says_why_within_its
     except EvalError:
         pass
     assert time.perf_counter() - t0 < MAX_SECONDS + SLOW_S, src
+
+
+# -- what a reward plugin returns, and graph YAML ----------------------------------------------------------------
+
+reward_values = st.one_of(scalars, anything, st.sampled_from(["1.0", b"1", object(), float("inf"), -float("inf")]),
+                          st.integers(min_value=-(10 ** 500), max_value=10 ** 500))
+
+
+def _numpy_values():
+    np = pytest.importorskip("numpy")
+    return st.one_of(st.floats(allow_nan=True, width=32).map(np.float32), st.integers(-2**62, 2**62).map(np.int64),
+                     st.floats(allow_nan=True).map(np.float64), st.just(np.array([1.0, 2.0])))
+
+
+@_settings("reward")
+@given(values=st.lists(st.one_of(reward_values, _numpy_values()), min_size=1, max_size=3),
+       shape=st.sampled_from(["list", "tuple", "generator", "none", "dict", "str"]))
+def test_whatever_a_reward_returns_is_taken_or_fails_its_trace_with_reward_failure(values, shape):
+    import math
+
+    from masrl.data.tasks import Task
+    from masrl.rewards import RewardFailure, combine
+    from masrl.trace import Call, RewardAssignment, Trace
+
+    trace = Trace("t", "task", 0)
+    trace.calls = [Call(f"c{i}", "t", "task", 0, "solver", "p", 0, []) for i in range(len(values))]
+    assigned = [RewardAssignment(f"c{i}", v, "fuzz") for i, v in enumerate(values)]
+
+    class Plugin:
+        name = "fuzz"
+
+        def allocate(self, tr, task):
+            return {"list": lambda: assigned, "tuple": lambda: tuple(assigned), "generator": lambda: iter(assigned),
+                    "none": lambda: None, "dict": lambda: {"a": 1}, "str": lambda: "c0"}[shape]()
+
+    try:
+        totals = combine(trace, Task("task", "q", "a"), [Plugin()], timeout_s=30)
+    except RewardFailure:
+        return
+    assert all(isinstance(v, float) and math.isfinite(v) and abs(v) <= 1e6 for v in totals.values())
+
+
+def _graphs():
+    node_names = st.sampled_from(["ask", "steps", "task", "join", "x", "end", "answer", "calls"])
+    expr = st.one_of(st.sampled_from(["ask.text", "ask.answer", "task.question", "[1] * 100000", "visits.ask",
+                                      "steps < 3", "join(ask.text, 5)", "none", "x.y", "calls"]), text)
+    node = st.fixed_dictionaries({"type": st.sampled_from(["llm", "tool", "bogus"]), "agent": st.sampled_from(["a", "b"]),
+                                  "prompt": st.one_of(expr.map(lambda e: "{" + e + "}"), text),
+                                  "next": st.one_of(node_names, st.just("end"))},
+                                 optional={"foreach": expr, "tool": st.sampled_from(["search", "nope"])})
+    return st.fixed_dictionaries({"agents": st.dictionaries(st.sampled_from(["a", "b"]), st.one_of(
+        st.just({}), st.just({"parser": {"tags": ["answer"]}}), st.just({"parser": {"json": "q"}}), anything),
+        max_size=2),
+        "start": node_names, "nodes": st.dictionaries(node_names, node, max_size=3),
+        "answer": expr}, optional={"max_steps": numbers, "max_calls": numbers, "score": st.sampled_from(["qa", "x"])})
+
+
+@_settings("graph")
+@given(graph=st.one_of(_graphs(), anything))
+def test_every_graph_loads_or_is_a_config_error(graph):
+    from masrl.errors import ConfigError
+    from masrl.workflows.graph import Graph
+
+    try:
+        Graph(graph=graph)
+    except ConfigError:
+        pass

@@ -1,7 +1,9 @@
 """``masrl compare RUN_DIR...``: does my team beat one agent? One static HTML page.
 
 Runs are grouped into *arms* by their config's ``name`` (seeds of one config are one arm; give an
-arm another name with ``name=...``). For each arm the page draws held-out accuracy and training
+arm another name with ``name=...``); runs of one name trained with other settings (a game or a model given on
+the command line) are arms of their own, labelled with what differs (``arm_names``). The arms' summary is
+printed as a text table too (``compare_table``). For each arm the page draws held-out accuracy and training
 outcome against the training compute spent so far, measured four ways (model calls, completion
 tokens, prompt + completion tokens, wall-clock seconds of rollout and update), with the mean over
 seeds and the min-max band;

@@ -195,6 +195,7 @@ def _report(args) -> int:
 
 def _serve(args) -> int:
     import signal
+    from pathlib import Path
 
     from masrl.driver.serving.serve import serve
     from masrl.tools.web import ServerLimits
@@ -203,7 +204,8 @@ def _serve(args) -> int:
     if run is not None:
         if args.checkpoint is not None:
             raise MasrlError(f"{args.config} is a run: pick one of its checkpoints with --step N or --step best")
-        args.checkpoint = str(run.checkpoint(args.step))
+        given = Path(args.config)  # a checkpoint folder inside the run, or the run (its --step, else its latest)
+        args.checkpoint = str(given if (given / "state.json").is_file() else run.checkpoint(args.step))
     elif args.step is not None:
         raise MasrlError("--step picks a checkpoint of a run: masrl serve RUN --step N")
     signal.signal(signal.SIGINT, _interrupt_handler(5.0))

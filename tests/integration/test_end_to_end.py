@@ -64,7 +64,7 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     # a plain re-run refuses to overwrite
     from masrl.errors import MasrlError
 
-    with pytest.raises(MasrlError, match="--resume"):
+    with pytest.raises(MasrlError, match=f"continue it with masrl resume {tmp_path}"):
         train(cfg)
     cfg3 = load_config(data=tiny_config("math/team_two_policies", tmp_path, steps=3))
     from masrl.driver.run.loop import Trainer
@@ -104,7 +104,7 @@ def test_resume_without_a_checkpoint_starts_over_without_duplicate_lines(tmp_pat
         with pytest.raises(RuntimeError, match="killed"):
             train(cfg)
     assert ckpt.latest_checkpoint(tmp_path / "checkpoints") is None
-    with pytest.raises(MasrlError, match="earlier run's metrics.jsonl .* --resume"):  # it would append to them
+    with pytest.raises(MasrlError, match="earlier run's metrics.jsonl .* masrl resume "):  # it would append to them
         train(cfg)
     train(cfg, resume=True)
     lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -169,7 +169,7 @@ def test_ctrl_c_leaves_the_last_checkpoint_loadable(tmp_path):
     err_f.close()
     err = (tmp_path / "err.log").read_text()
     assert proc.returncode == 130, err
-    assert "interrupted" in err and "--resume" in err
+    assert "interrupted" in err and f"continue from it with: masrl resume {tmp_path / 'run'}" in err, err
     latest = ckpt.latest_checkpoint(root)
     out = run_cli(["eval", str(cfgfile), "--checkpoint", str(latest)], tmp_path)
     assert out.returncode == 0, out.stderr

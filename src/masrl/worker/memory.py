@@ -155,6 +155,6 @@ def give_back_freed() -> None:
     """Hand the heap pages freed since the last call back to the system. glibc keeps what a phase freed
     (a rollout's KV caches, an update's activations) in its arenas; on a CPU host the next phase then
     allocates beside it, and a 135M policy's process held 5-6 GB after two steps where 2.6 GB were live.
-    Called between a host's rollout and its update, and after the update."""
+    Called between a host's rollout and its update, after the update and after an evaluation."""
     if _TRIM is not None:
         _TRIM(0)

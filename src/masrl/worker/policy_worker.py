@@ -378,6 +378,7 @@ class PolicyWorker(PolicyHost):
         if stack is not None:
             stack.close()
             self._publish(list(self.emas))
+        memory.give_back_freed()  # what the evaluation's batches freed
 
     def load_weights(self, policy: str, directory: str) -> None:
         saving.load_weights_into(self, policy, Path(directory))

@@ -62,7 +62,8 @@ def test_an_exported_lora_team_serves_in_vllm_with_the_trainers_logprobs(tmp_pat
         prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                       tokenize=False), add_special_tokens=False) for q in QUESTIONS]
         llm = LLM(model=str(out / "base"), enable_lora=True, max_lora_rank=64, max_loras=4, dtype="bfloat16",
-                  gpu_memory_utilization=0.15, seed=0)
+                  gpu_memory_utilization=0.15, seed=0, max_model_len=2048, enforce_eager=True,
+                  logprobs_mode="processed_logprobs")
         gaps = []
         for i, name in enumerate(policies):
             lora = LoRARequest(name, i + 1, str(out / name))

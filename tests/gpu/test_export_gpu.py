@@ -23,7 +23,8 @@ QUESTIONS = ["What is 12 + 7?", "Ana has 5 apples and buys 3 more. How many now?
              "Tom had 20 coins and spent 8. How many are left?"]
 
 
-def test_an_exported_lora_team_serves_in_vllm_with_the_trainers_logprobs(tmp_path):
+def test_an_exported_lora_team_serves_in_vllm_with_the_trainers_logprobs(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_FLASHINFER_SAMPLER", "0")  # FlashInfer is not in the wheels (prepare_vllm.sh)
     from safetensors.torch import load_file, save_file
     from vllm import LLM, SamplingParams
     from vllm.lora.request import LoRARequest

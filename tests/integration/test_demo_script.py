@@ -22,7 +22,7 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     out = tmp_path / "demo"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, str(ROOT / "scripts" / "cpu_team_vs_agent.py"), "--family", "search", "--seed", "3",
-           "--steps", "1", "--out", str(out), "--memory-gb", "9", *SMALL]
+           "--steps", "1", "--out", str(out), "--memory-gb", "10", *SMALL]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {m.group(1): m for m in re.finditer(r"^\| (search team|one search agent) \| ([\d.]+) -> \*\*([\d.]+)\*\* \| "
@@ -40,7 +40,7 @@ def test_the_demo_script_trains_both_arms_and_prints_them_side_by_side(tmp_path)
     team_calls = float(rows["search team"].group(7))
     assert 2 < team_calls <= 6  # the team: planner and answerer, then searcher, summarizer, updater per turn
     assert "The trained team is" in r.stdout and "single agent" in r.stdout
-    # as many arms at once as the cores and the memory hold (4.5 GB an arm): every line shown with its arm's name
+    # as many arms at once as the cores and the memory hold (5 GB an arm): every line shown with its arm's name
     cores = os.cpu_count() or 1
     at_once = min(2, cores)
     assert f"{at_once} at a time" in r.stdout and "peak RSS GB" in r.stdout
@@ -76,7 +76,7 @@ def test_the_demo_plans_its_memory_and_names_an_arm_the_kernel_killed():
     spec = importlib.util.spec_from_file_location("demo", ROOT / "scripts" / "cpu_team_vs_agent.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    assert demo.places(3, 2, 8.0, "auto") == 1 and demo.places(3, 16, 9.0, "auto") == 2  # 4.5 GB an arm
+    assert demo.places(3, 2, 8.0, "auto") == 1 and demo.places(3, 16, 10.0, "auto") == 2  # 5 GB an arm
     assert demo.places(3, 1, 64.0, "auto") == 1 and demo.places(3, 16, 64.0, "auto") == 3
     assert demo.places(3, 2, 3.0, "on") == 3 and demo.places(3, 16, 64.0, "off") == 1
     said = demo.killed_message("team", -9, 7.4, Path("runs/demo/team-seed0/train.log"))

@@ -68,9 +68,10 @@ def validate(body: bytes) -> tuple[list[str], int, bool]:
 
 
 class QueryBatcher:
-    """One thread that serves every handler's lookups: it takes all requests waiting (up to
-    ``max_queries`` queries), runs them as one index call at the largest ``topk`` with its queries
-    scored on all cores, and hands each request its own rows."""
+    """One thread that serves every handler's lookups: it takes the requests waiting, fewest queries first, up
+    to ``max_queries`` queries, runs them as one index call at the largest ``topk`` with its queries scored on
+    all cores, and hands each request its own rows. Fewest first: a one-query lookup behind ten requests of 256
+    queries waited 4.2-4.8 s for all of them in arrival order; it now joins the next batch."""
 
     def __init__(self, index: BM25Index, *, max_queries: int = 512, threads: int | None = None):
         import os
@@ -108,19 +109,30 @@ class QueryBatcher:
             raise slot["error"]
         return slot["result"]
 
-    def _serve(self) -> None:
+    def _next_batch(self, waiting: list) -> list:
+        """Everything queued joins ``waiting``; the batch is its smallest requests, up to ``max_queries``
+        queries (one at least)."""
         import queue
 
+        if not waiting:
+            waiting.append(self.queue.get())
         while True:
-            batch = [self.queue.get()]
-            n = len(batch[0][0])
-            while n < self.max_queries:
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    break
-                batch.append(item)
-                n += len(item[0])
+            try:
+                waiting.append(self.queue.get_nowait())
+            except queue.Empty:
+                break
+        waiting.sort(key=lambda item: len(item[0]))  # stable: equal sizes keep their order
+        batch, n = [], 0
+        while waiting and (not batch or n + len(waiting[0][0]) <= self.max_queries):
+            item = waiting.pop(0)
+            batch.append(item)
+            n += len(item[0])
+        return batch
+
+    def _serve(self) -> None:
+        waiting: list = []
+        while True:
+            batch = self._next_batch(waiting)
             queries = [q for item in batch for q in item[0]]
             try:
                 found = self.index.retrieve(queries, max(item[1] for item in batch), True, threads=self.threads)

@@ -7,7 +7,7 @@ from masrl.config import load_config
 from masrl.driver.builder import group_hosts
 from masrl.driver.checks import check_agents, check_policies, check_rewards
 from masrl.errors import ConfigError
-from masrl.families import build_workflow, shipped_configs
+from masrl.families import build_workflow, config_path, shipped_configs
 
 CONFIGS = list(shipped_configs().values())
 BASE = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
@@ -158,3 +158,26 @@ def test_a_typo_inside_a_nested_option_gets_a_close_match():
     bad = DataSourceConfig(source="reasoning_gym", n=4, seed=1, options={"datasets": {"leg_counting": {"weigth": 1}}})
     with pytest.raises(ConfigError, match=r"data.train.options.datasets.leg_counting.weigth` \(did you mean `weight`"):
         check_source(bad, "data.train")
+
+
+@pytest.mark.parametrize("source, ref, says", [
+    ("def broken(:\n", "mod_syntax:R", "does not compile"),
+    ("raise RuntimeError('boom at import')\n", "mod_raises:R", "importing module 'mod_raises' raised RuntimeError: boom"),
+    ("def R(weight=1.0):\n    raise ValueError('bad factory')\n", "mod_factory:R", "building it raised ValueError: bad "
+                                                                         "factory"),
+    (None, ":R", "absolute module path"),
+    (None, ".mod:R", "absolute module path"),
+    (None, "mod_missing_attr:", "absolute module path"),
+])
+def test_a_plugin_that_cannot_be_loaded_is_a_config_error_naming_the_key(tmp_path, monkeypatch, source, ref, says):
+    """A reward plugin whose module does not compile or raises at import, whose factory raises, or whose name is
+    malformed: one config error naming the key and the module's own message, never a traceback."""
+    from masrl.driver.checks import check_rewards
+
+    if source is not None:
+        (tmp_path / f"{ref.split(':')[0]}.py").write_text(source)
+        monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(config_path("math/solver"), [f"rewards=[{{type: outcome}}, {{type: '{ref}'}}]"])
+    with pytest.raises(ConfigError, match=says) as info:
+        check_rewards(cfg)
+    assert "rewards.1" in str(info.value)

@@ -215,8 +215,10 @@ def check_fits(path: Path, cfg, *, fix: str) -> None:
         if got is None:
             continue
         if not _same_model(got.get("model"), entry["model"]) or (got.get("lora") or None) != (entry["lora"] or None):
+            hint = (f" (or give this config the checkpoint's model: policies.{name}.model={got.get('model')})"
+                    if not _same_model(got.get("model"), entry["model"]) else "")
             raise MasrlError(f"checkpoint {path} holds policies.{name} as {_describe(got)}, but this config has "
-                             f"{_describe(entry)}; {fix}")
+                             f"{_describe(entry)}; {fix}{hint}")
 
 
 # -- the run's folder ------------------------------------------------------------------------------

@@ -289,3 +289,28 @@ def test_a_programs_output_is_read_in_bounded_chunks_and_capped(tmp_path):
     assert rec["rollout"]["failed"] == 6
     assert all("wrote more than 1 MB" in t.error for t in tr.last_traces), [t.error for t in tr.last_traces][:2]
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_a_stopped_program_takes_the_processes_it_started_with_it(tmp_path):
+    """A program whose child keeps writing to the inherited stdout: past the cap both are killed (the child
+    too: it is in the program's session) and the step ends instead of waiting on a pipe that never closes."""
+    marker = f"masrl-orphan-{tmp_path.name}"
+    child = "import os, time\nwhile 1:\n    try: os.write(1, b'y' * 65536)\n    except OSError: time.sleep(0.1)\n"
+    spawn = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}, '{marker}']); time.sleep(600)"
+    data = _data(tmp_path, command=["python", "-c", spawn], max_output_mb=1)
+    data["rollout"]["max_failed_fraction"] = 1.0
+    tr, _, _ = prepared_trainer(data, tmp_path)
+    t0 = time.monotonic()
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == 6 and time.monotonic() - t0 < 120
+    assert all("wrote more than 1 MB" in t.error for t in tr.last_traces), [t.error for t in tr.last_traces][:2]
+    asyncio.run(tr.rt.controller.aclose())
+    left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline_has(p, marker)]
+    assert not left, f"processes left running: {left}"
+
+
+def _cmdline_has(proc_dir: Path, text: str) -> bool:
+    try:
+        return text in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False

@@ -23,15 +23,18 @@ counted (``rollout.max_failed_fraction`` stops the run); the answer is never mad
 
 A command's output is read in chunks as it comes: the last ``KEEP_OUT`` bytes of its stdout (where the
 answer is) and ``KEEP_ERR`` of its stderr are kept, and a program that writes more than ``max_output_mb``
-in all is stopped and its trace fails (four programs writing 360 MB each once took the driver to 2.5 GB).
+in all is stopped, with every process it started, and its trace fails (four programs writing 360 MB
+each once took the driver to 2.5 GB).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,6 +49,7 @@ from masrl.trace import Trace
 CHUNK = 64 * 1024
 KEEP_OUT = 1 << 20  # bytes of a command's stdout kept: its last line is the answer
 KEEP_ERR = 64 * 1024  # of its stderr: the end says why it failed
+STOP_S = 10.0  # a killed command's pipes are read this long before they are closed by force
 
 
 def parse_raw(text: str) -> ParseResult:
@@ -156,7 +160,7 @@ class External:
         env = dict(os.environ, OPENAI_BASE_URL=base_url, OPENAI_API_KEY=self.api_key or "masrl",
                    MASRL_TASK=json.dumps(view))
         proc = await asyncio.create_subprocess_exec(*self.command, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.PIPE)
+                                                    stderr=asyncio.subprocess.PIPE, start_new_session=True)
         seen = [0]
         readers = [asyncio.ensure_future(self._tail(proc.stdout, KEEP_OUT, seen)),
                    asyncio.ensure_future(self._tail(proc.stderr, KEEP_ERR, seen))]
@@ -166,13 +170,8 @@ class External:
         except BaseException:  # cancelled (the trace's time limit), or it wrote past its cap
             for r in readers:
                 r.cancel()
-            if proc.returncode is None:
-                proc.kill()
-            await asyncio.shield(proc.wait())
             await asyncio.gather(*readers, return_exceptions=True)
-            for stream in (proc.stdout, proc.stderr):  # what the dead program left in its pipes, so they close
-                while await stream.read(CHUNK):
-                    pass
+            await asyncio.shield(_stop(proc))
             raise
         if proc.returncode != 0:
             tail = err.decode(errors="replace").strip().splitlines()[-3:]
@@ -216,3 +215,19 @@ class External:
             ok = any(str(g).strip().lower() in text.lower() for g in golds)
         return {"outcome": 1.0 if ok else 0.0}
 
+
+
+async def _stop(proc) -> None:
+    """Kill a command and every process it started (its own session), then read what they left in the pipes:
+    ``wait()`` returns only once both pipes close, and a pipe whose reader stopped reading stays paused, never
+    closing. A pipe still open after that (a process that left the session) is closed by force."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    async def drain(stream):
+        while await stream.read(CHUNK):
+            pass
+    try:
+        await asyncio.wait_for(asyncio.gather(drain(proc.stdout), drain(proc.stderr), proc.wait()), STOP_S)
+    except asyncio.TimeoutError:
+        proc._transport.close()  # no public way to drop the pipes of a process that keeps them open

@@ -56,7 +56,7 @@ def _row_kinds() -> dict[str, RowTask]:
 
 
 def _episodes(s: SourceSpec) -> list[Task]:
-    """Seeds for an environment's episodes (workflows ``env`` and ``textarena``); ``options`` (the seating of a
+    """Seeds for an environment's episodes (workflows ``env``, ``textarena`` and ``openspiel``); ``options`` (the seating of a
     split's games, e.g. held-out games against the random player) go to every task's ``meta``."""
     rng = random.Random(f"episodes-{s.seed}")
     seeds = [rng.getrandbits(48) for _ in range(s.n or 1000)]
@@ -73,7 +73,7 @@ def _episode_options(options: dict, key: str) -> None:
     unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
     if unknown:
         raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating in "
-                          f"workflow textarena), opening_moves and explore_moves, not {', '.join(unknown)}")
+                          f"workflow textarena or openspiel), opening_moves and explore_moves, not {', '.join(unknown)}")
     rate = options.get("explore_moves", 0)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
         raise ConfigError(f"{key}.options.explore_moves: a chance from 0 up to (not including) 1 that an agent's "

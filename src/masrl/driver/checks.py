@@ -47,7 +47,7 @@ def check_run(cfg: RunConfig) -> RunPlan:
             workflow.check_split(src, f"data.{split}")
         elif src.source == "episodes" and src.options:
             raise ConfigError(f"data.{split}.options: the seating of source 'episodes' is read by workflow "
-                              f"textarena, not '{cfg.workflow.name}'; remove them")
+                              f"textarena and openspiel, not '{cfg.workflow.name}'; remove them")
     agents = check_agents(cfg, workflow)
     check_estimator(cfg.algorithm)
     check_critics(cfg)

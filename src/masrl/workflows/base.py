@@ -38,7 +38,9 @@ class Workflow(Protocol):
     ``run`` calls ``await ctx.call(agent, messages)`` and ``await ctx.tool(name, **args)`` and
     ends with ``ctx.finish(answer)``. ``score`` returns metrics for the trace; the key
     ``outcome`` (a float, usually 0 or 1) is what the outcome reward pays. A workflow with tools
-    (or one that needs the run's back-ends) also defines ``tools(services) -> {name: Tool}``.
+    (or one that needs the run's back-ends) also defines ``tools(services) -> {name: Tool}``; one with exact
+    measures of a trained policy beside the held-out figures (a game's exploitability) defines
+    ``async yardsticks(trainer) -> dict`` (its ``lines`` printed), which ``masrl eval`` reports.
     """
 
     name: str

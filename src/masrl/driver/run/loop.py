@@ -390,7 +390,11 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: C
 
     async def go():
         try:
-            return await trainer.evaluate()
+            summary = await trainer.evaluate()
+            hook = getattr(trainer.rt.workflow, "yardsticks", None)  # a game's exact measures (Workflow protocol)
+            if hook is not None:
+                summary["yardsticks"] = await hook(trainer)
+            return summary
         finally:
             await trainer.rt.controller.aclose()
 
@@ -403,6 +407,8 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: C
         label, value = agent_result(a)
         trainer.log(f"  {name}: {'accuracy' if label == 'acc' else label} {value:.3f} format {a['format_rate']:.3f} "
                     f"reward {a['reward']:.3f} tokens {a['tokens']:.1f}")
+    for line in (summary.get("yardsticks") or {}).get("lines", []):
+        trainer.log(line)
     if out is not None:  # every metric, per agent and per source, as JSON, and the traces beside
         out.parent.mkdir(parents=True, exist_ok=True)
         replace_file(out, json.dumps({**(note or {}), **summary}, indent=1, default=str))

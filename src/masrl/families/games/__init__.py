@@ -4,6 +4,6 @@ copy of the untrained model or a random-legal-move player (docs/games.md)."""
 
 from __future__ import annotations
 
-from masrl.families.games.workflow import TextArenaGame
+from masrl.families.games.workflow import OpenSpielGame, TextArenaGame
 
-WORKFLOWS = {"textarena": TextArenaGame}
+WORKFLOWS = {"textarena": TextArenaGame, "openspiel": OpenSpielGame}

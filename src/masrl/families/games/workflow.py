@@ -47,7 +47,7 @@ from typing import Any
 from masrl.agents import AgentRole
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError
-from masrl.families.games import arena
+from masrl.families.games import arena, spiel
 from masrl.parsing import ParseResult
 from masrl.trace import Trace
 from masrl.workflows.prompting import few_shot
@@ -68,17 +68,24 @@ def parse_move(text: str) -> ParseResult:
     return ParseResult(whole, 1.0 if whole else 0.5, {"move": found[0]}, [] if whole else ["text around the move"])
 
 
+def _builtin(agent: str) -> bool:
+    """A seat played by masrl itself, no model: ``random``, or (OpenSpiel) ``minimax`` / ``minimax@p``."""
+    return agent == RANDOM or spiel.parse_builtin(agent) is not None
+
+
 class TextArenaGame:
     name = "textarena"
+    lib = arena  # the game library: start an episode, observe, move, legal moves (arena and spiel share the face)
+    label = "TextArena"
 
     def __init__(self, game: str = "TicTacToe-v0-train", players: list[str] | None = None, swap_seats: bool = False,
-                 max_moves: int = 100, max_new_tokens: int = 12, example: str = "[4]", examples: int = 2):
+                 max_moves: int = 100, max_new_tokens: int = 12, example: str | None = "[4]", examples: int = 2):
         self.game, self.players = game, list(players or ["player_0", "player_1"])
-        self.swap_seats, self.max_moves, self.max_new_tokens, self.example = swap_seats, max_moves, max_new_tokens, example
+        self.swap_seats, self.max_moves, self.max_new_tokens = swap_seats, max_moves, max_new_tokens
         if not 0 <= examples <= 4:
             raise ConfigError("workflow.options.examples: 0-4 worked turns")
         self.options = [[a.strip() for a in str(p).split("|")] for p in self.players]  # each seat's agents
-        agents = [a for opts in self.options for a in opts if a != RANDOM]
+        agents = [a for opts in self.options for a in opts if not _builtin(a)]
         if not agents:
             raise ConfigError("workflow.options.players: at least one seat needs an agent (not every seat 'random')")
         if len(set(agents)) != len(agents):
@@ -87,19 +94,38 @@ class TextArenaGame:
                               f"baseline")
         if max_moves < 1:
             raise ConfigError("workflow.options.max_moves must be at least 1")
-        arena.check_game(game, len(self.players))
-        self.moves_known = arena.moves_known(game, len(self.players))
+        self.lib.check_game(game, len(self.players))
+        self.moves_known = self.lib.moves_known(game, len(self.players))
         if examples and not self.moves_known:
             raise ConfigError(self._no_moves("workflow.options.examples", f"shows {examples} worked turns", "set "
                                              "workflow.options.examples: 0 (the prompt then shows the game's own rules "
                                              "alone)"))
-        if RANDOM in [a for opts in self.options for a in opts]:
-            self._refuse_random("workflow.options.players")
-        self.shots = arena.worked_turns(game, len(self.players), examples)
+        self._check_builtins([a for opts in self.options for a in opts], "workflow.options.players")
+        self.shots = self.lib.worked_turns(game, len(self.players), examples)
+        self.example = example or (self.shots[0][1] if self.shots else self._first_move())
 
     def _no_moves(self, key: str, what: str, fix: str) -> str:
         return (f"{key} {what}, each a legal move, but TextArena's {self.game} lists no moves on its screen and masrl "
                 f"reads the legal moves from the state of {', '.join(arena.STATE_MOVES).replace('Env', '')} only; {fix}")
+
+    def _first_move(self) -> str:
+        g = self.lib.Game(self.game, len(self.players), self.lib.EXAMPLE_SEED).start()
+        moves = self.lib.legal_moves(g, g.observe()[1], strict=False)
+        return moves[0] if moves else "[4]"
+
+    def _check_builtins(self, agents: list[str], key: str) -> None:
+        """The built-in players among ``agents`` can play this game."""
+        if RANDOM in agents:
+            self._refuse_random(key)
+        for a in agents:
+            if a == RANDOM or not _builtin(a):
+                continue
+            if self.lib is not spiel:
+                raise ConfigError(f"{key}: '{a}' is a built-in player of OpenSpiel games (workflow: openspiel); "
+                                  f"{self.label} games seat agents or 'random'")
+            why = spiel.minimax_ok(self.game)
+            if why:
+                raise ConfigError(f"{key}: the minimax player '{a}' cannot play: {why}")
 
     def _refuse_random(self, key: str) -> None:
         if not self.moves_known:
@@ -108,7 +134,7 @@ class TextArenaGame:
 
     def roles(self) -> dict[str, AgentRole]:
         return {a: AgentRole(a, parse_move, "plays a seat of the game", self.max_new_tokens, ("]",))
-                for opts in self.options for a in opts if a != RANDOM}
+                for opts in self.options for a in opts if not _builtin(a)}
 
     def seats(self, seed: int, meta: dict | None = None) -> list[str]:
         """The agent in each seat for the episode of ``seed``: one of a seat's agents (``a|b``) drawn by the seed,
@@ -143,13 +169,12 @@ class TextArenaGame:
         players = opts.get("players")
         if not players:
             return
-        if RANDOM in [a for seat in self._seating(players) for a in seat]:
-            self._refuse_random(f"{key}.options.players")
+        self._check_builtins([a for seat in self._seating(players) for a in seat], f"{key}.options.players")
         if len(players) != len(self.players):
             raise ConfigError(f"{key}.options.players: {len(players)} seats, but the game is played with "
                               f"{len(self.players)} (workflow.options.players); give one agent per seat")
         known = set(self.roles())
-        named = [a for opts in self._seating(players) for a in opts if a != RANDOM]
+        named = [a for opts in self._seating(players) for a in opts if not _builtin(a)]
         unknown = [a for a in named if a not in known]
         if unknown:
             raise ConfigError(f"{key}.options.players: no agent {', '.join(map(repr, unknown))} in this game (its "
@@ -162,7 +187,7 @@ class TextArenaGame:
     async def run(self, task: Task, ctx) -> None:
         seed = int(task.meta.get("seed", 0))
         seats = self.seats(seed, task.meta)
-        game = arena.Game(self.game, len(seats), seed).start()
+        game = self.lib.Game(self.game, len(seats), seed).start()
         rng = random_player(seed, ctx.trace.sample_idx)
         calls: dict[int, list] = {i: [] for i in range(len(seats))}
         moves: list[dict[str, Any]] = []
@@ -172,21 +197,23 @@ class TextArenaGame:
             if game.done:
                 break
             pid, obs = game.observe()
-            action = arena.random_move(game, obs, opening)
+            action = self.lib.random_move(game, obs, opening)
             game.move(pid, action)
             moves.append({"seat": pid, "agent": "opening", "move": action, "invalid": False})
         rate = float(task.meta.get("explore_moves", 0))
         explore = random.Random(f"textarena-explore-{seed}-{ctx.trace.sample_idx}")
         while not game.done:
             if len(moves) >= self.max_moves:
-                raise arena.ArenaError(f"TextArena '{self.game}' (seed {seed}) did not end within {self.max_moves} "
+                raise self.lib.ArenaError(f"{self.label} '{self.game}' (seed {seed}) did not end within {self.max_moves} "
                                        f"moves (workflow.options.max_moves)")
             pid, obs = game.observe()
             agent = seats[pid]
             if agent == RANDOM:
-                action = arena.random_move(game, obs, rng)
+                action = self.lib.random_move(game, obs, rng)
+            elif _builtin(agent):
+                action = spiel.builtin_move(agent, game, obs, rng)
             elif rate and explore.random() < rate:
-                agent, action = "explore", arena.random_move(game, obs, explore)
+                agent, action = "explore", self.lib.random_move(game, obs, explore)
             else:
                 call = await ctx.call(agent, self._messages(pid, obs), turn=len(calls[pid]))
                 calls[pid].append(call)
@@ -222,7 +249,7 @@ class TextArenaGame:
         moves = trace.state.get("moves") or []
         out: dict[str, float] = {}
         for pid, agent in enumerate(seats):
-            if agent == RANDOM:
+            if _builtin(agent):
                 continue
             result = _result(pid, rewards)
             made = sum(1 for m in moves if m["seat"] == pid and m["agent"] != "opening")
@@ -234,8 +261,8 @@ class TextArenaGame:
         listed = self._listed(task.meta)
         # the first listed seat's agent as this game drew it (of ``a|b``, the one that played), so that a pooled
         # seat's games are not counted as losses of the agent that sat out
-        first = next((a for opts in listed for a in opts if a != RANDOM and a in seats),
-                     next(a for opts in listed for a in opts if a != RANDOM))
+        first = next((a for opts in listed for a in opts if not _builtin(a) and a in seats),
+                     next(a for opts in listed for a in opts if not _builtin(a)))
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out
@@ -262,3 +289,28 @@ def _reason(info: dict) -> str:
         if isinstance(v, dict) and v.get("reason"):
             return str(v["reason"])
     return str(info.get("reason", ""))
+
+
+class OpenSpielGame(TextArenaGame):
+    """Any OpenSpiel game played in turns (``workflow: openspiel``), seated, prompted, credited and scored as a
+    TextArena game is; ``minimax`` and ``minimax@p`` are built-in players where OpenSpiel solves the game."""
+
+    name = "openspiel"
+    lib = spiel
+    label = "OpenSpiel"
+
+    def __init__(self, game: str = "tic_tac_toe", players: list[str] | None = None, swap_seats: bool = False,
+                 max_moves: int = 200, max_new_tokens: int = 12, example: str | None = None, examples: int = 2):
+        super().__init__(game, players, swap_seats, max_moves, max_new_tokens, example, examples)
+
+    async def yardsticks(self, trainer) -> dict:
+        """Exploitability (small imperfect-information games) and the minimax ladder (games OpenSpiel solves) of
+        the first agent's policy, by OpenSpiel's own code (``yardsticks``)."""
+        from masrl.families.games import yardsticks
+
+        return await yardsticks.measure(self, trainer)
+
+    def _messages(self, pid: int, obs: str) -> list[dict[str, str]]:
+        name = self.game.split("(")[0].replace("_", " ")
+        system = SYSTEM.format(seat=f"Player {pid}", game=name, example=self.example)
+        return few_shot(system, self.shots, obs)

@@ -136,3 +136,27 @@ def test_masrl_eval_reports_exploitability_and_the_minimax_ladder(tmp_path):
         for row in seats.values():
             assert row["games"] == 2 and row["win"] + row["draw"] + row["loss"] == pytest.approx(1.0)
     assert "player_0 vs minimax@0.2" in text and "exploitability" not in ttt
+
+
+def test_rae_trains_a_game_and_its_baselines_survive_a_resume(tmp_path):
+    """Self-play with ``algorithm.advantage: rae``: each seat's running baseline is in the checkpoint, and a resumed
+    run starts its next update from them."""
+    from masrl.driver.run.loop import train
+
+    data = tiny_config("games/spiel_tic_tac_toe_selfplay", tmp_path, steps=2)
+    data["algorithm"]["advantage"] = "rae"
+    data["workflow"]["options"]["swap_seats"] = True  # each agent moves first in half the games (tiny-random's
+    # invalid replies end a game before the second seat moves)
+    data["train"].update(save_every=1, eval_every=0)
+    data["output_dir"] = str(tmp_path / "run")
+    train(load_config(data=data))
+    counters = json.loads(next((tmp_path / "run" / "checkpoints" / "step_000002").glob("worker_*.json")).read_text())
+    before = counters["estimator_state"]["shared"]["baselines"]
+    assert set(before) == {"player_0", "player_1"} and all(b["updates"] >= 1 for b in before.values())
+    data["train"]["steps"] = 3
+    train(load_config(data=data), resume=True)
+    counters = json.loads(next((tmp_path / "run" / "checkpoints" / "step_000003").glob("worker_*.json")).read_text())
+    after = counters["estimator_state"]["shared"]["baselines"]
+    # counted on from the saved ones (a baseline started afresh would count 1)
+    assert all(after[r]["updates"] >= before[r]["updates"] for r in before)
+    assert sum(b["updates"] for b in after.values()) > sum(b["updates"] for b in before.values())

@@ -113,3 +113,31 @@ def test_per_agent_normalisation_by_hand():
     b.keys = [{"agent": "verifier"}] * 4
     got = est.fn(b, **estimator_options(est, AlgorithmConfig(std_scope="agent")))
     assert torch.allclose(got, by_agent)
+
+
+def test_rae_measures_each_role_against_its_own_running_baseline_kept_across_updates():
+    """SPIRAL's RAE, worked by hand: a role's first update starts its baseline at its mean; the next moves it by
+    alpha; roles never mix; a group whose games all ended alike still gets advantages (the group baseline gives
+    none); the state is plain JSON, so a checkpoint keeps it."""
+    import json
+
+    rae = get_estimator("rae")
+    keys = [{"agent": "player_0"}] * 2 + [{"agent": "player_1"}] * 2
+    b1 = EstimatorBatch(torch.tensor([1.0, 1.0, -1.0, -1.0], dtype=torch.float64), torch.tensor([0, 0, 1, 1]),
+                        torch.ones(4, 2), keys=keys)
+    assert rae.fn(b1, alpha=0.5).tolist() == [0.0, 0.0, 0.0, 0.0]  # each role at its own mean
+    state = json.loads(json.dumps(b1.state))
+    assert state["baselines"]["player_0"]["mean"] == 1.0 and state["baselines"]["player_1"]["mean"] == -1.0
+    b2 = EstimatorBatch(torch.tensor([-1.0, -1.0, 1.0, 1.0], dtype=torch.float64), torch.tensor([0, 0, 1, 1]),
+                        torch.ones(4, 2), keys=keys, state=state)
+    adv = rae.fn(b2, alpha=0.5).tolist()
+    assert adv == [-1.0, -1.0, 1.0, 1.0]  # baselines 0.0 and 0.0 after one move of half the way
+    grpo = get_estimator("grpo").fn(b2, std_normalize=True).tolist()
+    assert grpo == [0.0, 0.0, 0.0, 0.0]  # equal rewards in each group: no advantage from the group baseline
+    assert state["baselines"]["player_0"]["updates"] == 2
+    mixed = rae.fn(EstimatorBatch(b2.rewards, b2.group_ids, b2.mask, keys=keys, state=json.loads(json.dumps(b1.state))),
+                   alpha=0.5, group=True).tolist()
+    assert mixed == [-0.5, -0.5, 0.5, 0.5]  # half the role's advantage, half the group's (0)
+    with pytest.raises(ValueError, match="alpha"):
+        rae.fn(b2, alpha=1.0)
+

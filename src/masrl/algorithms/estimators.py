@@ -42,6 +42,8 @@ class EstimatorBatch:
     mask: "torch.Tensor"  # [N, T] 1.0 on each call's completion tokens
     values: "torch.Tensor | None" = None  # [N, T] value estimates (needs_critic only)
     keys: list[dict] = field(default_factory=list)  # each call's task_id, agent, turn, sample_idx
+    state: dict = field(default_factory=dict)  # the estimator's own, kept per policy across updates and saved with
+    # the checkpoint (JSON values): e.g. RAE's running baseline per role
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ BUILTINS: dict[str, str] = {
     "rloo": "masrl.algorithms.rloo:rloo_estimator",
     "reinforce_pp": "masrl.algorithms.reinforce_pp:reinforce_pp_estimator",
     "gae": "masrl.algorithms.gae:gae_estimator",
+    "rae": "masrl.algorithms.rae:rae_estimator",
 }
 BUILTIN_NEEDS_CRITIC = frozenset({"gae"})  # known without importing torch (config validation)
 

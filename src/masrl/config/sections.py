@@ -257,7 +257,7 @@ class AlgorithmConfig(Strict):
             raise ValueError("pack and share_prefix are two layouts of a micro-batch: set one of them to true, not both")
         return self
 
-    advantage: str = Field("grpo", description="grpo | rloo | reinforce_pp | gae | 'module:function' (your own: "
+    advantage: str = Field("grpo", description="grpo | rloo | reinforce_pp | gae | rae | 'module:function' (your own: "
                                                "f(batch: EstimatorBatch, **options), see algorithms/estimators.py)")
     advantage_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the estimator, "
                                                                                 "over the ones it takes from this "

@@ -21,7 +21,7 @@ def train_rewards(samples: list[Sample], algo, stats=None) -> None:
         s.train_reward = r
 
 
-def compute_advantages(samples: list[Sample], algo) -> None:
+def compute_advantages(samples: list[Sample], algo, state: dict | None = None) -> None:
     """Set each sample's ``advantage`` (a sequence estimator) or ``token_adv`` (a token-level one;
     with ``returns`` when it needs a critic, whose values ``training._prepare`` put in ``old_values``)."""
     est = get_estimator(algo.advantage)
@@ -31,7 +31,8 @@ def compute_advantages(samples: list[Sample], algo) -> None:
     T = max(len(s.completion_ids) for s in samples)
     mask = pad_rows([[1.0] * len(s.completion_ids) for s in samples], T)
     values = pad_rows([s.old_values for s in samples], T) if est.needs_critic else None
-    batch = EstimatorBatch(rewards, group_ids(keys), mask, values, keys=[dict(s.key, policy=s.policy) for s in samples])
+    batch = EstimatorBatch(rewards, group_ids(keys), mask, values, keys=[dict(s.key, policy=s.policy) for s in samples],
+                           state=state if state is not None else {})
     out = est.fn(batch, **estimator_options(est, algo))
     if est.needs_critic:
         adv, returns = out
@@ -56,14 +57,14 @@ def compute_advantages(samples: list[Sample], algo) -> None:
 
 
 
-def advantages_of_everyone(samples: list[Sample], algo, reward_stats, dp) -> list[Sample]:
+def advantages_of_everyone(samples: list[Sample], algo, reward_stats, dp, state: dict | None = None) -> list[Sample]:
     """Training rewards and (unless the estimator needs values, which come later) advantages.
     Data parallel: statistics and advantages over every rank's calls, copied back to this rank's
     own; the mini-batch order is drawn over all of them too. Returns every rank's calls."""
     everyone = dp.gather(samples) if dp is not None else samples
     train_rewards(everyone, algo, reward_stats)
     if not needs_critic(algo):
-        compute_advantages(everyone, algo)
+        compute_advantages(everyone, algo, state)
     if dp is not None:
         own = {s.call_id: s for s in samples}
         for s in everyone:

@@ -86,6 +86,7 @@ class PolicyWorker(PolicyHost):
         memory.enroll(self, {device, self.engine_device})
         self._buffer_lock = threading.Lock()
         self.buffer: dict[str, Sample] = {}
+        self.estimator_state: dict[str, dict] = {}  # per policy: the estimator's own across updates (RAE's baselines)
         self.reward_stats: dict[str, RunningMoments] = {}  # per policy, for algorithm.reward_norm: running
         self.critics: dict = {}  # policy -> Critic (a separate value model; set by the builder)
         self.updates: dict[str, int] = {n: 0 for n in self.optimizers}  # updates done per policy (LR schedule)

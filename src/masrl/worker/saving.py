@@ -89,7 +89,7 @@ def _save_sharded(worker, d: Path, weights_only: bool = False) -> None:
 def _save_counters(worker, d: Path) -> None:
     _counters_file(worker, d).write_text(json.dumps(
         {"step": worker.step, "reward_stats": {k: v.state_dict() for k, v in worker.reward_stats.items()},
-         "updates": worker.updates}))
+         "estimator_state": worker.estimator_state, "updates": worker.updates}))
 
 
 def _load_sharded(worker, name: str, d: Path, with_optimizer: bool) -> None:
@@ -128,6 +128,7 @@ def load_worker(worker, d: Path, *, with_optimizer: bool = True) -> None:
         counters = json.loads(meta.read_text())
         worker.step = counters["step"]
         worker.reward_stats = {k: RunningMoments.from_state(v) for k, v in counters.get("reward_stats", {}).items()}
+        worker.estimator_state = counters.get("estimator_state", {})
         worker.updates.update(counters.get("updates", {}))
     worker._publish()
     for name, ema in worker.emas.items():

@@ -212,11 +212,13 @@ def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_re
 
 
 def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
-                 pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None) -> dict[str, float]:
+                 pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None,
+                 estimator_state: dict | None = None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running
     reward moments (``algorithm.reward_norm: running``); ``critic``: its separate value model;
-    ``dp``: this process is one rank of a data-parallel policy."""
-    everyone = advantages_of_everyone(samples, algo, reward_stats, dp)
+    ``dp``: this process is one rank of a data-parallel policy; ``estimator_state``: the estimator's own
+    (``EstimatorBatch.state``)."""
+    everyone = advantages_of_everyone(samples, algo, reward_stats, dp, estimator_state)
     layout = choose_layout(host, algo, everyone)  # every rank's calls: the ranks agree on it
     _prepare(host, policy, samples, algo, pad_id, layout, critic, dp, everyone[:1])
     own = {s.call_id: s for s in samples}

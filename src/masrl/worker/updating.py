@@ -48,7 +48,8 @@ def update_policy(w, name: str, samples: list[Sample], n_shared: int) -> dict[st
     try:
         m = train_policy(w.host, name, samples, opt, w.algo, spec.optim.grad_clip, w.pad_id,
                          seed=w.seed + w.step, reward_stats=w.reward_stats.setdefault(name, RunningMoments()),
-                         critic=w.critics.get(name), dp=w.dp)
+                         critic=w.critics.get(name), dp=w.dp,
+                         estimator_state=w.estimator_state.setdefault(name, {}))
     except RuntimeError as e:  # torch's OutOfMemoryError, or cuBLAS and cuDNN running out in their own words
         free, total = _device_memory(w)
         if not isinstance(e, torch.OutOfMemoryError) and not memory.memory_failure(str(e), free, total):

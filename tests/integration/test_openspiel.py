@@ -128,6 +128,8 @@ def test_masrl_eval_reports_exploitability_and_the_minimax_ladder(tmp_path):
     assert e["uniform"] == pytest.approx(0.458333, abs=1e-5)
     assert 0.0 <= e["policy"] <= 2.0 and e["policy"] != pytest.approx(e["uniform"], abs=1e-6)
     assert "exploitability of player_0" in text and "ladder" not in kuhn
+    assert len(e["table"]) == 12 and all(sum(row.values()) == pytest.approx(1.0, abs=1e-3) for row in e["table"].values())
+    assert set(e["table"]["0"]) == {"Pass", "Bet"}  # the first player's Jack, before any bet
     ttt, text = run("games/spiel_tic_tac_toe_selfplay")
     rungs = ttt["ladder"]["random_move_probability"]
     assert list(rungs) == ["1", "0.5", "0.2", "0"]

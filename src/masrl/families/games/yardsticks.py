@@ -5,7 +5,8 @@
   is read from the model's own logprobs of that move's reply (``[Bet]``), no sampling, normalised over the legal
   moves, and handed to ``open_spiel.python.algorithms.exploitability``. Beside it the uniform-random policy's
   (Kuhn Poker 0.458, Leduc Poker 2.374). For games of at most ``MAX_INFO_STATES`` information states (Kuhn 12,
-  Leduc 936).
+  Leduc 936); the policy itself, each information state's move probabilities (the library's information-state
+  string), is kept beside the number for a game of at most ``TABLE_STATES`` of them.
 - ``ladder``: held-out games against the minimax player that plays a random move with probability p (``LADDER``:
   1.0 is the random player, 0 perfect play), both seats, win / draw / loss per seat; for games OpenSpiel solves
   here (tic_tac_toe).
@@ -23,6 +24,7 @@ from masrl.families.games import spiel
 
 MAX_INFO_STATES = 5_000
 LADDER = (1.0, 0.5, 0.2, 0.0)
+TABLE_STATES = 64  # a game with at most this many information states has its policy table in the result (Kuhn: 12)
 
 
 def uniform_exploitability(game: str) -> float:
@@ -111,8 +113,17 @@ async def measure(workflow, trainer) -> dict:
         with contextlib.ExitStack() as stack:
             for w in trainer.rt.workers:
                 stack.enter_context(w.evaluating())
-            value = await asyncio.to_thread(exploitability_of, workflow.game, model_probs(workflow, trainer, agent))
+            probs, table = model_probs(workflow, trainer, agent), {}
+
+            def kept(state, pid, actions):  # each information state's move probabilities, for the record
+                ps = probs(state, pid, actions)
+                table[state.information_state_string(pid)] = {
+                    state.action_to_string(pid, a): round(p, 4) for a, p in zip(actions, ps)}
+                return ps
+            value = await asyncio.to_thread(exploitability_of, workflow.game, kept)
         out["exploitability"] = {"agent": agent, "policy": value, "uniform": uniform_exploitability(workflow.game)}
+        if len(table) <= TABLE_STATES:
+            out["exploitability"]["table"] = table
     if spiel.minimax_ok(workflow.game) is None:
         kept, rungs = trainer.last_eval_traces, {}
         for p in LADDER:  # the held-out games (their seeds), reseated: the agent against minimax@p, both seats

@@ -42,6 +42,7 @@ class Call:
     advantage: float | None = None  # what the update used (mean over tokens for GAE); None: not trained
     trainable: bool = True
     policy_version: int = 0  # the version of the policy's weights that sampled this call (its updates so far)
+    state: str | None = None  # the situation the call answers, named by the workflow (a game's position)
     # per-token logprobs, only when the caller asked for them (a gateway request's ``logprobs``); never logged
     token_logprobs: list[dict] | None = field(default=None, repr=False)
 

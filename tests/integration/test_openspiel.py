@@ -162,3 +162,29 @@ def test_rae_trains_a_game_and_its_baselines_survive_a_resume(tmp_path):
     # counted on from the saved ones (a baseline started afresh would count 1)
     assert all(after[r]["updates"] >= before[r]["updates"] for r in before)
     assert sum(b["updates"] for b in after.values()) > sum(b["updates"] for b in before.values())
+
+
+def test_moves_from_one_position_share_a_group_across_games(tmp_path):
+    """``algorithm.group_key: [agent, state]``: every move made from one position in the step is one GRPO group (a
+    turn-level baseline across games). Games open with 0-4 random moves, so the agents' calls answer several
+    positions; each position's advantages sum to zero, which grouping by agent alone does not give."""
+    import asyncio
+
+    from tinycfg import prepared_trainer
+
+    data = tiny_config("games/spiel_tic_tac_toe_selfplay", tmp_path, steps=1)
+    data["algorithm"].update(group_key=["agent", "state"], skip_zero_advantage=False)
+    data["data"]["train"]["options"] = {"opening_moves": 4}
+    data["rollout"].update(tasks_per_step=6, samples_per_task=4)
+    tr, _, _ = prepared_trainer(data, tmp_path)
+    asyncio.run(tr.train_step())
+    calls = [c for t in tr.last_traces for c in t.calls]
+    assert calls and all(c.state for c in calls)
+    groups: dict = {}
+    for c in calls:
+        if c.advantage is not None:
+            groups.setdefault((c.agent, c.state), []).append(c.advantage)
+    assert len(groups) >= 3 and max(len(a) for a in groups.values()) >= 4  # several positions, each met 4+ times
+    assert any(abs(x) > 1e-3 for a in groups.values() for x in a)  # rewards differ (the hash reward)
+    assert all(abs(sum(a)) < 1e-4 for a in groups.values())
+    asyncio.run(tr.rt.controller.aclose())

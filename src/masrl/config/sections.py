@@ -262,9 +262,10 @@ class AlgorithmConfig(Strict):
     advantage_options: dict[str, Any] = Field(default_factory=dict, description="keyword options of the estimator, "
                                                                                 "over the ones it takes from this "
                                                                                 "section (std_normalize, gamma, ...)")
-    group_key: list[Literal["task_id", "agent", "turn", "policy", "sample_idx"]] = Field(
-        default_factory=lambda: ["task_id", "agent", "turn"]
-    )
+    group_key: list[Literal["task_id", "agent", "turn", "policy", "sample_idx", "state"]] = Field(
+        default_factory=lambda: ["task_id", "agent", "turn"],
+        description="the fields whose equal values make a group; state: the position a game's move was made from "
+                    "([agent, state]: every move from one position in the step is one group, a turn-level baseline)")
     std_normalize: bool = Field(True, description="grpo: divide by the group's std")
     std_scope: Literal["group", "agent"] = Field(
         "group", description="grpo with std_normalize: the std of each group (GRPO), or of each agent's centred "

@@ -74,7 +74,8 @@ class WorkflowContext:
 
     async def call(self, agent: str, messages: list[dict[str, str]], *, turn: int | None = None,
                    tools: list[str] | None = None, tool_specs: list[dict] | None = None,
-                   limit: dict | None = None, extends: str | None = None, logprobs: int | None = None) -> Call:
+                   limit: dict | None = None, extends: str | None = None, logprobs: int | None = None,
+                   state: str | None = None) -> Call:
         """Call ``agent`` on ``messages``. ``tools``: names of this workflow's tools the model may
         call itself (rendered through the chat template's ``tools=`` or masrl's tag format; read
         its calls with ``tools.calls.parse_tool_calls`` and run them with ``model_tool``).
@@ -84,7 +85,9 @@ class WorkflowContext:
         ``extends``: an earlier call these messages continue (its messages, its completion, more);
         the worker then reuses that call's exact prompt and sampled ids instead of re-tokenising.
         ``logprobs``: the sampled tokens' logprobs back on the call (``token_logprobs``), with the k
-        likeliest tokens at each position when k > 0. A prompt that cannot be run (``PromptError``:
+        likeliest tokens at each position when k > 0. ``state``: a name for the situation the call answers (a
+        game's position), so that ``algorithm.group_key: [agent, state]`` compares the moves made from one
+        position across every game of the step (a turn-level baseline). A prompt that cannot be run (``PromptError``:
         it does not tokenise, or does not fit) fails this call alone and leaves no call on the trace."""
         spec = self.agents.get(agent)
         if spec is None:
@@ -97,7 +100,7 @@ class WorkflowContext:
         call = Call(
             call_id=new_id("call"), trace_id=t.trace_id, task_id=t.task_id, sample_idx=t.sample_idx, agent=agent,
             policy=spec.policy, turn=len(t.calls) if turn is None else turn, messages=messages,
-            trainable=self.train and spec.trainable,
+            trainable=self.train and spec.trainable, state=state,
         )
         t.calls.append(call)
         sampling = _limited(spec.sampling, limit)
@@ -110,7 +113,8 @@ class WorkflowContext:
             call_id=call.call_id, policy=spec.policy, messages=messages, sampling=sampling, record=call.trainable,
             template_kwargs=spec.template_kwargs, tools=self._specs(tools) + list(tool_specs or []),
             seed=self._call_seed(agent, call.turn, index), extends=extends, logprobs=logprobs,
-            key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id},
+            key={"task_id": t.task_id, "agent": agent, "turn": call.turn, "sample_idx": t.sample_idx, "trace_id": t.trace_id,
+                 "state": state},
         )
         try:
             if self._admit is not None and gen.record:

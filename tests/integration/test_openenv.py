@@ -99,3 +99,42 @@ def test_a_bad_option_is_a_config_error_naming_the_fix(options, needle):
     with pytest.raises(ConfigError) as e:
         OpenEnvWorkflow(**options)
     assert needle in str(e.value)
+
+
+def test_a_masrl_game_served_as_an_openenv_environment_plays_by_its_rules():
+    """masrl out: OpenSpiel's tic_tac_toe behind OpenEnv's interface, the client in seat 0 against perfect play:
+    a random client never wins, the opponent answers inside step, a refused move is asked again once."""
+    import random
+
+    from masrl.families.games.openenv_env import GameAction, GameEnvironment
+
+    env = GameEnvironment(game="tic_tac_toe", library="openspiel", opponent="minimax")
+    results = []
+    for seed in range(12):
+        obs, rng = env.reset(seed=seed), random.Random(seed)
+        assert obs.prompt.endswith("Available moves: " + ", ".join(obs.legal_moves))
+        while not obs.done:
+            obs = env.step(GameAction(message=rng.choice(obs.legal_moves)))
+            assert obs.reward == 0.0 or obs.done
+        results.append(obs.reward)
+    assert set(results) <= {0.0, -1.0} and -1.0 in results
+    obs = env.reset(seed=0)
+    obs = env.step(GameAction(message="[nine]"))
+    assert obs.invalid and not obs.done
+    obs = env.step(GameAction(message="[nine]"))
+    assert obs.done and obs.reward == -1.0
+    with pytest.raises(ConfigError, match="cannot play"):
+        GameEnvironment(game="kuhn_poker", library="openspiel", opponent="minimax")
+
+
+def test_masrl_trains_on_its_own_game_through_the_openenv_workflow(tmp_path):
+    """The round trip: a masrl game served as an OpenEnv environment, trained by the openenv workflow."""
+    options = {"env": "masrl.families.games.openenv_env:GameEnvironment", "observation_field": "prompt",
+               "env_options": {"game": "kuhn_poker", "library": "openspiel"}}
+    tr, _, _ = prepared_trainer(_config(tmp_path, **options), tmp_path)
+    traces = _episodes(tr)
+    for t in traces:
+        assert t.calls and t.state["done"] is True
+        assert t.calls[0].messages[-1]["content"].startswith("Kuhn Poker")
+        assert t.calls[-1].credit == pytest.approx(t.state["rewards"][-1])
+    asyncio.run(tr.rt.controller.aclose())

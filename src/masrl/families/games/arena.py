@@ -117,17 +117,6 @@ def random_move(game: "Game", observation: str, rng: random.Random) -> str:
 EXAMPLE_SEED = 90_210  # the worked turns' games: seeds no split draws (episodes' seeds are 48-bit draws)
 
 
-def worked_turns(game: str, players: int, n: int) -> list[tuple[str, str]]:
-    """``n`` worked turns for a prompt: the game's opening observation at seeds of their own, each answered with a
-    legal move (the caller checks ``moves_known`` first)."""
-    out = []
-    for k in range(n):
-        g = Game(game, players, EXAMPLE_SEED + k).start()
-        _, obs = g.observe()
-        out.append((obs, random_move(g, obs, random.Random(EXAMPLE_SEED + k))))
-    return out
-
-
 @dataclass
 class Game:
     """One episode of a TextArena game."""

@@ -240,16 +240,6 @@ def builtin_move(agent: str, game: Game, observation: str, rng: random.Random) -
 EXAMPLE_SEED = 90_210
 
 
-def worked_turns(game: str, players: int, n: int) -> list[tuple[str, str]]:
-    """``n`` worked turns: the first observation at seeds of their own, each answered with a random legal move."""
-    out = []
-    for k in range(n):
-        g = Game(game, players, EXAMPLE_SEED + k).start()
-        _, obs = g.observe()
-        out.append((obs, random_move(g, obs, random.Random(EXAMPLE_SEED + k))))
-    return out
-
-
 # -- what a player sees ------------------------------------------------------------------------------------------
 
 KUHN_CARDS = ["Jack", "Queen", "King"]

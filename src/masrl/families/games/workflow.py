@@ -101,12 +101,23 @@ class TextArenaGame:
                                              "workflow.options.examples: 0 (the prompt then shows the game's own rules "
                                              "alone)"))
         self._check_builtins([a for opts in self.options for a in opts], "workflow.options.players")
-        self.shots = self.lib.worked_turns(game, len(self.players), examples)
+        self.shots = self._worked_turns(examples)
         self.example = example or (self.shots[0][1] if self.shots else self._first_move())
 
     def _no_moves(self, key: str, what: str, fix: str) -> str:
         return (f"{key} {what}, each a legal move, but TextArena's {self.game} lists no moves on its screen and masrl "
                 f"reads the legal moves from the state of {', '.join(arena.STATE_MOVES).replace('Env', '')} only; {fix}")
+
+    def _worked_turns(self, n: int) -> list[tuple[str, str]]:
+        """``n`` worked turns for the prompt: the game's opening observation at seeds of their own (the library's
+        ``EXAMPLE_SEED`` on), each answered with a legal move (``moves_known`` is checked first)."""
+        out = []
+        for k in range(n):
+            seed = self.lib.EXAMPLE_SEED + k
+            g = self.lib.Game(self.game, len(self.players), seed).start()
+            _, obs = g.observe()
+            out.append((obs, self.lib.random_move(g, obs, random.Random(seed))))
+        return out
 
     def _first_move(self) -> str:
         g = self.lib.Game(self.game, len(self.players), self.lib.EXAMPLE_SEED).start()

@@ -187,15 +187,6 @@ def random_move(game: Game, observation: str, rng: random.Random) -> str:
     return rng.choice(game.moves())
 
 
-def worked_turns(game: str, players: int, n: int) -> list[tuple[str, str]]:
-    out = []
-    for k in range(n):
-        g = Game(game, players, EXAMPLE_SEED + k).start()
-        _, obs = g.observe()
-        out.append((obs, random_move(g, obs, random.Random(EXAMPLE_SEED + k))))
-    return out
-
-
 # -- what a player sees ------------------------------------------------------------------------------------------
 
 def render(game: Game, pid: int) -> str:

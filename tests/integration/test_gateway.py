@@ -71,7 +71,7 @@ def test_bad_input_gets_a_status_that_names_the_problem(trainer):
                                       {"model": "checker", "messages": [{"role": "user", "content": "hi"},
                                                                         {"role": "wizard", "content": "x"}]})
             out["model"] = await _post(s, f"{base}/chat/completions", _ask("chekcer"))
-            out["stream"] = await _post(s, f"{base}/chat/completions", _ask(stream=True))
+            out["stream"] = await _post(s, f"{base}/chat/completions", _ask(stream="yes"))
             out["long"] = await _post(s, f"{base}/chat/completions", _ask(content="hello " * 5000))
             out["finished"] = await _post(s, f"{done_base}/chat/completions", _ask())
             out["nowhere"] = await _post(s, f"{gw.url}/v1/chat/completions", _ask())
@@ -86,7 +86,7 @@ def test_bad_input_gets_a_status_that_names_the_problem(trainer):
     assert out["json"][0] == 400 and "not valid JSON" in out["json"][1]["error"]["message"]
     assert out["role"][0] == 400 and out["role"][1]["error"]["param"] == "messages[1].role"
     assert out["model"][0] == 404 and "agents: solver, checker" in out["model"][1]["error"]["message"]
-    assert out["stream"][0] == 400 and "stream: true is not supported" in out["stream"][1]["error"]["message"]
+    assert out["stream"][0] == 400 and out["stream"][1]["error"]["param"] == "stream"
     assert out["long"][0] == 400 and "context of 4096 tokens" in out["long"][1]["error"]["message"]
     assert out["finished"][0] == 409 and "has finished" in out["finished"][1]["error"]["message"]
     assert out["nowhere"][0] == 400 and "base URL masrl gave the episode" in out["nowhere"][1]["error"]["message"]

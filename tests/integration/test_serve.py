@@ -28,6 +28,18 @@ def test_serve_answers_the_openai_client_from_a_checkpoint(tmp_path):
         assert out.usage.completion_tokens <= 5
         text = client.completions.create(model="verifier", prompt="The sum of 2 and 2 is", max_tokens=3)
         assert text.choices[0].text and text.object == "text_completion"
+        # a streaming client (verifiers' harnesses, LangGraph) reads the same greedy answer as chunks
+        chunks = list(client.chat.completions.create(model="solver", messages=[{"role": "user", "content": "2 + 2?"}],
+                                                     max_tokens=5, temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == out.choices[0].message.content
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+        assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+        raw = "".join(c.choices[0].text for c in client.completions.create(
+            model="verifier", prompt="The sum of 2 and 2 is", max_tokens=3, temperature=0, stream=True) if c.choices)
+        assert raw == client.completions.create(model="verifier", prompt="The sum of 2 and 2 is", max_tokens=3,
+                                                temperature=0).choices[0].text
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -10,7 +10,8 @@ strings; its ``temperature``, ``top_p`` and ``seed`` are not what is trained, so
 them; ``masrl serve`` honours them).
 
 Routes (each also under ``/rollout/<id>``): ``POST /v1/chat/completions`` (``tools`` and
-``tool_choice``; tool calls come back in OpenAI's format; ``logprobs``/``top_logprobs``),
+``tool_choice``; tool calls come back in OpenAI's format; ``logprobs``/``top_logprobs``; ``stream: true``
+answers with the whole completion as server-sent events once it is sampled),
 ``POST /v1/completions`` (a raw prompt, no chat template), ``GET /v1/models``.
 
 Every request is checked on its own (``wire.parse_request``) and becomes its own call: a request
@@ -37,6 +38,7 @@ from masrl.driver.serving.wire import (
     error_body,
     parse_request,
     post_rewards,
+    stream_events,
 )
 from masrl.errors import ContextOverflow, InfraError, PromptError
 from masrl.tools import web
@@ -208,7 +210,21 @@ class Gateway:
                 self.errors.setdefault(rid, []).append(str(exc))
             return _answer(503, f"the model could not answer: {exc}")
         self.served += 1
-        return _json_response(chat_response(call, bool(req["tool_specs"])) if chat else completion_response(call))
+        answer = chat_response(call, bool(req["tool_specs"])) if chat else completion_response(call)
+        if req["stream"] is None:
+            return _json_response(answer)
+        return await _event_stream(request, stream_events(answer, req["stream"]["include_usage"]))
+
+
+async def _event_stream(request, events: list[bytes]):
+    from aiohttp import web as aio
+
+    resp = aio.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for event in events:
+        await resp.write(event)
+    await resp.write_eof()
+    return resp
 
 
 def _json_response(data: dict, status: int = 200):

@@ -20,12 +20,12 @@ from masrl.messages import RAW_ROLE
 from masrl.tools import web
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-COMMON = {"model", "stream", "n", "max_tokens", "max_completion_tokens", "stop", "temperature", "top_p", "logprobs",
+COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "temperature", "top_p", "logprobs",
           "top_logprobs", "seed"}
 CHAT = COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION = COMMON | {"prompt", "echo", "suffix", "best_of"}
 # accepted and ignored: they change nothing about the answer
-HARMLESS = {"user", "metadata", "store", "stream_options", "service_tier", "prompt_cache_key", "safety_identifier"}
+HARMLESS = {"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"}
 # accepted only at the value that changes nothing
 NEUTRAL = {
     "presence_penalty": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0,
@@ -266,7 +266,7 @@ def parse_request(body: Any, agents: dict, *, chat: bool, agent: str | None = No
         raise BadRequest(400, "seed must be a non-negative integer below 2**63", "seed")
     return {"agent": name, "messages": messages, "tool_specs": tools, "limit": _limit(body),
             "temperature": _number(body, "temperature", 0, 2), "top_p": _number(body, "top_p", 0, 1, low_open=True),
-            "logprobs": _logprobs(body, chat), "seed": seed}
+            "logprobs": _logprobs(body, chat), "seed": seed, "stream": _stream(body)}
 
 
 def _counted_before_checked(msgs: list, tools: Any) -> None:
@@ -282,11 +282,20 @@ def _counted_before_checked(msgs: list, tools: Any) -> None:
                               f"or smaller tools", "tools")
 
 
+def _stream(body: dict) -> dict | None:
+    """``stream: true``: the whole completion is sent as server-sent events once it is sampled (the chunks a
+    streaming client reads, then ``[DONE]``); returns the stream's options (``include_usage``), or None."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream not in (None, True, False):
+        raise BadRequest(400, "stream must be true or false", "stream")
+    if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}
+                                or options.get("include_usage") not in (None, True, False)):
+        raise BadRequest(400, 'stream_options takes {"include_usage": true|false}', "stream_options")
+    return {"include_usage": bool((options or {}).get("include_usage"))} if stream else None
+
+
 def _one_whole_answer(body: dict) -> None:
-    """One completion, whole (no streaming, n = 1)."""
-    if body.get("stream") not in (None, False):
-        raise BadRequest(400, "stream: true is not supported; send stream: false (masrl answers with the whole "
-                              "completion)", "stream")
+    """One completion per request (n = 1)."""
     if body.get("n", 1) != 1 or isinstance(body.get("n"), bool):
         raise BadRequest(400, "n must be 1 (one completion per request)", "n")
     if body.get("parallel_tool_calls") not in (None, True, False):
@@ -385,6 +394,28 @@ def completion_response(call) -> dict:
             "model": call.agent, "choices": [{"index": 0, "text": call.completion, "logprobs": _completion_logprobs(call),
                                               "finish_reason": "length" if call.finish_reason == "length" else "stop"}],
             "usage": _usage(call)}
+
+
+def stream_events(response: dict, include_usage: bool) -> list[bytes]:
+    """A whole chat or text completion as the server-sent events of a stream: one chunk with all of it, one
+    with its finish reason, the usage when asked, then ``[DONE]``."""
+    chat = response["object"] == "chat.completion"
+    head = {"id": response["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": response["created"], "model": response["model"]}
+    choice = response["choices"][0]
+    if chat:
+        delta = {k: v for k, v in choice["message"].items() if v is not None}
+        if "tool_calls" in delta:
+            delta["tool_calls"] = [dict(tc, index=i) for i, tc in enumerate(delta["tool_calls"])]
+        first = {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": choice["finish_reason"]}
+    else:
+        first = {"index": 0, "text": choice["text"], "logprobs": choice["logprobs"], "finish_reason": None}
+        last = {"index": 0, "text": "", "logprobs": None, "finish_reason": choice["finish_reason"]}
+    chunks = [dict(head, choices=[first]), dict(head, choices=[last])]
+    if include_usage:
+        chunks.append(dict(head, choices=[], usage=response["usage"]))
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
 
 
 def _usage(call) -> dict:

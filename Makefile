@@ -6,7 +6,7 @@ PIP     = $(PY) -m pip
 STAMP   = $(VENV)/.installed
 CONFIG ?= math/team_shared
 
-.PHONY: venv demo gpu-demo train test test-fast lint bench bench-tools clean
+.PHONY: venv verifiers demo gpu-demo train test test-fast lint bench bench-tools clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# verifiers (workflow: verifiers) in a Python of its own: it pins openai<3 and mcp==2.0.0, which masrl's client
+# tests and OpenEnv's fastmcp outgrow; uv runs its seats' programs (verifiers' subprocess runtime)
+VF_VENV  ?= .venv-verifiers
+VF_STAMP  = $(VF_VENV)/.installed
+UV_VERSION = 0.13.10
+$(VF_STAMP):
+	$(PYTHON) -m venv $(VF_VENV)
+	$(VF_VENV)/bin/python -m pip install -q verifiers==0.4.0 uv==$(UV_VERSION)
+	touch $(VF_STAMP)
+verifiers: $(VF_STAMP)
 
 # Does a team beat one agent? Train a team of steppers (one call per event) and the two single agents it is
 # measured against (one that steps through the events itself, one that writes one expression), all with the same
@@ -50,11 +61,11 @@ train: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP) lint
+test: $(STAMP) $(VF_STAMP) lint
 	$(PY) -m pytest tests -p no:cacheprovider
 
 # the fast tier: everything but the slow tests (whole runs, clusters, every shipped config), a few minutes
-test-fast: $(STAMP) lint
+test-fast: $(STAMP) $(VF_STAMP) lint
 	$(PY) -m pytest tests -p no:cacheprovider -m "not slow"
 
 bench: $(STAMP)

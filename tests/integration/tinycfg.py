@@ -36,6 +36,10 @@ def _tiny_data(data: dict) -> dict:
         opts = data["train"].get("options", {})
         return {"train": {"source": "reasoning_gym", "n": 40, "seed": 1, "options": opts},
                 "eval": {"source": "reasoning_gym", "n": 3, "seed": 2, "options": opts}}
+    if source == "verifiers":  # a verifiers taskset: its own tasks, a few of each split
+        tr, ev = data["train"]["options"], data["eval"]["options"]
+        return {"train": {"source": "verifiers", "n": 6, "seed": 1, "options": {**tr, "idx": "0:6"}},
+                "eval": {"source": "verifiers", "n": 3, "seed": 2, "options": {**ev, "idx": "6:9"}}}
     return {"train": {"source": "arithmetic", "n": 40, "seed": 1}, "eval": {"source": "arithmetic", "n": 3, "seed": 2}}
 
 

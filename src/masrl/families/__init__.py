@@ -19,6 +19,7 @@ from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
 from masrl.data.sources import Source
 from masrl.errors import ConfigError
 from masrl.families import code, games, hidden_sum, math, qa, reasoning_gym
+from masrl.workflows import SOURCES as WORKFLOW_SOURCES
 from masrl.workflows import WORKFLOWS as FRAMEWORK_WORKFLOWS
 
 ROOT = Path(__file__).resolve().parent
@@ -37,7 +38,7 @@ def _merged(attr: str, base: dict) -> dict:
 
 
 WORKFLOWS: dict[str, Any] = _merged("WORKFLOWS", FRAMEWORK_WORKFLOWS)
-SOURCES: dict[str, Source] = _merged("SOURCES", FRAMEWORK_SOURCES)
+SOURCES: dict[str, Source] = _merged("SOURCES", {**FRAMEWORK_SOURCES, **WORKFLOW_SOURCES})
 ENVS: dict[str, Any] = _merged("ENVS", {})
 
 

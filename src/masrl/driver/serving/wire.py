@@ -20,8 +20,8 @@ from masrl.messages import RAW_ROLE
 from masrl.tools import web
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "temperature", "top_p", "logprobs",
-          "top_logprobs", "seed"}
+COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "temperature",
+          "top_p", "logprobs", "top_logprobs", "seed"}
 CHAT = COMMON | {"messages", "tools", "tool_choice", "parallel_tool_calls"}
 COMPLETION = COMMON | {"prompt", "echo", "suffix", "best_of"}
 # accepted and ignored: they change nothing about the answer

@@ -34,6 +34,10 @@ UV_VERSION = 0.13.10
 $(VF_STAMP):
 	$(PYTHON) -m venv $(VF_VENV)
 	$(VF_VENV)/bin/python -m pip install -q verifiers==0.4.0 uv==$(UV_VERSION)
+	# verifiers' own `openenv` taskset drives OpenEnv servers (masrl's worlds: `masrl environment`): OpenEnv's client
+	# without its web UI, and the fastmcp that still takes verifiers' mcp pin
+	$(VF_VENV)/bin/python -m pip install -q --no-deps openenv==0.10.0
+	$(VF_VENV)/bin/python -m pip install -q mcp==2.0.0 fastmcp==4.1.1 fastapi==0.165.0 websockets==17.4
 	touch $(VF_STAMP)
 verifiers: $(VF_STAMP)
 

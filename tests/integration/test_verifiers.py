@@ -108,3 +108,18 @@ def test_the_shipped_config_trains_a_step_through_the_cli(tmp_path):
     steps = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     rollout = next(x["rollout"] for x in steps if "rollout" in x)
     assert rollout["failed"] == 0 and rollout["traces"] == 6 and rollout["agents"]["solver"]["calls"] == 6
+
+
+def test_an_environment_that_raises_fails_its_own_episodes_alone_with_its_message(tmp_path):
+    data = _config(tmp_path, "vf_flaky", {"agent": "solver"})
+    data["rollout"]["max_failed_fraction"] = 1.0
+    tr, _, _ = prepared_trainer(data, tmp_path)
+    try:
+        rec = asyncio.run(tr.train_step())
+    finally:
+        asyncio.run(tr.rt.controller.aclose())
+    # training tasks are idx 0 and 1; idx 1's grader raises: its samples fail, idx 0's are scored 1.0
+    assert rec["rollout"]["failed"] == 3, rec["rollout"]
+    assert "the grader of this task is broken" in rec["rollout"]["first_error"]
+    assert all("Say 0." in t.calls[0].messages[-1]["content"] and t.calls[0].credit == 1.0
+               for t in tr.last_traces if not t.error)

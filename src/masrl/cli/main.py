@@ -193,6 +193,14 @@ def _report(args) -> int:
     return 0
 
 
+def _environment(args) -> int:
+    from masrl.driver.serving.environment import serve_environment
+
+    serve_environment(args.config, args.overrides, split=args.split, host=args.host, port=args.port,
+                      max_sessions=args.max_sessions)
+    return 0
+
+
 def _serve(args) -> int:
     import signal
     from pathlib import Path
@@ -281,6 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body-mb", type=bounded(int, 1, 4096), default=16,
                    help="largest request body in MB; a larger one gets a 413 (1-4096)")
     s.set_defaults(fn=_serve)
+    v = sub.add_parser("environment", help="serve a config's workflow on its tasks as an OpenEnv environment (the "
+                                           "client writes every model reply; the reward is the family's score)")
+    v.add_argument("config", help="a YAML run config or a shipped one's name (math/solver, reasoning_gym/solver, ...)")
+    v.add_argument("overrides", nargs="*")
+    v.add_argument("--split", choices=("eval", "train"), default="eval", help="whose tasks reset(seed) draws")
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--max-sessions", type=bounded(int, 1, 4096), default=64, help="episodes at once (1-4096)")
+    v.set_defaults(fn=_environment)
     c = sub.add_parser("compare", help="one HTML page: runs grouped by config name (seeds), held-out accuracy "
                                        "against training calls, tokens and seconds, with the spread over seeds")
     c.add_argument("run_dirs", nargs="+")

@@ -94,7 +94,8 @@ async def _episode(env, tasks: list, seats: list[str], job: dict) -> dict:
         seat = trace.agent.name if trace.agent is not None and trace.agent.name else seats[0]
         rewards[seat] = rewards.get(seat, 0.0) + float(trace.reward or 0.0)
         for name, r in (trace.rewards or {}).items():
-            parts[f"{seat}.{name}"] = float(r.score)
+            if r is not None and getattr(r, "score", None) is not None:  # a reward that raised has no score
+                parts[f"{seat}.{name}"] = float(r.score)
         errors += [f"{e.type}: {e.message}" for e in (trace.errors or [])]
     tools = sorted({tool.name for trace in episode.traces for tool in (trace.tools or [])})
     return {"id": job["id"], "ok": bool(episode.ok), "seats": rewards, "rewards": parts, "errors": errors,
@@ -139,7 +140,9 @@ def main(argv: list[str]) -> int:
         tasks = _tasks(env, config.get("limit"))
         if mode == "list":
             for i, task in enumerate(tasks):
-                _write({"idx": i, "prompt": _prompt_text(task.data.prompt)})
+                # a task without a prompt (an OpenEnv reset, a game) is named by its name, else its data
+                text = _prompt_text(task.data.prompt) or task.data.name or task.data.model_dump_json()[:2000]
+                _write({"idx": i, "prompt": text})
             return 0
     except Exception as exc:  # the environment could not be built: said in one line
         _write({"error": f"{type(exc).__name__}: {exc}"})

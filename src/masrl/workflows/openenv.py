@@ -16,7 +16,8 @@ The action: the reply put in ``action_field`` of the environment's action class 
 given; a reply that is a JSON object with the class's fields fills them instead); the class is the environment's
 own (its ``Environment[Action, Observation, State]`` parameters, or ``action``). What the model sees:
 ``observation_field`` of the observation (by default the first of ``prompt``, ``text``, ``message``,
-``observation``, ``board``, ``content`` it has, else its fields as JSON). Several actors: ``agents`` lists them and
+``observation``, ``board``, ``content`` it has, else its fields as JSON); ``messages_field``: an observation field
+that holds the whole chat to send, as ``[{role, content}]`` (masrl's own worlds served by ``masrl environment``). Several actors: ``agents`` lists them and
 ``actor_field`` names the observation field that says whose turn it is (an agent's name or its index). A server
 takes ``max_sessions`` episodes at once (its ``max_concurrent_envs``; OpenEnv's default is 1).
 
@@ -108,6 +109,7 @@ class OpenEnvWorkflow:
     def __init__(self, env: str | None = None, url: str | None = None, env_options: dict | None = None,
                  action: str | None = None, action_field: str | None = None, observation_field: str | None = None,
                  agents: list[str] | None = None, actor_field: str | None = None, system: str | None = None,
+                 messages_field: str | None = None,
                  max_turns: int = 16, max_new_tokens: int = 128, timeout_s: float = 60.0, max_sessions: int = 1):
         if (env is None) == (url is None):
             raise ConfigError("workflow.options: give exactly one of env ('module:Class', an openenv Environment run "
@@ -126,7 +128,7 @@ class OpenEnvWorkflow:
         self.action_cls = load_object(action, "workflow.options.action") if action else (
             _action_class(self.env_cls) if self.env_cls is not None else None)
         self.action_field = _action_field(self.action_cls, action_field)
-        self.observation_field, self.actor_field = observation_field, actor_field
+        self.observation_field, self.actor_field, self.messages_field = observation_field, actor_field, messages_field
         self.system = system or ("You act in an environment. Read the observation and reply with your action only.")
         self.max_turns, self.max_new_tokens, self.timeout_s = max_turns, max_new_tokens, timeout_s
         self.max_sessions, self._sessions = max_sessions, {}  # a semaphore per event loop
@@ -155,9 +157,12 @@ class OpenEnvWorkflow:
                 if turns >= self.max_turns:
                     break
                 agent = self._actor(obs)
-                history[agent].append({"role": "user", "content": self._text(obs)})
-                call = await ctx.call(agent, [{"role": "system", "content": self.system}, *history[agent]],
-                                      turn=turns)
+                if self.messages_field:  # the environment writes the whole chat (masrl's own, served)
+                    call = await ctx.call(agent, self._messages(obs), turn=turns)
+                else:
+                    history[agent].append({"role": "user", "content": self._text(obs)})
+                    call = await ctx.call(agent, [{"role": "system", "content": self.system}, *history[agent]],
+                                          turn=turns)
                 reply = (call.completion or "").strip()
                 history[agent].append({"role": "assistant", "content": reply})
                 obs, reward, done = await session.step(self._action(reply))
@@ -180,6 +185,15 @@ class OpenEnvWorkflow:
         if str(who) in self.agents:
             return str(who)
         raise InfraError(f"the observation's {self.actor_field} is {who!r}: no agent of {self.agents} (name or index)")
+
+    def _messages(self, obs: dict) -> list[dict]:
+        msgs = obs.get(self.messages_field)
+        if not isinstance(msgs, list) or not msgs or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msgs):
+            raise InfraError(f"the observation's {self.messages_field} is not a list of chat messages "
+                             f"({{role, content}}): {str(msgs)[:200]}")
+        return [{"role": m["role"], "content": m["content"]} for m in msgs]
 
     def _text(self, obs: dict) -> str:
         if self.observation_field:

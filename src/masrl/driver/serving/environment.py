@@ -36,6 +36,7 @@ from masrl.errors import ConfigError, InfraError
 from masrl.trace import Trace, new_id
 
 STEP_S = 600.0  # a workflow's tools (a sandbox run, a search) between two calls
+_WORLDS: dict[tuple, tuple] = {}  # (config, split, overrides) -> its tasks, workflow, agents and tools
 
 
 class TaskAction(Action):
@@ -62,15 +63,18 @@ class TaskEnvironment(Environment[TaskAction, TaskObservation, State]):
 
         if split not in ("eval", "train"):
             raise ConfigError(f"split: 'eval' (the held-out tasks) or 'train', not {split!r}")
-        cfg = load_config(config_path(config), overrides)
-        plan = check_run(cfg)
-        src = cfg.data.eval if split == "eval" and cfg.data.eval is not None else cfg.data.train
-        self.tasks = load_tasks(src, sources=SOURCES, world=cfg.data.world, key=f"data.{split}")
-        if not self.tasks:
-            raise ConfigError(f"the config's {split} split has no tasks")
-        self.workflow, self.agents = plan.workflow, plan.agents
-        self.tools = (self.workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world))
-                      if hasattr(self.workflow, "tools") else {})
+        key = (str(config), split, tuple(overrides or ()))
+        if key not in _WORLDS:  # one checked config, task list and workflow for every session of this process
+            cfg = load_config(config_path(config), overrides)
+            plan = check_run(cfg)
+            src = cfg.data.eval if split == "eval" and cfg.data.eval is not None else cfg.data.train
+            tasks = load_tasks(src, sources=SOURCES, world=cfg.data.world, key=f"data.{split}")
+            if not tasks:
+                raise ConfigError(f"the config's {split} split has no tasks")
+            tools = (plan.workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world))
+                     if hasattr(plan.workflow, "tools") else {})
+            _WORLDS[key] = (tasks, plan.workflow, plan.agents, tools)
+        self.tasks, self.workflow, self.agents, self.tools = _WORLDS[key]
         self._loop = asyncio.new_event_loop()
         threading.Thread(target=self._loop.run_forever, daemon=True, name="masrl-task-env").start()
         self._events: asyncio.Queue | None = None

@@ -17,8 +17,8 @@ given; a reply that is a JSON object with the class's fields fills them instead)
 own (its ``Environment[Action, Observation, State]`` parameters, or ``action``). What the model sees:
 ``observation_field`` of the observation (by default the first of ``prompt``, ``text``, ``message``,
 ``observation``, ``board``, ``content`` it has, else its fields as JSON); ``messages_field``: an observation field
-that holds the whole chat to send, as ``[{role, content}]`` (masrl's own worlds served by ``masrl environment``). Several actors: ``agents`` lists them and
-``actor_field`` names the observation field that says whose turn it is (an agent's name or its index). A server
+that holds the whole chat to send, as ``[{role, content}]`` (masrl's own worlds served by ``masrl environment``).
+Several actors: ``agents`` lists them and ``actor_field`` names the observation field that says whose turn it is (an agent's name or its index). A server
 takes ``max_sessions`` episodes at once (its ``max_concurrent_envs``; OpenEnv's default is 1).
 
 An action the environment refuses (a validation error, an exception in ``step``) fails that episode as

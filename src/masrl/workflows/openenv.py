@@ -19,7 +19,8 @@ own (its ``Environment[Action, Observation, State]`` parameters, or ``action``).
 ``observation``, ``board``, ``content`` it has, else its fields as JSON); ``messages_field``: an observation field
 that holds the whole chat to send, as ``[{role, content}]`` (masrl's own worlds served by ``masrl environment``).
 Several actors: ``agents`` lists them and ``actor_field`` names the observation field that says whose turn it is
-(an agent's name or its index). A server takes ``max_sessions`` episodes at once (its ``max_concurrent_envs``; OpenEnv's default is 1).
+(an agent's name or its index). A server takes ``max_sessions`` episodes at once (its ``max_concurrent_envs``;
+OpenEnv's default is 1).
 
 An action the environment refuses (a validation error, an exception in ``step``) fails that episode as
 infrastructure and is counted (``rollout.max_failed_fraction`` stops the run). Needs ``openenv-core``

@@ -87,6 +87,7 @@ def main() -> None:
     rows = []
     native = _base("math/solver", 4, args.tokens)
     native["data"]["eval"]["n"] = args.eval
+    native["rewards"] = [{"type": "outcome", "weight": 1.0}]  # the rewards every row pays
     rows.append(_run("native_math_solver", native, out, args.steps))
 
     if "openenv" not in args.skip:
@@ -94,10 +95,13 @@ def main() -> None:
         d["workflow"] = {"name": "openenv", "options": {
             "env": "masrl.driver.serving.environment:TaskEnvironment", "messages_field": "messages",
             "agents": ["solver"], "max_new_tokens": args.tokens,
-            "env_options": {"config": "math/solver", "split": "eval", "overrides": over}}}
-        # episode i resets the environment with seed i: task i of the same held-out split, in the same order
-        d["data"] = {"train": {"source": "bench_env_adapters:seeds", "n": 200},
-                     "eval": {"source": "bench_env_adapters:seeds", "n": args.eval, "options": {"eval": True}}}
+            "env_options": {"config": "math/solver", "split": "all", "overrides": over}}}
+        # each task resets the environment on itself: the native run's tasks, ids and order (seeds: the index into
+        # the served config's training tasks, then its held-out ones)
+        d["data"] = {"train": {"source": "bench_env_adapters:seeds", "n": native["data"]["train"]["n"],
+                               "options": {"config": "math/solver", "split": "train", "overrides": over}},
+                     "eval": {"source": "bench_env_adapters:seeds", "n": args.eval,
+                              "options": {"config": "math/solver", "split": "eval", "overrides": over}}}
         d["rewards"] = [{"type": "outcome", "weight": 1.0}]
         rows.append(_run("openenv_math_solver", d, out, args.steps,
                          {"PYTHONPATH": f"{ROOT / 'benchmarks'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}))
@@ -151,12 +155,18 @@ def main() -> None:
 
 
 def seeds(spec):
-    """Tasks whose episodes reset with seed 0, 1, 2, ...: task i of the served split (the eval split's order)."""
+    """The config's own tasks (``options.config``; ``options.split``), each with the seed that resets a
+    ``TaskEnvironment(split="all")`` on it (its index among the training tasks, then the held-out ones) and its own
+    id, so that a run draws the same tasks in the same order and samples them with the same seeds as the native run."""
+    from masrl.config import load_config
     from masrl.data.tasks import Task
+    from masrl.families import build_tasks, config_path
 
-    offset = 0 if spec.options.get("eval") else 10_000
-    return [Task(f"seed-{offset + i}", f"episode {offset + i}", None, {"seed": offset + i})
-            for i in range(spec.n or 16)]
+    cfg = load_config(config_path(spec.options["config"]), spec.options.get("overrides", []))
+    train, held_out = build_tasks(cfg)
+    if spec.options.get("split") == "eval":
+        return [Task(t.id, t.question, t.answer, {"seed": len(train) + i}) for i, t in enumerate(held_out)]
+    return [Task(t.id, t.question, t.answer, {"seed": i}) for i, t in enumerate(train)]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ the client writes every model reply.
     # or over OpenEnv's HTTP server, for OpenEnv's clients (and verifiers' ``openenv`` taskset):
     masrl environment math/solver --port 8000
 
-``reset(seed)`` draws the task ``seed`` of the config's held-out split (``split="train"`` for its training tasks);
+``reset(seed)`` draws the task ``seed`` of the config's held-out split (``split="train"``: its training tasks, as a
+run has them; ``"all"``: the training tasks, then the held-out ones);
 each observation is one call the workflow makes (a team's every agent in turn, a stepping agent's every step, a
 game's every move), its tools run here as in training (the calculator, the sandbox, the search index); when the
 workflow finishes, the observation is ``done`` and its reward is the episode's ``outcome`` as the family scores it
@@ -58,17 +59,17 @@ class TaskEnvironment(Environment[TaskAction, TaskObservation, State]):
 
     def __init__(self, config: str = "math/solver", split: str = "eval", overrides: list[str] | None = None):
         super().__init__()
-        from masrl.data.sources import load_tasks
-        from masrl.families import SOURCES, config_path
+        from masrl.families import build_tasks, config_path
 
-        if split not in ("eval", "train"):
-            raise ConfigError(f"split: 'eval' (the held-out tasks) or 'train', not {split!r}")
+        if split not in ("eval", "train", "all"):
+            raise ConfigError(f"split: 'eval' (the held-out tasks), 'train', or 'all' (the training tasks, then the "
+                              f"held-out ones), not {split!r}")
         key = (str(config), split, tuple(overrides or ()))
         if key not in _WORLDS:  # one checked config, task list and workflow for every session of this process
             cfg = load_config(config_path(config), overrides)
             plan = check_run(cfg)
-            src = cfg.data.eval if split == "eval" and cfg.data.eval is not None else cfg.data.train
-            tasks = load_tasks(src, sources=SOURCES, world=cfg.data.world, key=f"data.{split}")
+            train, held_out = build_tasks(cfg)  # as a run of this config has them: training never repeats held-out
+            tasks = {"eval": held_out, "train": train, "all": train + held_out}[split]
             if not tasks:
                 raise ConfigError(f"the config's {split} split has no tasks")
             tools = (plan.workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world))

@@ -2,6 +2,7 @@
 in this process and served by OpenEnv's own HTTP server on 127.0.0.1, with masrl's agents as the actor."""
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -138,3 +139,24 @@ def test_masrl_trains_on_its_own_game_through_the_openenv_workflow(tmp_path):
         assert t.calls[0].messages[-1]["content"].startswith("Kuhn Poker")
         assert t.calls[-1].credit == pytest.approx(t.state["rewards"][-1])
     asyncio.run(tr.rt.controller.aclose())
+
+
+def test_the_shipped_openenv_example_trains_a_step_through_the_cli(tmp_path):
+    """examples/openenv_guess.yaml, as its header says to run it (PYTHONPATH=examples, from the repository root)."""
+    import json
+
+    import yaml
+
+    root = TESTS.parent
+    data = tiny_config("examples/openenv_guess.yaml", tmp_path / "run", steps=1)
+    data["rewards"] = [r for r in data["rewards"] if not r["type"].startswith("helpers:")]  # a test-only module
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = subprocess.run([sys.executable, "-m", "masrl.cli", "train", str(cfg)], capture_output=True, text=True,
+                         timeout=600, cwd=root, env={**os.environ, "PYTHONPATH": "examples"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rollout = next(json.loads(x)["rollout"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+                   if "rollout" in json.loads(x))
+    assert rollout["failed"] == 0 and rollout["traces"] == 6
+    # every episode is the environment's own: up to 4 guesses, its reward the environment's (-0.1 a miss, 1 a hit)
+    assert -0.4 - 1e-9 <= rollout["outcome"] <= 1.0

@@ -25,7 +25,7 @@ SLOW_FILES = {
     "test_gateway_examples.py", "test_kill_resume.py", "test_demo_script.py", "test_end_to_end.py",
     "test_shipped_configs.py", "test_fuzz.py", "test_async.py", "test_hostile_input.py", "test_bounded_inputs.py",
     "test_faults.py", "test_report.py", "test_compare.py", "test_time_limit.py", "test_keep_best.py",
-    "test_reward_limits.py", "test_serve.py", "test_overlap.py",
+    "test_reward_limits.py", "test_serve.py", "test_overlap.py", "test_verifiers.py",
 }
 
 

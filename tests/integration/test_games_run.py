@@ -127,6 +127,34 @@ def test_checkpoints_play_each_other_in_a_head_to_head_table(tmp_path):
     assert set(ratings) == {"A", "B", "U"} and abs(sum(map(int, ratings.values())) / 3 - 1000) <= 1
 
 
+def test_compare_plays_self_play_runs_head_to_head_with_an_elo_table(tmp_path, capsys):
+    """masrl compare --head-to-head: two self-play runs' latest checkpoints and the untrained model play each other
+    (the second seat given a policy of its own), the table and the Elo ratings printed and on the page."""
+    import re
+
+    pytest.importorskip("pyspiel")
+    from masrl.cli import main
+
+    runs = []
+    for seed in (0, 1):
+        run = tmp_path / f"ttt-seed{seed}"
+        assert main(["train", "games/spiel_tic_tac_toe_selfplay", "model=tiny-random", "train.steps=1",
+                     "train.eval_before=false", "train.eval_after=false", "train.save_every=1",
+                     "rollout.tasks_per_step=2", f"seed={seed}", f"output_dir={run}"]) == 0
+        runs.append(str(run))
+    capsys.readouterr()
+    page = tmp_path / "c.html"
+    assert main(["compare", *runs, "--out", str(page), "--head-to-head", "4", "--set", "model=tiny-random"]) == 0
+    out = capsys.readouterr().out
+    rows = dict(re.findall(r"^\| (untrained|ttt-seed0|ttt-seed1) \| ([\d. |]+) \|$", out, re.M))
+    assert set(rows) == {"untrained", "ttt-seed0", "ttt-seed1"}, out
+    assert all(len(v.split(" | ")) == 3 for v in rows.values())
+    ratings = dict(re.findall(r"(untrained|ttt-seed\d) (\d+)", out.split("Elo (fitted to the table):")[1]))
+    assert abs(sum(map(int, ratings.values())) / 3 - 1000) <= 1
+    text = page.read_text()
+    assert "Head to head" in text and '"head_to_head"' in text and '"ttt-seed1"' in text
+
+
 def test_a_self_play_checkpoint_is_scored_on_a_reasoning_set_beside_the_untrained_model(tmp_path, capsys):
     """games.sh's TRANSFER: a games checkpoint evaluated under reasoning-gym's solver config (its policy starting from
     the checkpoint), and scripts/transfer_table.py's table of the two evaluations, untrained first."""

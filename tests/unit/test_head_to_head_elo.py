@@ -1,20 +1,15 @@
-"""scripts/head_to_head.py's Elo fit: ratings that reproduce a consistent table, order an inconsistent one, and stay
-finite when a player wins everything."""
+"""The head-to-head's Elo fit (masrl.families.games.head_to_head): ratings that reproduce a consistent table, order
+an inconsistent one, and stay finite when a player wins everything."""
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 
 def _elo():
-    spec = importlib.util.spec_from_file_location("head_to_head",
-                                                  Path(__file__).resolve().parents[2] / "scripts" / "head_to_head.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.elo
+    from masrl.families.games.head_to_head import elo
+
+    return elo
 
 
 def _expected(ra: float, rb: float) -> float:

@@ -12,7 +12,9 @@ model calls per held-out task, and how many distinct training tasks it had and h
 back (an arm with more tasks a step over a small pool repeats them, `data.json`). Equal compute is
 read off the x axes, not assumed. Runs scored on different held-out sets are named above the table. Where the
 workflow scores each agent (a game's seats: ``score``, ``win``, ``draw``, ``seat0_score``, ...), a second table
-puts each arm's agents side by side at their last held-out evaluation.
+puts each arm's agents side by side at their last held-out evaluation. With ``--head-to-head N``, game runs' latest
+checkpoints and the untrained model play each other N held-out games a pair (both seats) and an Elo rating is fitted
+to the table.
 """
 
 from __future__ import annotations
@@ -253,11 +255,36 @@ def yardstick_lines(data: dict) -> list[str]:
     return out
 
 
-def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None) -> Path:
-    """The page; ``print_table``: a function that gets the text table's lines (the terminal's)."""
+def head_to_head_of(run_dirs: list[str | Path], games: int, overrides: list[str] | None = None, log=None) -> dict:
+    """Game runs' latest checkpoints (the first seat's policy) and the untrained model against each other on the
+    first run's config (``families.games.head_to_head``)."""
+    from masrl.driver.run.rundir import RunDir
+    from masrl.families.games.head_to_head import UNTRAINED, head_to_head, seat_policies
+
+    runs = [RunDir(d) for d in run_dirs]
+    config = runs[0].config_file
+    players = {UNTRAINED: UNTRAINED}
+    for run in runs:
+        _, policy, _ = seat_policies(run.config_file)
+        folder = run.checkpoint() / policy
+        if not folder.is_dir():
+            raise MasrlError(f"{run.path}: its latest checkpoint has no policy folder {policy} (the first seat's)")
+        players[run.path.name] = str(folder)
+    return head_to_head(config, players, games, overrides, log=log)
+
+
+def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None, head_to_head_games: int = 0,
+                  overrides: list[str] | None = None) -> Path:
+    """The page; ``print_table``: a function that gets the text table's lines (the terminal's);
+    ``head_to_head_games``: game runs' checkpoints also play each other that many held-out games a pair."""
     if not run_dirs:
         raise MasrlError("masrl compare: give one or more run directories")
     data = collect_runs(run_dirs)
+    if head_to_head_games:
+        from masrl.families.games.head_to_head import table_lines
+
+        data["head_to_head"] = head_to_head_of(run_dirs, head_to_head_games, overrides, log=print_table)
+        data["notes"] = [*data.get("notes", []), *table_lines(data["head_to_head"])]
     if print_table is not None:
         for line in compare_table(data):
             print_table(line)
@@ -278,6 +305,10 @@ the same in the first and second seat; invalid the share of its moves the game r
 <div class="muted">From each run's newest <code>masrl eval</code> (an OpenSpiel game): exploitability (0 is Nash) and
 the score against minimax players that move at random with probability p, per seat; mean over seeds (min-max).</div>
 <table id="yard"></table></div>
+<div id="h2h_box" hidden><h2>Head to head</h2>
+<div class="muted">Each run's latest checkpoint and the untrained model against each other on the first run's held-out
+games, both seats: the row's score against the column (win 1, draw 0.5), and an Elo rating fitted to the table
+(mean 1000).</div><table id="h2h"></table></div>
 <h2>Held-out accuracy</h2><div class="charts" id="heldout"></div>
 <h2>Training outcome</h2><div class="charts" id="training"></div>"""
 
@@ -324,6 +355,10 @@ const YK=[...new Set([].concat(...D.arms.map(a=>Object.keys(a.summary.yardsticks
 if(YK.length){document.getElementById('yard_box').hidden=false;Y.appendChild(el('tr')).append(...['arm'].concat(YK).map(h=>el('th',{},h)));
   for(const a of D.arms){const y=a.summary.yardsticks||{},tr=el('tr',{'data-yard':a.name});
     tr.append(el('td',{},a.name),...YK.map(k=>el('td',{},y[k]?`${f3(y[k].mean)} (${f3(y[k].min)}-${f3(y[k].max)})`:'-')));Y.appendChild(tr);}}
+if(D.head_to_head){const H=D.head_to_head,B=document.getElementById('h2h');document.getElementById('h2h_box').hidden=false;
+  B.appendChild(el('tr')).append(...['', ...H.names, 'Elo'].map(h=>el('th',{},h)));
+  for(const r of H.names){const tr=el('tr',{'data-h2h':r});tr.append(el('td',{},r),...H.names.map(c=>el('td',{},f3(H.table[r][c]))),
+    el('td',{},Math.round(H.elo[r]).toString()));B.appendChild(tr);}}
 for(const [key,label] of [['calls','model calls'],['tokens','completion tokens'],['context','prompt + completion tokens'],['seconds','seconds']]){
   chart(document.getElementById('heldout'),'held-out accuracy vs training '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'evals',key,'accuracy')})));
   chart(document.getElementById('training'),'training outcome vs '+label,D.arms.map(a=>({name:a.name,points:band(a.runs,'steps',key,'outcome')})));}

@@ -230,7 +230,8 @@ def _serve(args) -> int:
 def _compare(args) -> int:
     from masrl.cli.compare import build_compare
 
-    path = build_compare(args.run_dirs, args.out, print_table=print)
+    path = build_compare(args.run_dirs, args.out, print_table=print, head_to_head_games=args.head_to_head,
+                         overrides=args.set)
     print(f"[masrl] wrote {path} (open it in a browser: curves, every agent's figures)")
     return 0
 
@@ -302,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "against training calls, tokens and seconds, with the spread over seeds")
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--out", default="compare.html")
+    c.add_argument("--head-to-head", type=int, default=0, metavar="GAMES",
+                   help="game runs: their latest checkpoints and the untrained model play each other GAMES held-out "
+                        "games a pair, both seats, and an Elo rating is fitted to the table")
+    c.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="overrides for the head-to-head evaluations (e.g. device=cuda)")
     c.set_defaults(fn=_compare)
     k = sub.add_parser("configs", help="list the shipped configs (family/name), each with its header's first line")
     k.set_defaults(fn=_configs)

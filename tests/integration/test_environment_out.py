@@ -112,10 +112,14 @@ def test_verifiers_own_openenv_taskset_drives_a_served_family_with_masrls_agents
     data["rewards"] = [{"type": "credit", "weight": 1.0}]
     data["rollout"]["max_failed_fraction"] = 0.0
     tr, _, _ = prepared_trainer(data, tmp_path)
-    try:
-        rec = asyncio.run(tr.train_step())
-    finally:
-        asyncio.run(tr.rt.controller.aclose())
+
+    async def step_and_close():
+        try:
+            return await tr.train_step()
+        finally:
+            await tr.rt.controller.aclose()
+
+    rec = asyncio.run(step_and_close())
     assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
     for t in tr.last_traces:
         assert t.calls and all(c.agent == "solver" for c in t.calls)

@@ -41,13 +41,28 @@ def _config(tmp_path, taskset: str, seats: dict[str, str], **options):
     return data
 
 
-def _traces(tr):
+def _alive(pid: int) -> bool:
     try:
-        rec = asyncio.run(tr.train_step())
-        assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
-        return tr.last_traces
-    finally:
-        asyncio.run(tr.rt.controller.aclose())
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status  # a killed child not yet reaped is gone
+
+
+def _traces(tr):
+    """One training step and the run's close on one event loop, as a run has them."""
+    async def step_and_close():
+        try:
+            return await tr.train_step()
+        finally:
+            pid[0] = tr.rt.workflow._pid
+            await tr.rt.controller.aclose()
+
+    pid = [None]
+    rec = asyncio.run(step_and_close())
+    assert pid[0] is not None and not _alive(pid[0]), "the verifiers runner outlived the run"
+    assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
+    return tr.last_traces
 
 
 def test_a_single_turn_taskset_is_played_and_scored_by_its_own_reward(tmp_path):
@@ -114,10 +129,14 @@ def test_an_environment_that_raises_fails_its_own_episodes_alone_with_its_messag
     data = _config(tmp_path, "vf_flaky", {"agent": "solver"})
     data["rollout"]["max_failed_fraction"] = 1.0
     tr, _, _ = prepared_trainer(data, tmp_path)
-    try:
-        rec = asyncio.run(tr.train_step())
-    finally:
-        asyncio.run(tr.rt.controller.aclose())
+
+    async def step_and_close():
+        try:
+            return await tr.train_step()
+        finally:
+            await tr.rt.controller.aclose()
+
+    rec = asyncio.run(step_and_close())
     # training tasks are idx 0 and 1; idx 1's grader raises: its samples fail, idx 0's are scored 1.0
     assert rec["rollout"]["failed"] == 3, rec["rollout"]
     assert "the grader of this task is broken" in rec["rollout"]["first_error"]

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -152,7 +153,7 @@ class VerifiersWorkflow:
         self.n_tasks, self.limit = found["tasks"], limit
         self.max_new_tokens, self.timeout_s, self.port = max_new_tokens, timeout_s, port
         self._new_gateway = None
-        self._loop = self._gateway = self._runner = None
+        self._loop = self._gateway = self._pid = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._stderr_tail = b""
@@ -177,6 +178,7 @@ class VerifiersWorkflow:
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.PIPE, env=_runner_env(self.python),
                                                     limit=1 << 24, start_new_session=True)
+        self._pid = proc.pid  # its own session: the runner and the seats' programs it started
         self._stderr_reader = asyncio.ensure_future(self._read_stderr(proc))
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), CHECK_S) or b"{}")
         if not first.get("ready"):
@@ -211,8 +213,13 @@ class VerifiersWorkflow:
         self._waiting.clear()
 
     async def aclose(self) -> None:
-        if self._gateway is None or self._loop is not asyncio.get_running_loop():
-            self._gateway = self._loop = None
+        if self._gateway is None:
+            return
+        if self._loop is not asyncio.get_running_loop():  # started on a loop that is gone: stop its runner all the same
+            if self._pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._pid, signal.SIGKILL)
+            self._gateway = self._loop = self._pid = None
             return
         with contextlib.suppress(Exception):
             gw, proc = await self._gateway
@@ -221,10 +228,10 @@ class VerifiersWorkflow:
                 await asyncio.wait_for(proc.wait(), 10)
             except asyncio.TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)
+                    os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
             await gw.stop()
-        self._gateway = self._loop = None
+        self._gateway = self._loop = self._pid = None
 
     # -- one episode ------------------------------------------------------------------------------------------
     async def run(self, task: Task, ctx) -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from tinycfg import prepared_trainer, tiny_config
+from tinycfg import prepared_trainer, step_and_close, tiny_config
 
 from masrl.errors import ConfigError
 
@@ -112,14 +112,7 @@ def test_verifiers_own_openenv_taskset_drives_a_served_family_with_masrls_agents
     data["rewards"] = [{"type": "credit", "weight": 1.0}]
     data["rollout"]["max_failed_fraction"] = 0.0
     tr, _, _ = prepared_trainer(data, tmp_path)
-
-    async def step_and_close():
-        try:
-            return await tr.train_step()
-        finally:
-            await tr.rt.controller.aclose()
-
-    rec = asyncio.run(step_and_close())
+    rec = step_and_close(tr)
     assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
     for t in tr.last_traces:
         assert t.calls and all(c.agent == "solver" for c in t.calls)

@@ -2,7 +2,6 @@
 interface (tests/verifiers_envs: a single-turn taskset, a calculator tool environment, a two-agent ``Env``), run
 by verifiers itself in its own Python (``make verifiers``), every model call through masrl's gateway."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tinycfg import prepared_trainer, tiny_config
+from tinycfg import prepared_trainer, step_and_close, tiny_config
 
 from masrl.errors import ConfigError
 from masrl.workflows.verifiers import VerifiersWorkflow, verifiers_python
@@ -50,16 +49,8 @@ def _alive(pid: int) -> bool:
 
 
 def _traces(tr):
-    """One training step and the run's close on one event loop, as a run has them."""
-    async def step_and_close():
-        try:
-            return await tr.train_step()
-        finally:
-            pid[0] = tr.rt.workflow._pid
-            await tr.rt.controller.aclose()
-
-    pid = [None]
-    rec = asyncio.run(step_and_close())
+    pid = []
+    rec = step_and_close(tr, before_close=lambda t: pid.append(t.rt.workflow._pid))
     assert pid[0] is not None and not _alive(pid[0]), "the verifiers runner outlived the run"
     assert rec["rollout"]["failed"] == 0, rec["rollout"].get("first_error")
     return tr.last_traces
@@ -129,14 +120,7 @@ def test_an_environment_that_raises_fails_its_own_episodes_alone_with_its_messag
     data = _config(tmp_path, "vf_flaky", {"agent": "solver"})
     data["rollout"]["max_failed_fraction"] = 1.0
     tr, _, _ = prepared_trainer(data, tmp_path)
-
-    async def step_and_close():
-        try:
-            return await tr.train_step()
-        finally:
-            await tr.rt.controller.aclose()
-
-    rec = asyncio.run(step_and_close())
+    rec = step_and_close(tr)
     # training tasks are idx 0 and 1; idx 1's grader raises: its samples fail, idx 0's are scored 1.0
     assert rec["rollout"]["failed"] == 3, rec["rollout"]
     assert "the grader of this task is broken" in rec["rollout"]["first_error"]

@@ -77,6 +77,22 @@ def tiny_config(base: str | dict = "math/team_shared", run_dir: Path | None = No
     return data
 
 
+def step_and_close(tr, before_close=None) -> dict:
+    """One training step and the run's close on one event loop, as a run has them (a workflow that serves, its
+    gateway or runner, is stopped on the loop that started it); ``before_close(tr)`` runs between the two."""
+    import asyncio
+
+    async def go():
+        try:
+            return await tr.train_step()
+        finally:
+            if before_close is not None:
+                before_close(tr)
+            await tr.rt.controller.aclose()
+
+    return asyncio.run(go())
+
+
 def prepared_trainer(data: dict, run_dir: Path):
     """A Trainer for ``data`` with its workers built, and each policy's weight fingerprint."""
     from masrl.config import load_config

@@ -7,7 +7,10 @@
 # logs) and $OUT/spiel.md (the table).
 # ARMS (default "kuhn_grpo kuhn_rae ttt_grpo ttt_rae"), SEEDS ("0 1 2"), STEPS (a cap; LIMIT, seconds per run, ends
 # them first: train.time_limit_s stops the steps LIMIT/6 before it and keeps what they reached), TASKS (seeds a step,
-# 8 games each), EXTRA (overrides for every run), PY.
+# 8 games each), EXTRA (overrides for every run), PY. An arm is GAME_SETUP, GAME one of kuhn, leduc, ttt:
+#   GAME_grpo, GAME_rae     self-play on one policy with the group baseline / RAE (algorithm.advantage)
+#   GAME_rae_ent            RAE with an entropy bonus (algorithm.entropy_coef=ENTROPY, default 0.02)
+#   GAME_pool               the player against a pool of its three most recent snapshots (games/spiel_*_pool; RAE)
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-400}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-240}; OUT=${OUT:-out}; TASKS=${TASKS:-8}
 TL=$(( LIMIT - LIMIT / 6 ))
@@ -15,17 +18,25 @@ common=("train.steps=$STEPS" train.eval_every=0 train.save_every=0 "train.time_l
         "rollout.tasks_per_step=$TASKS" ${EXTRA:-})
 R=${RUNS:-runs/spiel-$(date +%s)}
 mkdir -p "$R" "$OUT"
-cfg_of() { case $1 in kuhn_*) echo games/spiel_kuhn_poker_selfplay ;; ttt_*) echo games/spiel_tic_tac_toe_selfplay ;; esac; }
-for a in ${ARMS:-kuhn_grpo kuhn_rae ttt_grpo ttt_rae}; do
-  adv=${a#*_}
+game_of() { case $1 in kuhn_*) echo kuhn_poker ;; leduc_*) echo leduc_poker ;; ttt_*) echo tic_tac_toe ;;
+                        *) echo "unknown arm '$1' (GAME_SETUP, GAME one of kuhn, leduc, ttt)" >&2; exit 2 ;; esac; }
+cfg_of() { case $1 in *_pool) echo "games/spiel_$(game_of "$1")_pool" ;; *) echo "games/spiel_$(game_of "$1")_selfplay" ;; esac; }
+setup_of() { case ${1#*_} in grpo) echo algorithm.advantage=grpo ;; rae) echo algorithm.advantage=rae ;;
+               rae_ent) echo "algorithm.advantage=rae algorithm.entropy_coef=${ENTROPY:-0.02}" ;; pool) ;;
+               *) echo "unknown setup in arm '$1' (grpo, rae, rae_ent, pool)" >&2; exit 2 ;; esac; }
+ARMS=${ARMS:-kuhn_grpo kuhn_rae ttt_grpo ttt_rae}
+for a in $ARMS; do game_of "$a" > /dev/null && setup_of "$a" > /dev/null || exit 2; done
+for a in $ARMS; do
   for s in $SEEDS; do
-    ( timeout "$((LIMIT + 120))" "$PY" -m masrl.cli train "$(cfg_of "$a")" "${common[@]}" "algorithm.advantage=$adv" \
+    # shellcheck disable=SC2046  # the setup's overrides are words
+    ( timeout "$((LIMIT + 120))" "$PY" -m masrl.cli train "$(cfg_of "$a")" "${common[@]}" $(setup_of "$a") \
         "seed=$s" "name=$a" "output_dir=$R/$a-seed$s" > "$R/$a-seed$s.log" 2>&1 ) &
   done
 done
 wait
-for g in kuhn ttt; do  # the untrained model's yardsticks, once per game
-  ( "$PY" -m masrl.cli eval "$(cfg_of "${g}_")" ${EXTRA:-} "output_dir=$R/untrained-$g" > "$R/untrained-$g.log" 2>&1 ) &
+for g in $(for a in $ARMS; do echo "${a%%_*}"; done | sort -u); do  # the untrained model's yardsticks, once per game
+  ( "$PY" -m masrl.cli eval "games/spiel_$(game_of "${g}_")_selfplay" ${EXTRA:-} "output_dir=$R/untrained-$g" \
+      > "$R/untrained-$g.log" 2>&1 ) &
 done
 for d in "$R"/*-seed*/; do
   ( "$PY" -m masrl.cli eval "$d" ${EXTRA:-} > "${d%/}-eval.log" 2>&1 ) &
@@ -45,7 +56,9 @@ def ladder(y):
 def expl(y):
     e = y.get("exploitability")
     return f"{e['policy']:.4f} (uniform {e['uniform']:.4f})" if e else ""
-for g in ("kuhn", "ttt"):
+for g in ("kuhn", "leduc", "ttt"):
+    if not (R / f"untrained-{g}").is_dir():
+        continue
     y = yard(R / f"untrained-{g}" / "eval.json")
     rows.append(f"| untrained ({g}) | 0 | {expl(y)} | {ladder(y)} |")
 by_arm = {}

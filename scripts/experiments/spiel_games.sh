@@ -10,6 +10,9 @@
 # 8 games each), EXTRA (overrides for every run), PY. An arm is GAME_SETUP, GAME one of kuhn, leduc, ttt:
 #   GAME_grpo, GAME_rae     self-play on one policy with the group baseline / RAE (algorithm.advantage)
 #   GAME_rae_ent            RAE with an entropy bonus (algorithm.entropy_coef=ENTROPY, default 0.02)
+#   GAME_state              a turn-level baseline: each move against the moves made from the same information state
+#                           across the step's games (algorithm.group_key=[agent,state]; GRPO)
+#   GAME_state_t1           GAME_state sampling at temperature 1.0 (the configs' 0.7 plays one move almost everywhere)
 #   GAME_pool               the player against a pool of its three most recent snapshots (games/spiel_*_pool; RAE)
 set -uo pipefail
 PY=${PY:-python3}; STEPS=${STEPS:-400}; SEEDS=${SEEDS:-"0 1 2"}; LIMIT=${LIMIT:-240}; OUT=${OUT:-out}; TASKS=${TASKS:-8}
@@ -23,7 +26,10 @@ game_of() { case $1 in kuhn_*) echo kuhn_poker ;; leduc_*) echo leduc_poker ;; t
 cfg_of() { case $1 in *_pool) echo "games/spiel_$(game_of "$1")_pool" ;; *) echo "games/spiel_$(game_of "$1")_selfplay" ;; esac; }
 setup_of() { case ${1#*_} in grpo) echo algorithm.advantage=grpo ;; rae) echo algorithm.advantage=rae ;;
                rae_ent) echo "algorithm.advantage=rae algorithm.entropy_coef=${ENTROPY:-0.02}" ;; pool) ;;
-               *) echo "unknown setup in arm '$1' (grpo, rae, rae_ent, pool)" >&2; exit 2 ;; esac; }
+               state) echo "algorithm.advantage=grpo algorithm.group_key=[agent,state]" ;;
+               state_t1) echo "algorithm.advantage=grpo algorithm.group_key=[agent,state]" \
+                              "agents.player_0.temperature=1.0 agents.player_1.temperature=1.0" ;;
+               *) echo "unknown setup in arm '$1' (grpo, rae, rae_ent, state, state_t1, pool)" >&2; exit 2 ;; esac; }
 ARMS=${ARMS:-kuhn_grpo kuhn_rae ttt_grpo ttt_rae}
 for a in $ARMS; do game_of "$a" > /dev/null && setup_of "$a" > /dev/null || exit 2; done
 for a in $ARMS; do

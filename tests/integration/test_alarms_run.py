@@ -15,6 +15,8 @@ def test_alarms_reach_metrics_and_the_report(tmp_path, capsys):
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"rollout"' in x]
     assert [s["step"] for s in steps] == [1, 2] and all(isinstance(s["alarms"], list) for s in steps)
     assert all("zero_var_groups" in a for a in steps[0]["rollout"]["agents"].values())
+    for pol in steps[0]["policies"].values():  # the sequences the rewards taught nothing, for the stuck rule
+        assert 0 <= pol["zero_adv_seqs"] <= pol["n_seqs"] and pol["n_seqs"] > 0
     assert steps[0]["alarms"] == []  # the first step is its own baseline
     # a collapsed step, as the H200 run of the math team had: the report lists it by step
     late = dict(steps[-1], step=3, alarms=["finalizer: distinct-2 0.00 (was 0.80 at step 1)"])

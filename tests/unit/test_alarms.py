@@ -86,3 +86,16 @@ def test_a_run_whose_updates_train_nothing_stops_even_when_its_outcome_rose():
     # a frozen opponent's policy carries no update figures and does not count either way
     with_frozen = [{**r, "policies": {**r["policies"], "past_0": {"calls": 8}}} for r in collapsed]
     assert stuck(with_frozen, first).startswith("nothing trained")
+
+
+def test_flat_groups_do_not_stop_a_run_whose_estimator_still_gives_advantages():
+    # RAE's running baseline: every group flat (self-play settled on one game), yet each call is paid against its
+    # seat's baseline, so the update still has something to learn; the group baseline's run is stuck
+    first = _step(1, 0.97, player_0=0.5, player_1=0.5)
+
+    def step(s, zero_adv):
+        return {**_step(s, 0.4, player_0=0.9, player_1=0.95),
+                "policies": {"shared": {"n_seqs": 64.0, "zero_adv_seqs": zero_adv, "trained_tokens": 100.0}}}
+    assert stuck([step(s, 1.0) for s in (40, 41, 42)], first) is None  # RAE: 63 of 64 sequences taught
+    why = stuck([step(s, 56.0) for s in (40, 41, 42)], first)  # GRPO: 8 of 64 taught
+    assert why and why.startswith("stuck:")

@@ -73,7 +73,7 @@ def _none(parts: list) -> None:
     return None
 
 
-RANK_COUNTS = ("n_seqs", "n_tokens", "trained_tokens")
+RANK_COUNTS = ("n_seqs", "n_tokens", "trained_tokens", "zero_adv_seqs")
 
 
 def _rank_metrics(parts: list[dict]) -> dict:

@@ -56,6 +56,8 @@ def update_metrics(samples: list[Sample], st: UpdateStats, algo, critic) -> dict
         "n_tokens": float(sum(len(s.completion_ids) for s in samples)),
         "trained_tokens": sums.get("tokens", 0.0),
         "skipped_zero_adv": float(st.skipped),
+        # sequences the rewards teach nothing (advantage exactly 0), whether or not their forward was skipped
+        "zero_adv_seqs": float(sum(1 for s in samples if not any(s.token_adv or [s.advantage]))),
         "reward_mean": sum(rewards) / max(1, len(rewards)),  # a data-parallel rank may hold none
         "adv_abs_mean": sum((sum(map(abs, s.token_adv)) / max(1, len(s.token_adv))) if s.token_adv else abs(s.advantage)
                             for s in samples) / max(1, len(samples)),  # per token for token-level estimators

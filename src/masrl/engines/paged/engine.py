@@ -64,7 +64,7 @@ class PagedEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None, **_ignored):
+                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None):
         self.model = model
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)

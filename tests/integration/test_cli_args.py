@@ -27,6 +27,10 @@ def test_data_commands_create_the_folder_they_write_into(tmp_path, capsys):
     assert len(target.read_text().splitlines()) == 5
     rc, out = run(capsys, "data", "arithmetic", "--out", str(tmp_path), "--n", "5")
     assert rc == 2 and "that is a directory" in out and "--out" in out
+    # a family's own command (families.qa's DATA_COMMANDS), registered without the CLI naming the family
+    rc, out = run(capsys, "data", "qa-world", "--out", str(tmp_path / "world"), "--docs", "40", "--questions", "6")
+    assert rc == 0, out
+    assert len((tmp_path / "world" / "questions.jsonl").read_text().splitlines()) == 6
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -87,3 +87,15 @@ def test_a_run_says_when_its_training_split_is_short_of_its_n_and_how_often_a_ta
     assert kept["train_tasks"] == 5 and kept["held_out_tasks"] == 2 and kept["train_mix"] == {}
     assert [f"[masrl] {x}" for x in kept["report"]] == [x for x in log.splitlines() if x.startswith("[masrl] data:")
                                                         or x.startswith("[masrl] warning: data")]
+
+
+def test_a_seating_given_to_a_workflow_that_seats_no_players_is_named_with_those_that_do(tmp_path):
+    data = tiny_config("hidden_sum/shared", tmp_path / "run", steps=1)
+    check_run(load_config(data=data))  # as shipped: no seating, no error
+    data["data"]["train"]["options"] = {"players": ["a", "b"]}
+    with pytest.raises(ConfigError, match=r"data.train.options: the seating of source 'episodes' is read by the "
+                                          r"workflows that seat players \(openspiel, pettingzoo, textarena\), not 'env'"):
+        check_run(load_config(data=data))
+    data["data"]["train"]["options"] = {"seats": 2}
+    with pytest.raises(ConfigError, match="source 'episodes' takes players, swap_seats.*not seats"):
+        check_run(load_config(data=data))

@@ -1,4 +1,4 @@
-"""CLI commands for tools and data: ``masrl retriever ...`` and ``masrl data ...``."""
+"""CLI commands for tools and data: ``masrl retriever ...`` and ``masrl data ...`` (the task families' own)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,6 @@ def existing_file(path: str, what: str) -> Path:
     p = Path(path)
     if not p.is_file():
         raise MasrlError(f"{what} {path}: no such file" + (" (it is a directory)" if p.is_dir() else ""))
-    return p
-
-
-def output_file(path: str, what: str) -> Path:
-    """``path`` as a Path whose folder exists (created when missing); refused when it is a folder."""
-    p = Path(path)
-    if p.is_dir():
-        raise MasrlError(f"{what} {path}: that is a directory; give a file name, e.g. {p / 'tasks.jsonl'}")
-    p.parent.mkdir(parents=True, exist_ok=True)
     return p
 
 
@@ -87,28 +78,6 @@ def _query(args) -> int:
     return 0
 
 
-def _qa_world(args) -> int:
-    from masrl.families.qa.world_gen import write_world
-
-    t0 = time.time()
-    corpus, questions = write_world(args.out, args.docs, args.questions, seed=args.seed)
-    print(f"[masrl] wrote {corpus} ({args.docs} documents) and {questions} ({args.questions} questions) "
-          f"in {time.time() - t0:.1f}s")
-    return 0
-
-
-def _arithmetic(args) -> int:
-    from masrl.families.math.arithmetic import generate
-
-    out = output_file(args.out, "--out")
-    tasks = generate(args.n, seed=args.seed, levels=args.levels)
-    with open(out, "w") as f:
-        for t in tasks:
-            f.write(json.dumps({"id": t.id, "question": t.question, "answer": t.answer, "level": t.meta["level"]}) + "\n")
-    print(f"[masrl] wrote {len(tasks)} problems to {args.out}")
-    return 0
-
-
 def add_commands(sub) -> None:
     from masrl.tools.web import bounded
 
@@ -135,16 +104,10 @@ def add_commands(sub) -> None:
     q.add_argument("--api-key-env", help="environment variable holding the server's API key")
     q.set_defaults(fn=_query)
 
+    from masrl.families import DATA_COMMANDS
+
     d = sub.add_parser("data", help="generate task data").add_subparsers(dest="data_cmd", required=True)
-    w = d.add_parser("qa-world", help="a fictional multi-hop QA world: corpus.jsonl + questions.jsonl")
-    w.add_argument("--out", required=True, help="output directory")
-    w.add_argument("--docs", type=int, default=1000)
-    w.add_argument("--questions", type=int, default=500)
-    w.add_argument("--seed", type=int, default=0)
-    w.set_defaults(fn=_qa_world)
-    a = d.add_parser("arithmetic", help="arithmetic word problems as JSONL")
-    a.add_argument("--out", required=True)
-    a.add_argument("--n", type=int, default=1000)
-    a.add_argument("--seed", type=int, default=0)
-    a.add_argument("--levels", type=int, nargs="+", default=[1, 2, 3, 4])
-    a.set_defaults(fn=_arithmetic)
+    for name, cmd in DATA_COMMANDS.items():  # each task family's (its DATA_COMMANDS)
+        p = d.add_parser(name, help=cmd.help)
+        cmd.arguments(p)
+        p.set_defaults(fn=cmd.run)

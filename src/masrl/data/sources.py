@@ -56,8 +56,8 @@ def _row_kinds() -> dict[str, RowTask]:
 
 
 def _episodes(s: SourceSpec) -> list[Task]:
-    """Seeds for an environment's episodes (workflows ``env``, ``textarena`` and ``openspiel``); ``options`` (the seating of a
-    split's games, e.g. held-out games against the random player) go to every task's ``meta``."""
+    """Seeds for an environment's episodes (the environment and game workflows); ``options`` (the seating of a split's
+    games, e.g. held-out games against the random player) go to every task's ``meta``."""
     rng = random.Random(f"episodes-{s.seed}")
     seeds = [rng.getrandbits(48) for _ in range(s.n or 1000)]
     # ``index``: the game's place in its split, so that seats swapped every other game split it half and half
@@ -66,14 +66,14 @@ def _episodes(s: SourceSpec) -> list[Task]:
 
 
 def _episode_options(options: dict, key: str) -> None:
-    """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: workflow ``textarena``'s
-    seating, checked against its agents by the workflow; ``opening_moves``: each game starts after 0 to that many
+    """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: the seating a game workflow
+    reads, checked against its agents by that workflow (its ``check_split``); ``opening_moves``: each game starts after 0 to that many
     random legal moves, as many and which drawn by its seed (self-play that meets new positions, docs/games.md);
     ``explore_moves``: the chance that a move of an agent is played at random in its place (drawn by each sample)."""
     unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
     if unknown:
-        raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating in "
-                          f"workflow textarena or openspiel), opening_moves and explore_moves, not {', '.join(unknown)}")
+        raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating, read by "
+                          f"the workflows that seat players), opening_moves and explore_moves, not {', '.join(unknown)}")
     rate = options.get("explore_moves", 0)
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
         raise ConfigError(f"{key}.options.explore_moves: a chance from 0 up to (not including) 1 that an agent's "

@@ -17,7 +17,7 @@ from masrl.algorithms.estimators import check_estimator, needs_critic, needs_ref
 from masrl.config import RunConfig
 from masrl.config.loading import build_object, load_object
 from masrl.errors import ConfigError, ModelError
-from masrl.families import build_workflow, check_source
+from masrl.families import WORKFLOWS, build_workflow, check_source
 from masrl.models import resolve_model
 from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
@@ -46,8 +46,9 @@ def check_run(cfg: RunConfig) -> RunPlan:
         if hasattr(workflow, "check_split"):
             workflow.check_split(src, f"data.{split}")
         elif src.source == "episodes" and src.options:
-            raise ConfigError(f"data.{split}.options: the seating of source 'episodes' is read by workflow "
-                              f"textarena and openspiel, not '{cfg.workflow.name}'; remove them")
+            readers = sorted(n for n, c in WORKFLOWS.items() if hasattr(c, "check_split"))
+            raise ConfigError(f"data.{split}.options: the seating of source 'episodes' is read by the workflows that "
+                              f"seat players ({', '.join(readers)}), not '{cfg.workflow.name}'; remove them")
     agents = check_agents(cfg, workflow)
     check_estimator(cfg.algorithm)
     check_critics(cfg)

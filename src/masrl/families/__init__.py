@@ -1,7 +1,7 @@
 """Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
-and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``
-and ``ENVS``; ``configs/*.yaml`` its runs). The framework (workflows' base, graphs, engines, worker, driver)
-knows none of them; the registries the driver looks names up in are built here, from the families and the
+and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``,
+``ENVS`` and ``DATA_COMMANDS`` (``masrl data NAME``); ``configs/*.yaml`` its runs). The framework (workflows' base,
+graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built here, from the families and the
 framework's own.
 
 A shipped config is named by family and file: ``masrl train math/solver`` runs
@@ -15,6 +15,7 @@ from typing import Any
 
 from masrl.config.loading import load_object
 from masrl.data import sources
+from masrl.data.commands import DataCommand
 from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
 from masrl.data.sources import Source
 from masrl.errors import ConfigError
@@ -40,6 +41,7 @@ def _merged(attr: str, base: dict) -> dict:
 WORKFLOWS: dict[str, Any] = _merged("WORKFLOWS", FRAMEWORK_WORKFLOWS)
 SOURCES: dict[str, Source] = _merged("SOURCES", {**FRAMEWORK_SOURCES, **WORKFLOW_SOURCES})
 ENVS: dict[str, Any] = _merged("ENVS", {})
+DATA_COMMANDS: dict[str, DataCommand] = _merged("DATA_COMMANDS", {})  # ``masrl data NAME``
 
 
 def build_workflow(name: str, options: dict):

@@ -4,6 +4,7 @@ question (the reading teams of 8 and 24 passages, two-hop reading, and the singl
 
 from __future__ import annotations
 
+from masrl.data.commands import DataCommand
 from masrl.data.sources import Source, SourceSpec
 from masrl.families.qa.rag import RAG
 from masrl.families.qa.reading import ReadingAgent, ReadingTeam
@@ -21,3 +22,27 @@ WORKFLOWS = {"search_team": SearchTeam, "search_agent": SearchAgent, "reading_te
              "reading_agent": ReadingAgent, "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,
              "rag": RAG}
 SOURCES = {"qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions")}
+
+
+
+def _world_arguments(p) -> None:
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--docs", type=int, default=1000)
+    p.add_argument("--questions", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _write_world(args) -> int:
+    import time
+
+    from masrl.families.qa.world_gen import write_world
+
+    t0 = time.time()
+    corpus, questions = write_world(args.out, args.docs, args.questions, seed=args.seed)
+    print(f"[masrl] wrote {corpus} ({args.docs} documents) and {questions} ({args.questions} questions) "
+          f"in {time.time() - t0:.1f}s")
+    return 0
+
+
+DATA_COMMANDS = {"qa-world": DataCommand("a fictional multi-hop QA world: corpus.jsonl + questions.jsonl",
+                                         _world_arguments, _write_world)}

@@ -1,0 +1,27 @@
+"""Data commands a task family adds to ``masrl data`` (its ``DATA_COMMANDS``): ``masrl data NAME --out ...`` writes
+that family's generated tasks or world to files, without the CLI knowing the family."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from masrl.errors import MasrlError
+
+
+@dataclass(frozen=True)
+class DataCommand:
+    help: str
+    arguments: Callable[[argparse.ArgumentParser], None]  # adds the command's options to its parser
+    run: Callable[[argparse.Namespace], int]  # does it; the command's exit status
+
+
+def output_file(path: str, what: str) -> Path:
+    """``path`` as a Path whose folder exists (created when missing); refused when it is a folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise MasrlError(f"{what} {path}: that is a directory; give a file name, e.g. {p / 'tasks.jsonl'}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p

@@ -67,8 +67,9 @@ def _episodes(s: SourceSpec) -> list[Task]:
 
 def _episode_options(options: dict, key: str) -> None:
     """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: the seating a game workflow
-    reads, checked against its agents by that workflow (its ``check_split``); ``opening_moves``: each game starts after 0 to that many
-    random legal moves, as many and which drawn by its seed (self-play that meets new positions, docs/games.md);
+    reads, checked against its agents by that workflow (its ``check_split``); ``opening_moves``: each game starts
+    after 0 to that many random legal moves, as many and which drawn by its seed (self-play that meets new
+    positions, docs/games.md);
     ``explore_moves``: the chance that a move of an agent is played at random in its place (drawn by each sample)."""
     unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
     if unknown:

@@ -1,8 +1,8 @@
 """Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
 and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``,
-``ENVS`` and ``DATA_COMMANDS`` (``masrl data NAME``); ``configs/*.yaml`` its runs). The framework (workflows' base,
-graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built here, from the families and the
-framework's own.
+``ENVS`` and ``DATA_COMMANDS`` (``masrl data NAME``); ``configs/*.yaml`` its runs). The framework (workflows'
+base, graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built
+here, from the families and the framework's own.
 
 A shipped config is named by family and file: ``masrl train math/solver`` runs
 ``families/math/configs/solver.yaml`` (a path to any YAML file works as well).

@@ -89,9 +89,9 @@ def stuck(window: list[dict], first: dict) -> str | None:
     in the window and on average over it every agent had ``ZERO_VARIANCE`` or more of its groups flat, and
     the updates agree (at most ``1 - ZERO_VARIANCE`` of their sequences had a non-zero advantage, where they
     record it: a running baseline gives advantages to flat groups, and a self-play game's outcome is not a
-    measure of progress, so an RAE run is not stopped on its groups alone); or, whatever the outcome did, no update of the window trained a token (``untrained``). A run whose
-    outcome climbed, or saturated above where it began, is otherwise left to train on the groups that
-    still differ."""
+    measure of progress, so an RAE run is not stopped on its groups alone); or, whatever the outcome did, no
+    update of the window trained a token (``untrained``). A run whose outcome climbed, or saturated above where
+    it began, is otherwise left to train on the groups that still differ."""
     start = first.get("rollout", {}).get("outcome")
     outcomes = [r.get("rollout", {}).get("outcome") for r in window]
     if not window or start is None or any(o is None or o > start for o in outcomes):

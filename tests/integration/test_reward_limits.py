@@ -118,3 +118,16 @@ def test_a_dataclass_allocators_traceback_is_printed_once(tmp_path, capsys, isol
     err = capsys.readouterr().err
     assert rc != 0 and "a bug in a dataclass reward" in err
     assert err.count("Traceback (most recent call last)") == 1, err  # before: one per trace (16)
+
+
+def test_evaluation_scores_as_training_does_a_hanging_allocator_fails_its_held_out_traces_alone(tmp_path, capsys):
+    # the same scoring path: held-out traces whose allocator hangs are failed with its name, the others scored
+    rc, _, run = _train(tmp_path, "bad_rewards:Hang", "rollout.max_failed_fraction=0.9", "train.eval_after=true",
+                        "data.eval.n=2", "eval.samples_per_task=2", "eval.temperature=0.7")
+    assert rc == 0, capsys.readouterr().err
+    after = json.loads((run / "eval_after.json").read_text())
+    assert after["failed"] == 2 and after["traces"] == 4, after
+    held = [json.loads(x) for x in (run / "eval_traces.jsonl").read_text().splitlines() if x.strip()]
+    failed = [t for t in held if t.get("error")]
+    assert len(failed) == 2 and all("reward allocator 'hang'" in t["error"] for t in failed)
+    assert all(c.get("reward") is None for t in failed for c in t["calls"])

@@ -153,25 +153,35 @@ class Controller:
         for i, ids in drops.items():
             self.workers[i].drop(ids)
 
-    async def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
-        """Score calls and route rewards (or drops, for failed traces) to the worker of each call. The
-        allocators run off the event loop, every trace's at once, under ``rollout.reward_timeout_s``."""
-        per_worker: dict[int, dict[str, float]] = {}
-        drops: dict[int, list[str]] = {}
+    async def score(self, traces: list[Trace], tasks: dict[str, Task]) -> dict[int, dict[str, float]]:
+        """Every live trace's calls scored by the reward allocators (the one scoring path of training and
+        evaluation): off the event loop, every trace's at once, under ``rollout.reward_timeout_s``. A trace whose
+        scoring failed (a judge that failed; an allocator that hung, raised or gave NaN) is failed and keeps no
+        reward. Returns each scored trace's (by ``id``) reward per call id."""
         live = [tr for tr in traces if not tr.failed]
         results = await asyncio.to_thread(combine_all, [(tr, tasks[tr.task_id]) for tr in live], self.allocators,
                                           self.settings.reward_timeout_s)
-        outcome = dict(zip((id(tr) for tr in live), results))
-        for tr in traces:
-            totals = outcome.get(id(tr))
-            if isinstance(totals, InfraError):  # a judge that failed; an allocator that hung, raised or gave NaN
+        out = {}
+        for tr, totals in zip(live, results):
+            if isinstance(totals, InfraError):
                 tr.error = f"reward: {totals}"
                 for c in tr.calls:
                     c.reward, c.reward_parts = None, {}
+            else:
+                out[id(tr)] = totals
+        return out
+
+    async def assign_rewards(self, traces: list[Trace], tasks: dict[str, Task]) -> None:
+        """Score calls (``score``) and route rewards (or drops, for failed traces) to the worker of each call."""
+        per_worker: dict[int, dict[str, float]] = {}
+        drops: dict[int, list[str]] = {}
+        scored = await self.score(traces, tasks)
+        for tr in traces:
             if tr.failed:
                 for c in tr.calls:
                     drops.setdefault(self.worker_of[c.policy], []).append(c.call_id)
                 continue
+            totals = scored[id(tr)]
             for c in tr.calls:
                 if c.call_id in totals:
                     per_worker.setdefault(self.worker_of[c.policy], {})[c.call_id] = totals[c.call_id]

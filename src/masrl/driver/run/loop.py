@@ -39,9 +39,8 @@ from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.rundir import RunDir, make_run_dir, replace_file
 from masrl.driver.run.stream import TaskStream
 from masrl.driver.run.sync_step import sync_step
-from masrl.errors import InfraError, MasrlError
+from masrl.errors import MasrlError
 from masrl.families import build_tasks, more_tasks_hint
-from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 
 
@@ -186,13 +185,7 @@ class Trainer:
                     stack.enter_context(w.evaluating())
                 traces = await self._rollout(tasks, e.samples_per_task, train=False, temperature=temp,
                                              label=label, seed=stable_seed(self.cfg.seed, "eval"))
-        by_id = {t.id: t for t in tasks}
-        live = [tr for tr in traces if not tr.failed]
-        scored = await asyncio.to_thread(combine_all, [(tr, by_id[tr.task_id]) for tr in live],
-                                         self.rt.controller.allocators, self.cfg.rollout.reward_timeout_s)
-        for tr, got in zip(live, scored):
-            if isinstance(got, InfraError):  # a judge or an allocator that failed (RewardFailure): a failed trace
-                tr.error = f"reward: {got}"
+        await self.rt.controller.score(traces, {t.id: t for t in tasks})  # as training scores (a failure fails its trace)
         self.last_eval_traces = traces
         summary = held_out_summary(traces)
         self._check_failures(summary, traces, f"evaluation ({label})", "no held-out figures are reported")

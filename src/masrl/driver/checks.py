@@ -21,7 +21,7 @@ from masrl.families import WORKFLOWS, build_workflow, check_source
 from masrl.models import resolve_model
 from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
-from masrl.workflows.base import Workflow
+from masrl.workflows.base import Workflow, hooks_of
 
 
 @dataclass
@@ -43,10 +43,11 @@ def check_run(cfg: RunConfig) -> RunPlan:
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
     for split in ("train", "eval"):  # a split's options that the workflow reads (a game's seating)
         src = getattr(cfg.data, split)
-        if hasattr(workflow, "check_split"):
-            workflow.check_split(src, f"data.{split}")
+        check_split = hooks_of(workflow).check_split
+        if check_split is not None:
+            check_split(src, f"data.{split}")
         elif src.source == "episodes" and src.options:
-            readers = sorted(n for n, c in WORKFLOWS.items() if hasattr(c, "check_split"))
+            readers = sorted(n for n, c in WORKFLOWS.items() if hooks_of(c).check_split is not None)
             raise ConfigError(f"data.{split}.options: the seating of source 'episodes' is read by the workflows that "
                               f"seat players ({', '.join(readers)}), not '{cfg.workflow.name}'; remove them")
     agents = check_agents(cfg, workflow)

@@ -6,7 +6,8 @@ so workflows sit below the driver that runs them.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 from masrl.agents import AgentRole
 from masrl.data.tasks import Task
@@ -37,10 +38,15 @@ class Workflow(Protocol):
 
     ``run`` calls ``await ctx.call(agent, messages)`` and ``await ctx.tool(name, **args)`` and
     ends with ``ctx.finish(answer)``. ``score`` returns metrics for the trace; the key
-    ``outcome`` (a float, usually 0 or 1) is what the outcome reward pays. A workflow with tools
-    (or one that needs the run's back-ends) also defines ``tools(services) -> {name: Tool}``; one with exact
-    measures of a trained policy beside the held-out figures (a game's exploitability) defines
-    ``async yardsticks(trainer) -> dict`` (its ``lines`` printed), which ``masrl eval`` reports.
+    ``outcome`` (a float, usually 0 or 1) is what the outcome reward pays.
+
+    Optional parts (``HOOKS``; the driver reads them once, through ``hooks_of``):
+    - ``tools(services) -> {name: Tool}``: a workflow with tools, or one that needs the run's back-ends;
+    - ``check_split(source, key)``: one that reads a data split's options (a game's seating), checking them; a
+      split with options is refused for a workflow without it;
+    - ``async yardsticks(trainer) -> dict``: exact measures of a trained policy beside the held-out figures (a
+      game's exploitability; its ``lines`` printed), which ``masrl eval`` reports;
+    - ``async aclose()``: one that starts something of its own (a gateway, a runner process), stopped at the end.
     """
 
     name: str
@@ -50,6 +56,24 @@ class Workflow(Protocol):
     async def run(self, task: Task, ctx: Context) -> None: ...
 
     def score(self, trace: Trace, task: Task) -> dict[str, float]: ...
+
+
+HOOKS = ("tools", "check_split", "yardsticks", "aclose")
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """A workflow's optional parts (``Workflow``), each None where it has none."""
+
+    tools: Callable[[Any], dict] | None
+    check_split: Callable[[Any, str], None] | None
+    yardsticks: Callable[[Any], Any] | None
+    aclose: Callable[[], Any] | None
+
+
+def hooks_of(workflow) -> Hooks:
+    """The optional parts ``workflow`` defines, found once by name."""
+    return Hooks(**{name: getattr(workflow, name, None) for name in HOOKS})
 
 
 def state_means(trace: Trace, names: dict[str, str]) -> dict[str, float]:

@@ -23,7 +23,7 @@ from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 from masrl.trace import Trace, new_id
 from masrl.worker.interface import PolicyHost
-from masrl.workflows.base import Workflow
+from masrl.workflows.base import Workflow, hooks_of
 
 
 class Controller:
@@ -274,6 +274,6 @@ class Controller:
             close_alloc = getattr(alloc, "close", None)
             if close_alloc is not None:
                 close_alloc()
-        close = getattr(self.workflow, "aclose", None)  # a workflow that serves (the external one's gateway)
+        close = hooks_of(self.workflow).aclose  # a workflow that serves (the external one's gateway)
         if close is not None:
             await close()

@@ -17,6 +17,8 @@ from tinycfg import prepared_trainer, run_async, tiny_config
 
 from masrl.driver.run import rundir as ckpt
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,8 @@ from tinycfg import start_serve
 
 from masrl.families import config_path
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = config_path("math/team_lora")
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]

@@ -14,6 +14,8 @@ from masrl.cli.compare import collect_runs
 from masrl.config import load_config
 from masrl.driver.run.loop import train
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 

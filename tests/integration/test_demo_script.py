@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["model=tiny-random", "data.eval.n=2", "rollout.samples_per_task=2", "algorithm.micro_batch_size=4",
          "data.world.docs=40", "data.train.n=40", "train.keep_best.n=4"]

@@ -17,6 +17,8 @@ from masrl.driver.run.loop import train
 from masrl.errors import MasrlError
 from masrl.families import shipped_configs
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 SHIPPED = list(shipped_configs())
 
 

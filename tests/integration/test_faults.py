@@ -14,6 +14,8 @@ from tinycfg import tiny_config
 from masrl.driver.run import rundir as ckpt
 from masrl.errors import DataError, MasrlError
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

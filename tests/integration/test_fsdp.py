@@ -15,6 +15,8 @@ from masrl.config import AlgorithmConfig, OptimConfig, SamplingParams
 from masrl.messages import GenCall
 from masrl.policies import PolicySpec
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 
 def _algo(ac: bool = False):
     # two mini-batches (two optimizer steps), micro-batches of 2, GRPO groups that span both ranks

@@ -20,6 +20,8 @@ from tinycfg import prepared_trainer, tiny_config  # noqa: E402
 
 from masrl.driver.run import rundir as ckpt  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 
 def _data(run_dir, fsdp: bool, steps: int = 2) -> dict:
     data = tiny_config("math/team_shared", run_dir, steps=steps, threads=1, seed=0)

@@ -28,6 +28,8 @@ from tinycfg import start_serve  # noqa: E402
 
 from masrl.families import config_path  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 BUDGET = {"gateway": 300, "raw": 200, "retriever": 400, "expr": 2000, "reward": 500, "graph": 400}
 AGENTS = ["solver", "verifier", "refiner", "finalizer"]

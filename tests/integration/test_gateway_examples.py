@@ -6,6 +6,8 @@ import asyncio
 import pytest
 from tinycfg import prepared_trainer, run_async, tiny_config
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 
 def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
     pytest.importorskip("langgraph")

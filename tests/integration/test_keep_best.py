@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from tinycfg import tiny_config
 
 from masrl.config import load_config
 from masrl.driver.run.loop import Trainer, train
+
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,8 @@ from tinycfg import tiny_config
 
 from masrl.driver.run import rundir as ckpt
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 4
 

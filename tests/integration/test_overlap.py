@@ -11,6 +11,8 @@ from tinycfg import prepared_trainer, run_async, tiny_config
 from masrl.config import SamplingParams, load_config
 from masrl.messages import GenCall
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 
 def _data(base, run_dir, steps=3, **rollout):
     data = tiny_config(base, run_dir, steps=steps)

@@ -18,6 +18,8 @@ pytest.importorskip("ray")
 
 from tinycfg import tiny_config  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 RAY = [sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 
 

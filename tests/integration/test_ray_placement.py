@@ -10,6 +10,8 @@ pytest.importorskip("ray")
 
 from tinycfg import prepared_trainer, run_async, tiny_config  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 
 def _config(tmp_path, placement):
     data = tiny_config("math/team_two_policies", tmp_path / placement, steps=2, threads=1, seed=0)

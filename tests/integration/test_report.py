@@ -15,6 +15,8 @@ from tinycfg import tiny_config
 from masrl.config import load_config
 from masrl.driver.run.loop import train
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

@@ -13,6 +13,8 @@ import pytest
 from masrl.cli import main
 from masrl.families import config_path
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(config_path("math/solver"))
 

@@ -1,12 +1,15 @@
 """masrl serve: a config's agents (a checkpoint's weights) behind the OpenAI-compatible API, reached
 with the official openai client from another process."""
 
+import pytest
 import yaml
 from openai import OpenAI
 from tinycfg import start_serve, tiny_config
 
 from masrl.config import load_config
 from masrl.driver.run.loop import train
+
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
 
 
 def test_serve_answers_the_openai_client_from_a_checkpoint(tmp_path):

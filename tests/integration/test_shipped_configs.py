@@ -17,6 +17,8 @@ import yaml
 from masrl.cli import main
 from masrl.families import shipped_configs
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = list(shipped_configs().values()) + sorted((ROOT / "examples").glob("*.yaml"))
 

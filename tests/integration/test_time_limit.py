@@ -17,6 +17,8 @@ from masrl.config import load_config
 from masrl.driver.run.budget import TimeBudget
 from masrl.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -15,6 +15,8 @@ from tinycfg import prepared_trainer, step_and_close, tiny_config
 from masrl.errors import ConfigError
 from masrl.workflows.verifiers import VerifiersWorkflow, verifiers_python
 
+pytestmark = pytest.mark.slow  # the slow tier (make test-fast leaves it out)
+
 ENVS = Path(__file__).resolve().parents[1] / "verifiers_envs"
 ROOT = Path(__file__).resolve().parents[2]
 

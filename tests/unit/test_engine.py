@@ -296,3 +296,27 @@ def test_vllm_takes_the_trainers_64_bit_call_seeds_and_the_paged_engines_kv_sett
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     assert got["kv_cache_memory_bytes"] == int(0.04 * total)
     assert got["gpu_memory_utilization"] == (int(0.04 * total) + weights + 2 * 2**30) / total
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_paged_engine_says_when_it_samples_weights_older_than_the_models(tiny, lora):
+    """Its fused q/k/v and gate/up rows and LoRA columns are copies: a weight change it was not told of leaves
+    them old (it would sample the old policy), which ``stale_weights`` names; told, it samples the new ones."""
+    if lora:
+        model, tok = _lora_model(tiny)
+        layer = model.base_model.model.model.layers[1]
+        changed, told = layer.self_attn.v_proj.lora_B["a"].weight, ["a"]
+    else:
+        model, tok = copy.deepcopy(tiny[0]), tiny[1]
+        layer = model.model.layers[1]
+        changed, told = layer.mlp.up_proj.weight, None
+    eng = make("paged", model, tok, [2])
+    prompt = prompts_with_shared_prefix(tok, 1)[0]
+    ask = req(prompt, temperature=0.0, max_new_tokens=4, adapter="a" if lora else None)
+    eng.generate([ask])
+    assert eng.stale_weights() == []
+    with torch.no_grad():
+        changed.add_(1.0)  # an optimizer step the engine was not told of
+    assert eng.stale_weights() == (["layer 1 qkv LoRA 'a'"] if lora else ["layer 1 gate/up"])
+    eng.weights_updated(told)
+    assert eng.stale_weights() == []

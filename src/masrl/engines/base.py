@@ -32,6 +32,11 @@ class Engine(Protocol):
         must sample from the new ones. Engines that read the live parameters do nothing here."""
         ...
 
+    def stale_weights(self) -> list[str]:
+        """After ``weights_updated``: what the engine samples from that still holds the old weights (empty when
+        it samples the live ones); a non-empty answer fails the step."""
+        ...
+
     def adapters(self) -> list[str]:
         """LoRA adapter names a request may ask for (empty for a full model)."""
         ...

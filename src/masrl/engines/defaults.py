@@ -19,3 +19,8 @@ class EngineDefaults:
 
     def take_counters(self) -> dict[str, float]:
         return {}
+
+    def stale_weights(self) -> list[str]:
+        """An engine that reads the live parameters (or names each weight version, as vLLM's adapters) holds no copy
+        that can go stale."""
+        return []

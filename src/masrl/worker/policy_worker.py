@@ -335,6 +335,12 @@ class PolicyWorker(PolicyHost):
                 if self.copy:
                     self.copy.publish(policies)
                 self.engine.weights_updated(policies)
+                stale = self.engine.stale_weights()
+                if stale:  # it would go on sampling the old policy under the new version's name
+                    raise RuntimeError(f"the rollout engine did not take the new weights of "
+                                       f"{', '.join(policies or list(self.updates))} (still the old: "
+                                       f"{', '.join(stale[:4])}{' ...' if len(stale) > 4 else ''}); stopping "
+                                       f"rather than training on calls sampled from the old policy")
                 for p in policies if policies is not None else list(self.updates):
                     if p in self.updates:
                         self.published[p] = self.updates[p]

@@ -108,6 +108,11 @@ class PagedEngine(EngineDefaults):
             self.sched.epoch += 1  # and blocks of calls running now never join the cache
         self.runner.refresh()
 
+    def stale_weights(self) -> list[str]:
+        """What this engine samples from that still holds older weights than the model's (empty: it samples the live
+        weights); the worker asks after every publish."""
+        return self.runner.stale()
+
     def at_boundary(self, fn) -> None:
         """Run ``fn`` (a weight change) between two engine steps: at once when no step runs, else by
         the thread running the steps at its next step boundary; return when it has run. Calls

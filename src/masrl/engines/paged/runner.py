@@ -98,6 +98,10 @@ class ModelRunner:
         if self.w is not None:  # None: released, rebuilt from the live weights on the next build
             self.w.refresh(base=not self.is_peft, adapters=self.is_peft)
 
+    def stale(self) -> list[str]:
+        """The weight copies that differ from the live weights (``DecodeWeights.stale``); none when released."""
+        return [] if self.w is None else self.w.stale()
+
     def memory(self) -> dict[str, int]:
         buffers = [self.__dict__.get(n) for n in BUFFERS[:5]] + list(self.__dict__.get("masks", {}).values())
         return {"kv": tensor_bytes([t for pair in self.kv for t in pair]),

@@ -27,6 +27,9 @@ _CAPTURE_LOCKS: dict[torch.device, threading.Lock] = {}
 _LOCKS_GUARD = threading.Lock()
 
 
+STALE_ROW_STRIDE = 61  # rows of each weight copy compared after a publish (a prime: no alignment with head sizes)
+
+
 def capture_stream(dev: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every engine's warm-up and capture: cuBLAS keeps a workspace
     (tens of MB) for each stream it has run on, for the life of the process, so a fresh stream per
@@ -188,6 +191,34 @@ class DecodeWeights:
             if adapters:
                 for grp in e["lora"].values():
                     self._fill_lora(grp)
+
+    @torch.no_grad()
+    def stale(self, every: int = STALE_ROW_STRIDE) -> list[str]:
+        """The copies that no longer hold what the model's weights hold (each ``every``-th row compared, exactly):
+        a weight change the engine was not told of (``refresh``), so it would sample the old policy."""
+        out = []
+        for i, e in enumerate(self.layers):
+            if not self.shared:
+                for name, mods, fused, attr in (("q/k/v", e["qkv_mods"], e["w_qkv"], "weight"),
+                                                ("q/k/v bias", e["qkv_mods"], e["b_qkv"], "bias"),
+                                                ("gate/up", e["gu_mods"], e["w_gu"], "weight")):
+                    if fused is None:
+                        continue
+                    off = 0
+                    for m in mods:
+                        w = getattr(base_linear(m), attr)
+                        if not torch.equal(fused[off : off + w.shape[0] : every], w[::every]):
+                            out.append(f"layer {i} {name}")
+                            break
+                        off += w.shape[0]
+            for group, grp in e["lora"].items():
+                for name, mod, out_off, col_off, r in grp.sources:
+                    bw = mod.lora_B[name].weight
+                    if not (torch.equal(grp.a[col_off : col_off + r], mod.lora_A[name].weight)
+                            and torch.equal(grp.b[out_off : out_off + bw.shape[0] : every, col_off : col_off + r],
+                                            (bw[::every] * mod.scaling[name]))):
+                        out.append(f"layer {i} {group} LoRA '{name}'")
+        return out
 
     def nbytes(self) -> int:
         """Bytes of the copies this holds beside the model's own weights: fused q/k/v and gate/up (unless shared

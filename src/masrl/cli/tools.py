@@ -78,6 +78,27 @@ def _query(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from masrl.data.commands import output_file
+    from masrl.driver.serving.verl_data import export_rows
+    from masrl.families import config_path
+
+    out = output_file(args.out, "--out")
+    if out.suffix not in (".parquet", ".jsonl"):
+        raise MasrlError(f"--out {args.out}: name a .parquet (verl's format) or .jsonl file")
+    rows = export_rows(str(config_path(args.config)), args.overrides, args.split, args.n)
+    if out.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), out)
+    else:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"[masrl] wrote {len(rows)} {args.split} tasks of {args.config} to {out} (verl: "
+          f"custom_reward_function.path=<masrl>/src/masrl/driver/serving/verl_data.py, .name=compute_score)")
+    return 0
+
+
 def add_commands(sub) -> None:
     from masrl.tools.web import bounded
 
@@ -107,6 +128,14 @@ def add_commands(sub) -> None:
     from masrl.families import DATA_COMMANDS
 
     d = sub.add_parser("data", help="generate task data").add_subparsers(dest="data_cmd", required=True)
+    x = d.add_parser("export", help="a config's tasks in verl's parquet layout, each prompt the messages masrl sends "
+                                    "(verl's reward function: masrl.driver.serving.verl_data:compute_score)")
+    x.add_argument("config", help="a run config (single-call workflows without tools)")
+    x.add_argument("overrides", nargs="*", help="key=value overrides, as for masrl train")
+    x.add_argument("--split", choices=["train", "eval"], default="train")
+    x.add_argument("--out", required=True, help="FILE.parquet (verl reads it) or FILE.jsonl")
+    x.add_argument("--n", type=bounded(int, 1, 10_000_000), default=None, help="the first N tasks (default: all)")
+    x.set_defaults(fn=_export)
     for name, cmd in DATA_COMMANDS.items():  # each task family's (its DATA_COMMANDS)
         p = d.add_parser(name, help=cmd.help)
         cmd.arguments(p)

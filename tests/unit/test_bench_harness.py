@@ -79,3 +79,28 @@ def test_every_benchmark_imports_and_every_masrl_name_it_reaches_for_exists(monk
                     if alias.name.split(".")[0] == "masrl":
                         importlib.import_module(alias.name)
     assert len(BENCHMARKS) > 20 and not missing, missing
+
+
+def test_bench_verl_reads_verls_console_lines_and_masrls_metrics(tmp_path, monkeypatch):
+    import json as _json
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_verl
+
+    log = ("(TaskRunner pid=1) step:0 - val-core/arithmetic/reward/mean@1:0.125\n"
+           "(TaskRunner pid=1) step:1 - actor/pg_loss:0.01 - timing_s/gen:3.5 - timing_s/update_actor:1.25 - "
+           "timing_s/update_weights:0.5 - timing_s/step:5.5 - perf/max_memory_allocated_gb:7.25\n"
+           "(TaskRunner pid=1) step:2 - timing_s/step:4.5 - timing_s/gen:3.0 - val-core/arithmetic/reward/mean@1:0.25\n")
+    got = bench_verl.parse_verl(log)
+    assert got["evals"] == {0: 0.125, 2: 0.25}
+    assert got["steps"][0] == {"step": 1, "s": 5.5, "rollout_s": 3.5, "update_s": 1.25, "sync_s": 0.5, "peak_gib": 7.25}
+    (tmp_path / "metrics.jsonl").write_text("\n".join(_json.dumps(r) for r in [
+        {"step": 0, "eval": "before", "outcome": 0.1},
+        {"step": 1, "rollout": {}, "rollout_s": 2.0, "update_s": 0.5, "gpu_peak_gib": 6.0},
+        {"step": 1, "eval": "every", "outcome": 0.3}]))
+    m = bench_verl.parse_masrl(tmp_path)
+    assert m == {"steps": [{"step": 1, "s": 2.5, "rollout_s": 2.0, "update_s": 0.5, "peak_gib": 6.0}],
+                 "evals": {0: 0.1, 1: 0.3}}
+    rows = [{"side": "verl", "seed": 0, "card_peak_gib": 30.0, **got}, {"side": "masrl", "seed": 0, "card_peak_gib": 9.0, **m}]
+    table = bench_verl.table(rows)
+    assert "| verl | 0 | 2 | 4.50 | 3.00 |" in table and "| masrl | 0 | 1 | 2.50 |" in table

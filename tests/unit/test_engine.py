@@ -320,3 +320,19 @@ def test_the_paged_engine_says_when_it_samples_weights_older_than_the_models(tin
     assert eng.stale_weights() == (["layer 1 qkv LoRA 'a'"] if lora else ["layer 1 gate/up"])
     eng.weights_updated(told)
     assert eng.stale_weights() == []
+
+
+def test_fp32_adapters_over_a_bf16_base_are_not_taken_for_stale(tiny):
+    """The columns hold the adapters in the base's dtype (as ``_fill_lora`` writes them): compared in that dtype."""
+    from masrl.engines.paged.weights import DecodeWeights
+
+    pm, _ = _lora_model(tiny)
+    for n, p in pm.named_parameters():
+        if "lora_" not in n:
+            p.data = p.data.to(torch.bfloat16)
+    assert all(p.dtype == torch.float32 for n, p in pm.named_parameters() if "lora_" in n)
+    w = DecodeWeights(pm, ["a", "b"])
+    assert w.layers[0]["lora"]["qkv"].b.dtype == torch.bfloat16 and w.stale() == []
+    with torch.no_grad():
+        pm.base_model.model.model.layers[0].self_attn.q_proj.lora_A["a"].weight.mul_(3.0)
+    assert w.stale() == ["layer 0 qkv LoRA 'a'"]

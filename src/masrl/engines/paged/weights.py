@@ -207,16 +207,17 @@ class DecodeWeights:
                     off = 0
                     for m in mods:
                         w = getattr(base_linear(m), attr)
-                        if not torch.equal(fused[off : off + w.shape[0] : every], w[::every]):
+                        if not torch.equal(fused[off : off + w.shape[0] : every], w[::every].to(fused.dtype)):
                             out.append(f"layer {i} {name}")
                             break
                         off += w.shape[0]
             for group, grp in e["lora"].items():
                 for name, mod, out_off, col_off, r in grp.sources:
                     bw = mod.lora_B[name].weight
-                    if not (torch.equal(grp.a[col_off : col_off + r], mod.lora_A[name].weight)
+                    # as _fill_lora writes them: in the copy's dtype (fp32 adapters over a bf16 base, say)
+                    if not (torch.equal(grp.a[col_off : col_off + r], mod.lora_A[name].weight.to(grp.a.dtype))
                             and torch.equal(grp.b[out_off : out_off + bw.shape[0] : every, col_off : col_off + r],
-                                            (bw[::every] * mod.scaling[name]))):
+                                            (bw[::every] * mod.scaling[name]).to(grp.b.dtype))):
                         out.append(f"layer {i} {group} LoRA '{name}'")
         return out
 

@@ -166,59 +166,60 @@ class DecodeWeights:
         return grp
 
     @staticmethod
-    def _fill_lora(grp: LoraGroup) -> None:
+    def _lora_pieces(grp: LoraGroup):
+        """``(adapter, column block, what it holds)`` of ``grp``'s columns: each adapter's A, and its B times its
+        scaling (computed in the adapter's dtype; the block casts it to its own)."""
         for name, mod, out_off, col_off, r in grp.sources:
             bw = mod.lora_B[name].weight
-            grp.a[col_off : col_off + r].copy_(mod.lora_A[name].weight)
-            grp.b[out_off : out_off + bw.shape[0], col_off : col_off + r].copy_(bw * mod.scaling[name])
+            yield name, grp.a[col_off : col_off + r], mod.lora_A[name].weight
+            yield name, grp.b[out_off : out_off + bw.shape[0], col_off : col_off + r], bw * mod.scaling[name]
+
+    @staticmethod
+    def _fused_pieces(e: dict):
+        """``(label, rows of a fused copy, the weight they copy)`` of layer entry ``e``: q/k/v (and their biases) and
+        gate/up."""
+        for label, mods, fused, attr in (("q/k/v", e["qkv_mods"], e["w_qkv"], "weight"),
+                                         ("q/k/v bias", e["qkv_mods"], e["b_qkv"], "bias"),
+                                         ("gate/up", e["gu_mods"], e["w_gu"], "weight")):
+            if fused is None:
+                continue
+            off = 0
+            for m in mods:
+                w = getattr(base_linear(m), attr)
+                yield label, fused[off : off + w.shape[0]], w
+                off += w.shape[0]
+
+    @classmethod
+    def _fill_lora(cls, grp: LoraGroup) -> None:
+        for _, dst, src in cls._lora_pieces(grp):
+            dst.copy_(src)
 
     @torch.no_grad()
     def refresh(self, base: bool, adapters: bool) -> None:
         for e in self.layers:
             if base and not self.shared:  # shared: the fused rows are the weights
-                off = 0
-                for m in e["qkv_mods"]:
-                    w = base_linear(m).weight
-                    e["w_qkv"][off : off + w.shape[0]].copy_(w)
-                    if e["b_qkv"] is not None:
-                        e["b_qkv"][off : off + w.shape[0]].copy_(base_linear(m).bias)
-                    off += w.shape[0]
-                off = 0
-                for m in e["gu_mods"]:
-                    w = base_linear(m).weight
-                    e["w_gu"][off : off + w.shape[0]].copy_(w)
-                    off += w.shape[0]
+                for _, dst, src in self._fused_pieces(e):
+                    dst.copy_(src)
             if adapters:
                 for grp in e["lora"].values():
                     self._fill_lora(grp)
 
     @torch.no_grad()
     def stale(self, every: int = STALE_ROW_STRIDE) -> list[str]:
-        """The copies that no longer hold what the model's weights hold (each ``every``-th row compared, exactly):
-        a weight change the engine was not told of (``refresh``), so it would sample the old policy."""
-        out = []
+        """The copies that no longer hold what the model's weights hold (each ``every``-th row compared exactly, in
+        the copy's dtype, as ``refresh`` writes it): a weight change the engine was not told of, so it would sample
+        the old policy."""
+        out: list[str] = []
+
+        def differs(dst, src) -> bool:
+            return not torch.equal(dst[::every], src[::every].to(dst.dtype))
         for i, e in enumerate(self.layers):
-            if not self.shared:
-                for name, mods, fused, attr in (("q/k/v", e["qkv_mods"], e["w_qkv"], "weight"),
-                                                ("q/k/v bias", e["qkv_mods"], e["b_qkv"], "bias"),
-                                                ("gate/up", e["gu_mods"], e["w_gu"], "weight")):
-                    if fused is None:
-                        continue
-                    off = 0
-                    for m in mods:
-                        w = getattr(base_linear(m), attr)
-                        if not torch.equal(fused[off : off + w.shape[0] : every], w[::every].to(fused.dtype)):
-                            out.append(f"layer {i} {name}")
-                            break
-                        off += w.shape[0]
-            for group, grp in e["lora"].items():
-                for name, mod, out_off, col_off, r in grp.sources:
-                    bw = mod.lora_B[name].weight
-                    # as _fill_lora writes them: in the copy's dtype (fp32 adapters over a bf16 base, say)
-                    if not (torch.equal(grp.a[col_off : col_off + r], mod.lora_A[name].weight.to(grp.a.dtype))
-                            and torch.equal(grp.b[out_off : out_off + bw.shape[0] : every, col_off : col_off + r],
-                                            (bw[::every] * mod.scaling[name]).to(grp.b.dtype))):
-                        out.append(f"layer {i} {group} LoRA '{name}'")
+            pieces = [] if self.shared else [(f"layer {i} {label}", d, w) for label, d, w in self._fused_pieces(e)]
+            pieces += [(f"layer {i} {group} LoRA '{name}'", d, w)
+                       for group, grp in e["lora"].items() for name, d, w in self._lora_pieces(grp)]
+            for label, dst, src in pieces:
+                if label not in out and differs(dst, src):
+                    out.append(label)
         return out
 
     def nbytes(self) -> int:

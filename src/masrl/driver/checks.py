@@ -41,9 +41,9 @@ def check_run(cfg: RunConfig) -> RunPlan:
     for split in ("train", "eval"):
         check_source(getattr(cfg.data, split), f"data.{split}")
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
+    check_split = hooks_of(workflow).check_split
     for split in ("train", "eval"):  # a split's options that the workflow reads (a game's seating)
         src = getattr(cfg.data, split)
-        check_split = hooks_of(workflow).check_split
         if check_split is not None:
             check_split(src, f"data.{split}")
         elif src.source == "episodes" and src.options:

@@ -96,17 +96,10 @@ def replayed(workflow, task: Task, completion: str) -> Trace:
 
 def export_rows(config: str, overrides: list[str], split: str, n: int | None = None) -> list[dict]:
     """The tasks of ``split`` (train | eval) of the config as verl rows (``n``: the first n)."""
-    from masrl.config import load_config
-    from masrl.driver.checks import check_run
-    from masrl.families import build_tasks
-
-    cfg = load_config(config, overrides)
-    plan = check_run(cfg)
-    train, evals = build_tasks(cfg)
-    tasks = (train if split == "train" else evals)[:n]
+    cfg, plan, tasks = _run_of(config, tuple(overrides), split)
     source = getattr(cfg.data, split).source
     rows = []
-    for i, task in enumerate(tasks):
+    for i, task in enumerate(list(tasks.values())[:n]):
         _, messages = first_call(plan.workflow, task)
         rows.append({
             "data_source": source, "prompt": messages, "ability": cfg.workflow.name,
@@ -119,6 +112,7 @@ def export_rows(config: str, overrides: list[str], split: str, n: int | None = N
 
 @functools.lru_cache(maxsize=8)
 def _run_of(config: str, overrides: tuple[str, ...], split: str):
+    """The config, its checked plan and its split's tasks by id (in order), once per config (verl scores many rows)."""
     from masrl.config import load_config
     from masrl.driver.checks import check_run
     from masrl.families import build_tasks

@@ -19,11 +19,8 @@ PART_MB=${PART_MB:-40}
 grep -qx "/.gpu-verl/" .git/info/exclude 2>/dev/null || echo "/.gpu-verl/" >> .git/info/exclude
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheels"
-get() {  # wheels for the host's Python 3.12 (or abi3 / pure) on x86-64 Linux, without their dependencies
-  "$PY" -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d "$work/wheels" "$@" 2>&1 | grep -v "^WARNING" || true
-}
+source scripts/gpu/host_wheels.sh
+get() { host_wheels "$work/wheels" "$@"; }
 get verl==0.9.1
 # hydra's antlr4 runtime 4.9.3 is published as a source archive only: built here into a (pure-Python) wheel
 "$PY" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$work/wheels" 2>&1 | grep -v "^WARNING" || true

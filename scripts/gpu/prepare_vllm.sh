@@ -16,11 +16,8 @@ PART_MB=${PART_MB:-40}
 grep -qx "/.gpu-vllm/" .git/info/exclude 2>/dev/null || echo "/.gpu-vllm/" >> .git/info/exclude
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/wheels"
-get() {  # wheels for the host's Python 3.12 (or abi3) on x86-64 Linux, without their dependencies
-  "$PY" -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d "$work/wheels" "$@" 2>&1 | grep -v "^WARNING" || true
-}
+source scripts/gpu/host_wheels.sh
+get() { host_wheels "$work/wheels" "$@"; }
 get vllm==0.24.0
 for p in cbor2 pyzmq openai-harmony msgspec pybase64 cachetools "llguidance<1.8" xgrammar==0.2.2 \
          apache-tvm-ffi==0.1.9 "fastapi>=0.133,<0.137" "starlette>=1.0.1" partial-json-parser "openai>=2,<3" jiter \

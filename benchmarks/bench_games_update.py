@@ -46,9 +46,9 @@ def game_prompts(games: int, tokenizer: str) -> list[tuple[int, list[int]]]:
 def run(host, prompts, algo, start, vocab: int, profile: bool = False):
     import torch
 
-    from masrl.worker.batching import Sample
-    from masrl.worker.precision import MasterWeightsAdamW
-    from masrl.worker.training import train_policy
+    from masrl.worker.updater.batching import Sample
+    from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.training import train_policy
 
     with torch.no_grad():
         for p, s in zip(host.policy_parameters("p"), start):
@@ -87,9 +87,9 @@ def main() -> None:
 
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.batching import Sample, micro_batches, prefix_cost
-    from masrl.worker.hosting import ModelHost
-    from masrl.worker.training import choose_layout
+    from masrl.worker.updater.batching import Sample, micro_batches, prefix_cost
+    from masrl.worker.model.held import HeldModel
+    from masrl.worker.updater.training import choose_layout
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--games", type=int, default=64)
@@ -99,7 +99,7 @@ def main() -> None:
     args = ap.parse_args()
     cuda = harness.DEV.startswith("cuda")
     name = harness.SHAPES["135m"]
-    host = ModelHost(name, [PolicySpec("p", name, optim=OptimConfig(lr=1e-5))], device=harness.DEV,
+    host = HeldModel(name, [PolicySpec("p", name, optim=OptimConfig(lr=1e-5))], device=harness.DEV,
                      dtype=torch.bfloat16 if cuda else torch.float32)
     vocab = host.core.config.vocab_size
     prompts = [(t, [i % vocab for i in p]) for t, p in game_prompts(args.games, args.tokenizer)]

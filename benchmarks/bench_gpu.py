@@ -111,12 +111,12 @@ def child_update(side: str, repeats: int) -> dict:
     if side == "ours":
         from masrl.config import AlgorithmConfig, OptimConfig
         from masrl.policies import PolicySpec
-        from masrl.worker.batching import Sample
-        from masrl.worker.hosting import ModelHost
-        from masrl.worker.precision import MasterWeightsAdamW
-        from masrl.worker.training import choose_layout, train_policy
+        from masrl.worker.updater.batching import Sample
+        from masrl.worker.model.held import HeldModel
+        from masrl.worker.model.precision import MasterWeightsAdamW
+        from masrl.worker.updater.training import choose_layout, train_policy
 
-        host = ModelHost(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
+        host = HeldModel(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                          device=DEV, dtype=torch.bfloat16)
         opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         algo = AlgorithmConfig(group_key=["task_id"], micro_batch_tokens=32768)  # the whole workload in one pass

@@ -49,7 +49,7 @@ from masrl.engines.paged import runner as paged_runner
 from masrl.engines.paged import scheduler as scheduler_mod
 from masrl.engines.paged.runner import ModelRunner
 from masrl.messages import GenCall, GenRequest, SamplingParams
-from masrl.worker.prompts import PromptRenderer
+from masrl.worker.sampler.prompts import PromptRenderer
 
 
 class Timers:

@@ -23,7 +23,7 @@ import time
 
 
 def workload(questions: int, samples: int, system_len: int = 544, vocab: int = 49_000, seed: int = 0):
-    from masrl.worker.batching import Sample
+    from masrl.worker.updater.batching import Sample
 
     rng = random.Random(seed)
 
@@ -53,12 +53,12 @@ def main() -> None:
 
     from masrl.config import AlgorithmConfig
     from masrl.policies import PolicySpec
-    from masrl.worker import batching
-    from masrl.worker.hosting import ModelHost
-    from masrl.worker.precision import MasterWeightsAdamW
-    from masrl.worker.training import choose_layout, train_policy
+    from masrl.worker.updater import batching
+    from masrl.worker.model.held import HeldModel
+    from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.training import choose_layout, train_policy
 
-    host = ModelHost(a.model, [PolicySpec("p", a.model)], device="cpu", dtype=torch.float32, seed=0)
+    host = HeldModel(a.model, [PolicySpec("p", a.model)], device="cpu", dtype=torch.float32, seed=0)
     start = [p.detach().clone() for p in host.policy_parameters("p")]
     algo = AlgorithmConfig(advantage="grpo", micro_batch_size=a.micro_batch_size, skip_zero_advantage=False)
     chosen = batching._length_chunks

@@ -35,9 +35,9 @@ def workload(calls: int, samples: int, prompt: int, completion: int, vocab: int,
 def run(host, rows, algo, start):
     import torch
 
-    from masrl.worker.batching import Sample
-    from masrl.worker.precision import MasterWeightsAdamW
-    from masrl.worker.training import choose_layout, train_policy
+    from masrl.worker.updater.batching import Sample
+    from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.training import choose_layout, train_policy
 
     with torch.no_grad():
         for p, s in zip(host.policy_parameters("p"), start):
@@ -62,7 +62,7 @@ def main() -> None:
 
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.hosting import ModelHost
+    from masrl.worker.model.held import HeldModel
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="135m")
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=8192)
     args = ap.parse_args()
     cuda = harness.DEV.startswith("cuda")
-    host = ModelHost(harness.SHAPES[args.shape], [PolicySpec("p", harness.SHAPES[args.shape], optim=OptimConfig(lr=1e-5))],
+    host = HeldModel(harness.SHAPES[args.shape], [PolicySpec("p", harness.SHAPES[args.shape], optim=OptimConfig(lr=1e-5))],
                      device=harness.DEV, dtype=torch.bfloat16 if cuda else torch.float32)
     rows = workload(args.calls, args.samples, args.prompt, args.completion, host.core.config.vocab_size)
     start = [p.detach().clone() for p in host.policy_parameters("p")]

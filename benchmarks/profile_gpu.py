@@ -146,13 +146,13 @@ def prefill(shape: str, tokens: int = 16000) -> None:
 def update() -> None:
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.batching import Sample
-    from masrl.worker.hosting import ModelHost
-    from masrl.worker.precision import MasterWeightsAdamW
-    from masrl.worker.training import train_policy
+    from masrl.worker.updater.batching import Sample
+    from masrl.worker.model.held import HeldModel
+    from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.training import train_policy
 
     rows = harness.update_workload()
-    host = ModelHost(harness.SHAPES["0.5b"], [PolicySpec("p", harness.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
+    host = HeldModel(harness.SHAPES["0.5b"], [PolicySpec("p", harness.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                      device="cuda:0", dtype=torch.bfloat16)
     opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-6, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     for budget in (16384, 32768):

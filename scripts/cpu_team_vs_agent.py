@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from masrl.driver.run.rundir import read_jsonl
-from masrl.worker.precision import cpu_bf16_units
+from masrl.worker.model.precision import cpu_bf16_units
 
 ROOT = Path(__file__).resolve().parents[1]
 # train.keep_best for every arm: validation tasks held back from training, and how often they score the weights;

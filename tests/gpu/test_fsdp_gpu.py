@@ -27,7 +27,7 @@ def test_fsdp_on_one_gpu_updates_like_the_unsharded_worker_and_resumes(tmp_path)
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
     from masrl.worker.policy_worker import PolicyWorker
-    from masrl.worker.training import choose_layout
+    from masrl.worker.updater.training import choose_layout
 
     algo = AlgorithmConfig(micro_batch_size=4, mini_batches=1, group_key=["task_id"])
 

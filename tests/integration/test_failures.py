@@ -177,7 +177,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     the worker, the trainer and the message are the real ones."""
     import torch
 
-    import masrl.worker.updating as updating
+    import masrl.worker.updater.updater as updating
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity of "
@@ -207,7 +207,7 @@ def test_an_update_that_cublas_cannot_allocate_for_says_so_and_other_errors_stay
                                                                                             monkeypatch):
     """cuBLAS's words for an empty device get the memory message; a cuDNN failure only on a nearly full
     device (this CPU run has none, so it stays torch's error), and any other error is left as it was."""
-    import masrl.worker.updating as updating
+    import masrl.worker.updater.updater as updating
 
     def fails(*args, **kwargs):
         raise RuntimeError(said)

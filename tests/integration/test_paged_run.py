@@ -147,7 +147,7 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
     from masrl.config import SamplingParams
     from masrl.errors import PromptError
     from masrl.messages import GenCall
-    from masrl.worker.prompts import MAX_BYTES_PER_TOKEN
+    from masrl.worker.sampler.prompts import MAX_BYTES_PER_TOKEN
 
     data = tiny_config("math/team_shared", tmp_path / "bad", rollout__engine="paged",
                        rollout__gpu_memory_utilization=0.01)

@@ -28,7 +28,7 @@ def test_calls_carry_their_weight_version_and_stale_calls_are_dropped(tmp_path):
 
 
 def _a_sample(w):
-    from masrl.worker.batching import Sample
+    from masrl.worker.updater.batching import Sample
 
     return Sample("x", "solver", [1, 2, 3], [4, 5], [-1.0, -1.0], 1.0, {"task_id": "x", "agent": "solver", "turn": 0})
 
@@ -54,13 +54,13 @@ def test_masked_importance_sampling_drops_the_tokens_whose_ratio_leaves_its_band
 
     from masrl.config import AlgorithmConfig, PolicyConfig
     from masrl.policies import PolicySpec
-    from masrl.worker import training
-    from masrl.worker.batching import Sample
-    from masrl.worker.hosting import ModelHost
-    from masrl.worker.precision import MasterWeightsAdamW
+    from masrl.worker.updater import training
+    from masrl.worker.updater.batching import Sample
+    from masrl.worker.model.held import HeldModel
+    from masrl.worker.model.precision import MasterWeightsAdamW
 
     def run(mis):
-        host = ModelHost("tiny-random", [PolicySpec("p", "tiny-random", optim=PolicyConfig().optim)], seed=0)
+        host = HeldModel("tiny-random", [PolicySpec("p", "tiny-random", optim=PolicyConfig().optim)], seed=0)
         g = torch.Generator().manual_seed(0)
         samples = [Sample(f"c{i}", "p", [5, 6, 7, 8], torch.randint(3, 2000, (6,), generator=g).tolist(), [-1.0] * 6,
                           1.0, {"task_id": i // 2, "agent": "a", "turn": 0}, reward=float(i % 3)) for i in range(6)]

@@ -16,8 +16,8 @@ from masrl.algorithms.estimators import (
 )
 from masrl.config import AlgorithmConfig
 from masrl.errors import ConfigError
-from masrl.worker import training
-from masrl.worker.batching import Sample
+from masrl.worker.updater import training
+from masrl.worker.updater.batching import Sample
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -1,7 +1,7 @@
 """Which host answers for a device's peak: the newest enrolled, until it closes; a finished run's host
 that is still referenced never silences the next run's (it did, in the GPU suite)."""
 
-from masrl.worker import memory
+from masrl.worker.model import memory
 
 
 class Host:

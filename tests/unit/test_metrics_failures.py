@@ -31,7 +31,7 @@ def test_other_failures_get_no_memory_hint_and_few_failures_do_not_stop():
 
 
 def test_what_counts_as_running_out_of_gpu_memory():
-    from masrl.worker.memory import memory_failure
+    from masrl.worker.model.memory import memory_failure
 
     gib = 2**30
     cudnn = "RuntimeError: Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good() to be true"

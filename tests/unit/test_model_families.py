@@ -57,15 +57,15 @@ def test_fast_path_matches_the_plain_forward(tiny, name, engine):
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral-sliding"])
 def test_trainer_logprobs_match_the_plain_forward(tmp_path, tiny, name, capsys):
     from masrl.policies import PolicySpec
-    from masrl.worker import training
-    from masrl.worker.batching import Sample, make_batch
-    from masrl.worker.hosting import ModelHost
+    from masrl.worker.updater import training
+    from masrl.worker.updater.batching import Sample, make_batch
+    from masrl.worker.model.held import HeldModel
 
     _, tok = tiny
     model = build(name.split("-")[0], tok)
     model.save_pretrained(tmp_path / name)
     tok.save_pretrained(tmp_path / name)
-    host = ModelHost(str(tmp_path / name), [PolicySpec("p", str(tmp_path / name))])
+    host = HeldModel(str(tmp_path / name), [PolicySpec("p", str(tmp_path / name))])
     prompts = [tok(f"Say {i} then stop, please, kindly, right now.", add_special_tokens=False)["input_ids"] for i in range(3)]
     samples = [Sample(f"c{i}", "p", p, [5 + i, 9, 11, 40 + i], [0.0] * 4, 1.0, {}) for i, p in enumerate(prompts)]
     with torch.no_grad():

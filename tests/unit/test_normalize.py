@@ -5,8 +5,8 @@ import torch
 
 from masrl.algorithms.normalize import RunningMoments, normalize_rewards, whiten
 from masrl.config import AlgorithmConfig
-from masrl.worker.advantages import compute_advantages, train_rewards
-from masrl.worker.batching import Sample
+from masrl.worker.updater.advantages import compute_advantages, train_rewards
+from masrl.worker.updater.batching import Sample
 
 
 def test_batch_and_running_normalisation_by_hand():

@@ -9,7 +9,7 @@ import torch
 
 from masrl.config import load_config
 from masrl.errors import ConfigError
-from masrl.worker.precision import MasterWeightsAdamW, param_dtype, resolve_device
+from masrl.worker.model.precision import MasterWeightsAdamW, param_dtype, resolve_device
 
 BASE = {"policies": {"p": {}}, "agents": {"solver": {"policy": "p"}}, "workflow": {"name": "math_solver"}}
 
@@ -113,7 +113,7 @@ def test_messages_import_no_torch():
 
 
 def test_bf16_units_are_read_from_the_cpu_flags(tmp_path):
-    from masrl.worker.precision import cpu_bf16_units
+    from masrl.worker.model.precision import cpu_bf16_units
 
     def info(flags):
         p = tmp_path / f"cpuinfo-{len(flags)}"

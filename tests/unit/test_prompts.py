@@ -2,7 +2,7 @@
 
 from masrl.messages import RAW_ROLE
 from masrl.models import load_tokenizer
-from masrl.worker.prompts import PromptRenderer
+from masrl.worker.sampler.prompts import PromptRenderer
 
 TOK = load_tokenizer("smollm2-135m-instruct")
 FIRST = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello."}]
@@ -93,7 +93,7 @@ def test_prepare_fails_only_the_calls_that_cannot_run_beside_good_ones():
     from masrl.config import SamplingParams
     from masrl.errors import ContextOverflow, PromptError
     from masrl.messages import GenCall
-    from masrl.worker.prompts import MAX_BYTES_PER_TOKEN
+    from masrl.worker.sampler.prompts import MAX_BYTES_PER_TOKEN
 
     r = PromptRenderer(TOK)
     limit = 64

@@ -1,7 +1,7 @@
 """Which buffered calls an update keeps under ``policies.X.max_staleness``, and the figures it reports."""
 
-from masrl.worker.batching import Sample
-from masrl.worker.updating import fresh_samples
+from masrl.worker.updater.batching import Sample
+from masrl.worker.updater.updater import fresh_samples
 
 
 def _sample(i: int, version: int) -> Sample:

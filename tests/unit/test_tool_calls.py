@@ -5,7 +5,7 @@ import copy
 from masrl.models import load_tokenizer
 from masrl.tools.base import tool
 from masrl.tools.calls import parse_tool_calls, template_renders_tools, with_tools_in_text
-from masrl.worker.prompts import PromptRenderer
+from masrl.worker.sampler.prompts import PromptRenderer
 
 
 @tool

@@ -7,14 +7,14 @@ import torch
 
 from masrl.config import AlgorithmConfig, PolicyConfig
 from masrl.policies import PolicySpec
-from masrl.worker import training
-from masrl.worker.batching import Sample, make_batch, micro_batches, prefix_cost
-from masrl.worker.hosting import ModelHost
+from masrl.worker.updater import training
+from masrl.worker.updater.batching import Sample, make_batch, micro_batches, prefix_cost
+from masrl.worker.model.held import HeldModel
 
 
 @pytest.fixture(scope="module")
 def host():
-    return ModelHost("tiny-random", [PolicySpec("p", "tiny-random", optim=PolicyConfig().optim)], seed=0)
+    return HeldModel("tiny-random", [PolicySpec("p", "tiny-random", optim=PolicyConfig().optim)], seed=0)
 
 
 def samples_for(host, n=6, seed=0):
@@ -122,7 +122,7 @@ def test_a_nonfinite_loss_skips_the_update_and_is_counted(host, capsys):
         s.logprobs = [float("nan")] * len(s.completion_ids)  # a broken rollout: the ratio is NaN
     algo = AlgorithmConfig(group_key=["task_id"])
     before = [p.detach().clone() for p in host.policy_parameters("p")]
-    from masrl.worker.precision import MasterWeightsAdamW
+    from masrl.worker.model.precision import MasterWeightsAdamW
 
     opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
@@ -251,7 +251,7 @@ def test_prefix_chunks_of_multi_turn_calls_group_by_length_when_that_runs_fewer_
     """A tool-calling agent's step: first turns (system + question) and second turns (that, the first
     completion and a tool result). Each episode's turns together pad the short rows to the long ones;
     first turns with first turns and second with second run fewer tokens, and are chosen."""
-    from masrl.worker.batching import _prefix_chunks
+    from masrl.worker.updater.batching import _prefix_chunks
 
     system = list(range(10, 60))
     other = list(range(500, 550))  # another agent's system prompt on the same policy
@@ -275,7 +275,7 @@ def test_prefix_chunks_of_multi_turn_calls_group_by_length_when_that_runs_fewer_
     group = [Sample(f"g{i}", "p", system + [9] * 30, [6] * (2 + i), [0.0], 1.0, {}) for i in range(8)]
     assert sum(map(prefix_cost, micro_batches(group, 8, layout="prefix"))) == prefix_cost(group) == 79 + 8 * 10
     # under a token budget the same choice: fewer tokens than taking the rows in prompt order
-    from masrl.worker.batching import _budget_chunks
+    from masrl.worker.updater.batching import _budget_chunks
 
     budget = micro_batches(rows, 8, layout="prefix", token_budget=600)
     assert sorted(s.call_id for c in budget for s in c) == sorted(s.call_id for s in rows)

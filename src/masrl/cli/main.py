@@ -174,7 +174,7 @@ def _digest(overrides: list[str]) -> str:
 
 def _export(args) -> int:
     from masrl.driver.run.rundir import RunDir
-    from masrl.worker.export import export_run
+    from masrl.worker.model.export import export_run
 
     run = RunDir.find(args.run)
     if run is None:

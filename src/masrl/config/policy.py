@@ -106,7 +106,7 @@ class PolicyConfig(Strict):
                                                      "NCCL on cuda, gloo on cpu)")
     rollout_device: str | None = Field(None, pattern=DEVICE, description="the device its engine samples on, when not "
                                        "`device` (where it trains): the engine keeps its own copy of the weights "
-                                       "there, refreshed after each update (worker/weight_copy.py); with "
+                                       "there, refreshed after each update (worker/model/weight_copy.py); with "
                                        "rollout.mode async the two devices work at once. LoRA policies on one base "
                                        "share it; runtime.placement local only")
     max_staleness: int | None = Field(None, ge=0, description="calls sampled by weights more than this many updates "

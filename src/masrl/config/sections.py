@@ -202,7 +202,7 @@ class RolloutConfig(Strict):
     overlap_update: Literal["auto"] | bool = Field(
         "auto", description="async mode: the engine samples from its own copy of the trainable weights, so a policy's "
                             "update runs while episodes keep generating (on CUDA in a stream of its own); the new "
-                            "weights are copied in when the update ends (worker/weight_copy.py). Costs one copy of "
+                            "weights are copied in when the update ends (worker/model/weight_copy.py). Costs one copy of "
                             "the trainable weights (LoRA: the adapters only). auto: on in async mode on CUDA with "
                             "the hf or paged engine; false: the engine and the update take turns")
     counterfactual: CounterfactualConfig | None = Field(

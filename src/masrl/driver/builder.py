@@ -189,7 +189,7 @@ def _batchers(cfg: RunConfig, workers: list[PolicyHost], on_ray: bool) -> list[B
 
 def build_critics(cfg: RunConfig, policies: list[PolicySpec], workers: list[PolicyHost], log=print) -> dict:
     """One ``Critic`` per entry of ``critics``, handed to the workers of the policies it serves."""
-    from masrl.worker.critic import Critic
+    from masrl.worker.updater.critic import Critic
 
     host_of = {p: w for w in workers for p in w.policy_names}
     out = {}

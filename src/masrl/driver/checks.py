@@ -183,7 +183,7 @@ def _policy_device(cfg: RunConfig, name: str, p) -> str:
 def resolve_device(name: str) -> str:
     """``auto`` | ``cpu`` | ``cuda[:i]`` -> a device this machine has (imports torch: only asked when
     the driver hosts policies itself)."""
-    from masrl.worker.precision import resolve_device as resolve
+    from masrl.worker.model.precision import resolve_device as resolve
 
     return resolve(name)
 

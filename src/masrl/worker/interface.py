@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from masrl.messages import GenCall, GenResult
     from masrl.policies import PolicySpec
-    from masrl.worker.batching import Sample
+    from masrl.worker.updater.batching import Sample
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """PolicyWorker: owns the weights of one model in memory and the policies on it.
 
-A worker holds one ModelHost (a full model with its policy, or a frozen base with one LoRA
+A worker holds one HeldModel (a full model with its policy, or a frozen base with one LoRA
 adapter per policy), its engine, one optimizer per trainable policy, and the buffer of the
 calls it served (exact token ids and sampling logprobs, keyed by ``call_id``). Every method
 takes and returns plain picklable data, so the same class runs in-process or as a Ray actor.
@@ -24,14 +24,17 @@ from masrl.engines.base import Engine, make_engine
 from masrl.messages import GenCall, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.worker import generating, memory, saving, updating
-from masrl.worker.hosting import ModelHost
+from masrl.worker.sampler import sampler as generating
+from masrl.worker.model import memory
+from masrl.worker.model import checkpoint as saving
+from masrl.worker.updater import updater as updating
+from masrl.worker.model.held import HeldModel
 from masrl.worker.interface import PolicyHost
-from masrl.worker.offload import PinnedStash
-from masrl.worker.precision import MasterWeightsAdamW, param_dtype
-from masrl.worker.prompts import PromptRenderer
-from masrl.worker.training import Sample
-from masrl.worker.weight_copy import WeightCopy
+from masrl.worker.model.offload import PinnedStash
+from masrl.worker.model.precision import MasterWeightsAdamW, param_dtype
+from masrl.worker.sampler.prompts import PromptRenderer
+from masrl.worker.updater.training import Sample
+from masrl.worker.model.weight_copy import WeightCopy
 
 
 class PolicyWorker(PolicyHost):
@@ -48,7 +51,7 @@ class PolicyWorker(PolicyHost):
         # fsdp: the host keeps fp32 weights (the shards become the masters); compute runs in `compute`
         self.fsdp = any(p.fsdp for p in policies)
         compute = param_dtype(precision, device)
-        self.host = ModelHost(model_name, policies, device=device, dtype=torch.float32 if self.fsdp else compute,
+        self.host = HeldModel(model_name, policies, device=device, dtype=torch.float32 if self.fsdp else compute,
                               seed=seed, need_reference=needs_reference(self.algo), need_critic=needs_critic(self.algo))
         tok = self.host.tokenizer
         self.pad_id = tok.pad_token_id
@@ -68,7 +71,7 @@ class PolicyWorker(PolicyHost):
         self.rollout_device = rollout_device if rollout_device and rollout_device != device else None
         self.copy = None
         if self.fsdp:  # the engine samples from a full copy, gathered from the shards after each update
-            from masrl.worker.sharding import EngineWeights
+            from masrl.worker.parallel.sharding import EngineWeights
 
             self.copy = EngineWeights(self.host.model, compute)
         elif (overlap_update and self.optimizers) or self.rollout_device:
@@ -129,7 +132,7 @@ class PolicyWorker(PolicyHost):
     def build_critic(self, policy: str, name: str, model: str, optim, seed: int) -> None:
         """Build critic ``name`` here (once; a second policy of this worker shares it) for ``policy``:
         what a remote worker does instead of receiving a model."""
-        from masrl.worker.critic import Critic
+        from masrl.worker.updater.critic import Critic
 
         built = {c.name: c for c in self.critics.values()}
         self.attach_critic(policy, built.get(name) or Critic(name, model, optim, device=self.device, seed=seed))
@@ -145,14 +148,14 @@ class PolicyWorker(PolicyHost):
 
     def join_ranks(self, init_method: str, rank: int, world: int, backend: str = "gloo") -> None:
         """Become rank ``rank`` of ``world`` copies of this worker's policy (data parallel)."""
-        from masrl.worker.data_parallel import init_ranks
+        from masrl.worker.parallel.data_parallel import init_ranks
 
         self.dp = init_ranks(init_method, rank, world, backend)
         for name, opt in self.optimizers.items():
             if self.host.policies[name].shard_optimizer:
                 opt.shard(rank, world)
         if self.fsdp:
-            from masrl.worker.sharding import shard_worker
+            from masrl.worker.parallel.sharding import shard_worker
 
             shard_worker(self, world)
 
@@ -252,8 +255,8 @@ class PolicyWorker(PolicyHost):
     @torch.no_grad()
     def score(self, policy: str, samples: list[Sample]) -> list[list[float]]:
         """``policy``'s logprobs of each sample's completion tokens (at the sample's temperature)."""
-        from masrl.worker.batching import make_batch
-        from masrl.worker.training import choose_layout, completion_forward
+        from masrl.worker.updater.batching import make_batch
+        from masrl.worker.updater.training import choose_layout, completion_forward
 
         self._resident()
         layout = choose_layout(self.host, self.algo)

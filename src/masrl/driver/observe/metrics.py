@@ -292,7 +292,7 @@ def check_failures(roll: dict, traces, limit: float, what: str, consequence: str
 def memory_hint(errors) -> str:
     """A line for failures that are the GPU running out of memory (another run on the device, or this
     run's own update, took it): the settings that bound a run's memory. Empty for any other failure."""
-    from masrl.worker.memory import memory_failure  # (torch: imported only once traces failed)
+    from masrl.worker.model.memory import memory_failure  # (torch: imported only once traces failed)
 
     if not any(e and memory_failure(e) for e in errors):
         return ""

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from masrl.errors import ConfigError
-from masrl.worker.precision import MasterWeightsAdamW
+from masrl.worker.model.precision import MasterWeightsAdamW
 
 
 class LeanBlock(nn.Module):

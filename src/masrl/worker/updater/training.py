@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from masrl.algorithms.estimators import get_estimator, needs_critic, needs_reference
 from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, ppo_clip_loss, value_loss
 from masrl.modeling import fused
-from masrl.worker.advantages import advantages_of_everyone, compute_advantages
-from masrl.worker.batching import Batch, Sample, make_batch, micro_batches, pad_rows, prefix_cost
-from masrl.worker.hosting import ModelHost
-from masrl.worker.update_metrics import UpdateStats, update_metrics
+from masrl.worker.updater.advantages import advantages_of_everyone, compute_advantages
+from masrl.worker.updater.batching import Batch, Sample, make_batch, micro_batches, pad_rows, prefix_cost
+from masrl.worker.model.held import HeldModel
+from masrl.worker.updater.update_metrics import UpdateStats, update_metrics
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]
 
@@ -33,7 +33,7 @@ HEAD_CHUNK = 16384  # completion tokens per output-head chunk in no-grad passes
 ENTROPY_ROWS = 1024  # tokens whose entropy is measured (for metrics) when the loss does not need it
 
 
-def packing_available(host: ModelHost) -> bool:
+def packing_available(host: HeldModel) -> bool:
     dtype = host.sharded.compute_dtype if host.sharded is not None else host.dtype  # sharded: fp32 masters
     return (host.device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
             and hasattr(torch.ops.aten, "_flash_attention_forward") and host.fast_forward(host.core) is not None)
@@ -52,7 +52,7 @@ def prefix_pays(samples: list[Sample], algo) -> bool:
     return sum(prefix_cost(c) for c in chunks) <= PREFIX_PAYS * sum(s.length for s in samples)
 
 
-def choose_layout(host: ModelHost, algo, samples: list[Sample] | None = None) -> str:
+def choose_layout(host: HeldModel, algo, samples: list[Sample] | None = None) -> str:
     """``packed`` | ``padded`` | ``prefix``: see ``batching``. Defaults: the shared-prefix layout on a
     CPU; on CUDA (bf16) packed, unless ``samples`` share long prompts (``prefix_pays``: GRPO samples of
     a long prompt with short answers). ``pack`` / ``share_prefix`` set to true or false decide it."""
@@ -68,7 +68,7 @@ def choose_layout(host: ModelHost, algo, samples: list[Sample] | None = None) ->
     return "prefix" if share and host.sharded is None else "padded"
 
 
-def suffix_hidden(host: ModelHost, module, batch: Batch, checkpoint: bool = False) -> torch.Tensor:
+def suffix_hidden(host: HeldModel, module, batch: Batch, checkpoint: bool = False) -> torch.Tensor:
     """Hidden states ``[rows, S, H]`` of the per-row part, with the shared prefix run once."""
     fast = host.fast_forward(module)
     B, S = batch.ids.shape
@@ -114,7 +114,7 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
         return logp, -(la.exp() * la).sum(-1)
 
 
-def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
+def completion_forward(host: HeldModel, module, batch: Batch, value_head=None, want_entropy: bool = False,
                        checkpoint: bool = False):
     """See ``_completion_forward``; a sharded policy's pass runs inside its FSDP root (``worker.sharding``)."""
     sharded = host.sharded_for(module)
@@ -123,7 +123,7 @@ def completion_forward(host: ModelHost, module, batch: Batch, value_head=None, w
     return _completion_forward(host, module, batch, value_head, want_entropy, checkpoint)
 
 
-def _completion_forward(host: ModelHost, module, batch: Batch, value_head=None, want_entropy: bool = False,
+def _completion_forward(host: HeldModel, module, batch: Batch, value_head=None, want_entropy: bool = False,
                         checkpoint: bool = False):
     """Logprobs ``[B, T]`` of the sampled tokens (at each row's temperature), entropy, values.
 
@@ -161,7 +161,7 @@ def _completion_forward(host: ModelHost, module, batch: Batch, value_head=None, 
     return logp, entropy, values
 
 
-def in_step(mbs: list, host: ModelHost, dp) -> list:
+def in_step(mbs: list, host: HeldModel, dp) -> list:
     """A sharded policy's ranks gather each layer together, so each runs as many forwards as the
     rank with the most micro-batches: the others' list is padded with ``None`` (a pass of weight zero)."""
     if host.sharded is None or dp is None:
@@ -170,7 +170,7 @@ def in_step(mbs: list, host: ModelHost, dp) -> list:
 
 
 @torch.no_grad()
-def _prepare(host: ModelHost, policy: str, samples: list[Sample], algo, pad_id: int, layout: str,
+def _prepare(host: HeldModel, policy: str, samples: list[Sample], algo, pad_id: int, layout: str,
              critic=None, dp=None, filler=None) -> None:
     """No-grad passes before the update: reference logprobs (KL), values (GAE), and the trainer's
     own logprobs (truncated importance sampling)."""
@@ -211,7 +211,7 @@ def _prepare_passes(host, policy, samples, algo, pad_id, layout, critic, need_re
                     s.old_logprobs = lp[i, :n].tolist()
 
 
-def train_policy(host: ModelHost, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
+def train_policy(host: HeldModel, policy: str, samples: list[Sample], optimizer, algo, grad_clip: float,
                  pad_id: int, seed: int = 0, reward_stats=None, critic=None, dp=None,
                  estimator_state: dict | None = None) -> dict[str, float]:
     """Update ``policy`` on its ``samples``; return metrics. ``reward_stats``: the policy's running

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from masrl.errors import ConfigError
-from masrl.worker.offload import PinnedStash
+from masrl.worker.model.offload import PinnedStash
 
 
 def resolve_device(name: str) -> str:

@@ -1,4 +1,4 @@
-"""ModelHost: the weights one worker holds in memory.
+"""HeldModel: the weights one worker holds in memory.
 
 Either one full model serving one policy, or one frozen base with a LoRA adapter per policy
 (PEFT multi-adapter). In the LoRA case the base is held once however many policies share it,
@@ -16,7 +16,7 @@ from torch import nn
 
 from masrl.models import load_model
 from masrl.policies import PolicySpec
-from masrl.worker.offload import PinnedStash, module_tensors
+from masrl.worker.model.offload import PinnedStash, module_tensors
 
 
 def _peft_config(spec: PolicySpec):
@@ -36,12 +36,12 @@ def _peft_config(spec: PolicySpec):
 
 def _check_layout(policies: list[PolicySpec]) -> None:
     if not policies:
-        raise ValueError("a ModelHost needs at least one policy")
+        raise ValueError("a HeldModel needs at least one policy")
     lora = [p.is_lora for p in policies]
     if any(lora) and any(not p.is_lora and p.trainable for p in policies):
         raise ValueError("a LoRA host serves its adapters and frozen policies of its base, not a trainable full model")
     if not any(lora) and len(policies) > 1:
-        raise ValueError("full-model policies each need their own ModelHost")
+        raise ValueError("full-model policies each need their own HeldModel")
 
 
 def _with_adapters(model, lora_policies: list[PolicySpec]):
@@ -59,7 +59,7 @@ def _with_adapters(model, lora_policies: list[PolicySpec]):
     return model
 
 
-class ModelHost:
+class HeldModel:
     def __init__(
         self,
         model_name: str,

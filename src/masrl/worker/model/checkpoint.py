@@ -16,7 +16,7 @@ import torch
 
 from masrl.algorithms.normalize import RunningMoments
 from masrl.errors import MasrlError
-from masrl.worker import state
+from masrl.worker.model import state
 
 
 def _distinct_critics(worker) -> list:

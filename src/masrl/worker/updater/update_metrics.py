@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from masrl.algorithms.estimators import needs_critic
-from masrl.worker.batching import Sample
+from masrl.worker.updater.batching import Sample
 
 
 @dataclass

@@ -13,8 +13,8 @@ import torch
 from masrl.algorithms.normalize import RunningMoments
 from masrl.algorithms.schedules import lr_factor
 from masrl.errors import MasrlError
-from masrl.worker import memory
-from masrl.worker.training import Sample, train_policy
+from masrl.worker.model import memory
+from masrl.worker.updater.training import Sample, train_policy
 
 
 def fresh_samples(samples: list[Sample], version: int, max_staleness: int | None

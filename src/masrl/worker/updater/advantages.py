@@ -11,7 +11,7 @@ from masrl.algorithms.estimators import EstimatorBatch, estimator_options, get_e
 from masrl.algorithms.grouping import group_ids
 from masrl.algorithms.normalize import normalize_rewards
 from masrl.algorithms.normalize import whiten as whiten_adv
-from masrl.worker.batching import Sample, pad_rows
+from masrl.worker.updater.batching import Sample, pad_rows
 
 
 def train_rewards(samples: list[Sample], algo, stats=None) -> None:

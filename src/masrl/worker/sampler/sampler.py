@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 
 from masrl.messages import GenCall, GenRequest, GenResult
-from masrl.worker.logprobs import token_logprobs
-from masrl.worker.training import Sample
+from masrl.worker.sampler.logprobs import token_logprobs
+from masrl.worker.updater.training import Sample
 
 
 def generate(worker, calls: list[GenCall], on_result=None) -> list[GenResult | Exception]:

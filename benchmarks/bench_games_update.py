@@ -46,8 +46,8 @@ def game_prompts(games: int, tokenizer: str) -> list[tuple[int, list[int]]]:
 def run(host, prompts, algo, start, vocab: int, profile: bool = False):
     import torch
 
-    from masrl.worker.updater.batching import Sample
     from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.batching import Sample
     from masrl.worker.updater.training import train_policy
 
     with torch.no_grad():
@@ -87,8 +87,8 @@ def main() -> None:
 
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.updater.batching import Sample, micro_batches, prefix_cost
     from masrl.worker.model.held import HeldModel
+    from masrl.worker.updater.batching import Sample, micro_batches, prefix_cost
     from masrl.worker.updater.training import choose_layout
 
     ap = argparse.ArgumentParser()

@@ -111,9 +111,9 @@ def child_update(side: str, repeats: int) -> dict:
     if side == "ours":
         from masrl.config import AlgorithmConfig, OptimConfig
         from masrl.policies import PolicySpec
-        from masrl.worker.updater.batching import Sample
         from masrl.worker.model.held import HeldModel
         from masrl.worker.model.precision import MasterWeightsAdamW
+        from masrl.worker.updater.batching import Sample
         from masrl.worker.updater.training import choose_layout, train_policy
 
         host = HeldModel(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],

@@ -53,9 +53,9 @@ def main() -> None:
 
     from masrl.config import AlgorithmConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.updater import batching
     from masrl.worker.model.held import HeldModel
     from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater import batching
     from masrl.worker.updater.training import choose_layout, train_policy
 
     host = HeldModel(a.model, [PolicySpec("p", a.model)], device="cpu", dtype=torch.float32, seed=0)

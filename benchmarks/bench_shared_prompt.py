@@ -35,8 +35,8 @@ def workload(calls: int, samples: int, prompt: int, completion: int, vocab: int,
 def run(host, rows, algo, start):
     import torch
 
-    from masrl.worker.updater.batching import Sample
     from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.batching import Sample
     from masrl.worker.updater.training import choose_layout, train_policy
 
     with torch.no_grad():

@@ -146,9 +146,9 @@ def prefill(shape: str, tokens: int = 16000) -> None:
 def update() -> None:
     from masrl.config import AlgorithmConfig, OptimConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.updater.batching import Sample
     from masrl.worker.model.held import HeldModel
     from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater.batching import Sample
     from masrl.worker.updater.training import train_policy
 
     rows = harness.update_workload()

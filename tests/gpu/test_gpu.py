@@ -155,9 +155,9 @@ def test_a_masked_grouped_query_attention_runs_a_fused_kernel_on_gpu():
 def test_packed_layout_matches_padded_on_gpu():
     from masrl.config import OptimConfig
     from masrl.policies import PolicySpec
+    from masrl.worker.model.held import HeldModel
     from masrl.worker.updater import training
     from masrl.worker.updater.batching import Sample, make_batch
-    from masrl.worker.model.held import HeldModel
 
     host = HeldModel("random-smollm2-135m", [PolicySpec("p", "random-smollm2-135m", optim=OptimConfig())],
                      device="cuda:0", dtype=torch.bfloat16)

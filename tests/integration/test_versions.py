@@ -54,10 +54,10 @@ def test_masked_importance_sampling_drops_the_tokens_whose_ratio_leaves_its_band
 
     from masrl.config import AlgorithmConfig, PolicyConfig
     from masrl.policies import PolicySpec
-    from masrl.worker.updater import training
-    from masrl.worker.updater.batching import Sample
     from masrl.worker.model.held import HeldModel
     from masrl.worker.model.precision import MasterWeightsAdamW
+    from masrl.worker.updater import training
+    from masrl.worker.updater.batching import Sample
 
     def run(mis):
         host = HeldModel("tiny-random", [PolicySpec("p", "tiny-random", optim=PolicyConfig().optim)], seed=0)

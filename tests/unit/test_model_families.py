@@ -57,9 +57,9 @@ def test_fast_path_matches_the_plain_forward(tiny, name, engine):
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "llama3", "mistral-sliding"])
 def test_trainer_logprobs_match_the_plain_forward(tmp_path, tiny, name, capsys):
     from masrl.policies import PolicySpec
+    from masrl.worker.model.held import HeldModel
     from masrl.worker.updater import training
     from masrl.worker.updater.batching import Sample, make_batch
-    from masrl.worker.model.held import HeldModel
 
     _, tok = tiny
     model = build(name.split("-")[0], tok)

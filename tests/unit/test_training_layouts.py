@@ -7,9 +7,9 @@ import torch
 
 from masrl.config import AlgorithmConfig, PolicyConfig
 from masrl.policies import PolicySpec
+from masrl.worker.model.held import HeldModel
 from masrl.worker.updater import training
 from masrl.worker.updater.batching import Sample, make_batch, micro_batches, prefix_cost
-from masrl.worker.model.held import HeldModel
 
 
 @pytest.fixture(scope="module")

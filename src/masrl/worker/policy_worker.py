@@ -24,17 +24,17 @@ from masrl.engines.base import Engine, make_engine
 from masrl.messages import GenCall, GenResult
 from masrl.models import stop_token_ids
 from masrl.policies import PolicySpec
-from masrl.worker.sampler import sampler as generating
-from masrl.worker.model import memory
-from masrl.worker.model import checkpoint as saving
-from masrl.worker.updater import updater as updating
-from masrl.worker.model.held import HeldModel
 from masrl.worker.interface import PolicyHost
+from masrl.worker.model import checkpoint as saving
+from masrl.worker.model import memory
+from masrl.worker.model.held import HeldModel
 from masrl.worker.model.offload import PinnedStash
 from masrl.worker.model.precision import MasterWeightsAdamW, param_dtype
-from masrl.worker.sampler.prompts import PromptRenderer
-from masrl.worker.updater.training import Sample
 from masrl.worker.model.weight_copy import WeightCopy
+from masrl.worker.sampler import sampler as generating
+from masrl.worker.sampler.prompts import PromptRenderer
+from masrl.worker.updater import updater as updating
+from masrl.worker.updater.training import Sample
 
 
 class PolicyWorker(PolicyHost):

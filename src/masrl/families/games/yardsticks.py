@@ -80,8 +80,8 @@ def normalised(logps: list[float]) -> list[float]:
 
 def model_probs(workflow, trainer, agent: str):
     """``probs(state, pid, actions)`` of ``agent``'s policy: each legal move's reply scored by the policy."""
-    from masrl.worker.updater.batching import Sample
     from masrl.worker.sampler.prompts import PromptRenderer
+    from masrl.worker.updater.batching import Sample
 
     spec = trainer.rt.agents[agent]
     worker = next(w for w in trainer.rt.workers if spec.policy in w.policy_names)

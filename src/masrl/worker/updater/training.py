@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from masrl.algorithms.estimators import get_estimator, needs_critic, needs_reference
 from masrl.algorithms.losses import aggregate, importance_weights, kl_penalty, ppo_clip_loss, value_loss
 from masrl.modeling import fused
+from masrl.worker.model.held import HeldModel
 from masrl.worker.updater.advantages import advantages_of_everyone, compute_advantages
 from masrl.worker.updater.batching import Batch, Sample, make_batch, micro_batches, pad_rows, prefix_cost
-from masrl.worker.model.held import HeldModel
 from masrl.worker.updater.update_metrics import UpdateStats, update_metrics
 
 __all__ = ["Sample", "train_policy", "completion_forward", "choose_layout"]

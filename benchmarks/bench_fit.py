@@ -45,7 +45,7 @@ def child(shape: str, setting: str, calls: int, tokens: int) -> dict:
     w = PolicyWorker(harness.SHAPES[shape], [spec], algo, device=harness.DEV, precision="bf16",
                      engine_options={"max_batch_size": calls})
     load_s = time.perf_counter() - t0
-    n_params = sum(p.numel() for p in w.host.model.parameters())
+    n_params = sum(p.numel() for p in w.held.model.parameters())
     rng = random.Random(0)
     sp = SamplingParams(temperature=1.0, max_new_tokens=tokens, ignore_eos=True)
     steps = []

@@ -76,7 +76,7 @@ def rank_main(rank: int, world: int, port: int, a: dict, out: str) -> None:
                       "completion_tokens": sum(r.n_completion_tokens for r in res),
                       "peak_gb": harness.peak_gb()})
     torch.save({"load_s": load_s, "steps": steps, "held_params": sum(p.to_local().numel()
-                for p in w.host.policy_parameters("p")), "params": sum(p.numel() for p in w.host.policy_parameters("p"))},
+                for p in w.held.policy_parameters("p")), "params": sum(p.numel() for p in w.held.policy_parameters("p"))},
                f"{out}/rank{rank}.pt")
 
 

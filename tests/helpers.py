@@ -107,7 +107,7 @@ def update_held_open(worker, timeout_s: float = 60):
     run: the block runs inside the update. Yields a dict that holds the step's metrics under ``m``
     after the block (the update is released and joined on leaving it)."""
     inside, release, got = threading.Event(), threading.Event(), {}
-    real = worker._update
+    real = worker.updater.update
 
     def held(*a, **k):
         m = real(*a, **k)
@@ -122,7 +122,7 @@ def update_held_open(worker, timeout_s: float = 60):
             got["error"] = e
             inside.set()
 
-    worker._update = held
+    worker.updater.update = held
     th = threading.Thread(target=step)
     th.start()
     try:
@@ -133,7 +133,7 @@ def update_held_open(worker, timeout_s: float = 60):
     finally:
         release.set()
         th.join(timeout_s)
-        worker._update = real
+        worker.updater.update = real
 
 
 def word_sums(spec):

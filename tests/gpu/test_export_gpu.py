@@ -58,7 +58,7 @@ def test_an_exported_lora_team_serves_in_vllm_with_the_trainers_logprobs(tmp_pat
     try:
         for w in rt.workers:
             w.load(str(ckpt), with_optimizer=False)
-        host = rt.workers[0].host
+        host = rt.workers[0].held
         tok = host.tokenizer
         prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                                       tokenize=False), add_special_tokens=False) for q in QUESTIONS]

@@ -42,18 +42,18 @@ def test_fsdp_on_one_gpu_updates_like_the_unsharded_worker_and_resumes(tmp_path)
                      key={"task_id": f"t{i % 4}"}, seed=100 + i) for i in range(16)]
     plain.generate(calls)
     plain.commit_rewards({f"c{i}": float((i * 37) % 5) / 4 for i in range(16)})
-    samples = copy.deepcopy(list(plain.buffer.values()))
-    before = {k: v.float().clone() for k, v in plain.host.model.state_dict().items()}
+    samples = copy.deepcopy(list(plain.sampler.buffer.values()))
+    before = {k: v.float().clone() for k, v in plain.held.model.state_dict().items()}
     m_plain = plain.train_step()["p"]
-    after = {k: v.float() for k, v in plain.host.model.state_dict().items()}
+    after = {k: v.float() for k, v in plain.held.model.state_dict().items()}
 
     w = worker(True)
     w.join_ranks(f"tcp://127.0.0.1:{_port()}", 0, 1, "cpu:gloo,cuda:nccl")
     try:
-        assert choose_layout(w.host, algo) == "packed"
-        w.buffer = {s.call_id: s for s in copy.deepcopy(samples)}
+        assert choose_layout(w.held, algo) == "packed"
+        w.sampler.buffer = {s.call_id: s for s in copy.deepcopy(samples)}
         m = w.train_step()["p"]
-        got = {k: v.float() for k, v in w.copy.model.state_dict().items()}
+        got = {k: v.float() for k, v in w.sampler.copy.model.state_dict().items()}
         d_plain = torch.cat([(after[k] - before[k]).flatten() for k in after])
         d_fsdp = torch.cat([(got[k] - before[k]).flatten() for k in after])
         cos = torch.nn.functional.cosine_similarity(d_plain, d_fsdp, dim=0).item()
@@ -62,11 +62,11 @@ def test_fsdp_on_one_gpu_updates_like_the_unsharded_worker_and_resumes(tmp_path)
         w2 = worker(True)
         w2.join_ranks("unused", 0, 1)  # the process group is already there
         w2.load(str(tmp_path / "ckpt"))
-        back = max((w2.copy.model.state_dict()[k].float() - got[k]).abs().max().item() for k in got)
+        back = max((w2.sampler.copy.model.state_dict()[k].float() - got[k]).abs().max().item() for k in got)
         print(f"[gpu] fsdp (1 rank) vs unsharded bf16: loss {m['loss']:.6f} vs {m_plain['loss']:.6f}, grad norm "
               f"{m['grad_norm']:.4f} vs {m_plain['grad_norm']:.4f}; cosine of the two updates {cos:.4f}; "
               f"weight sync {m['weight_sync_s'] * 1e3:.1f} ms for {m['weight_sync_gb']:.3f} GiB; sampled "
-              f"{out.n_completion_tokens} tokens; engine {w.engine.stats.get('graphs_captured')} graphs; "
+              f"{out.n_completion_tokens} tokens; engine {w.sampler.engine.stats.get('graphs_captured')} graphs; "
               f"resumed gap {back:.1e}")
         assert m["optimizer_steps"] == m_plain["optimizer_steps"] == 1
         # the PPO loss at the sampling weights is near 0 (advantages sum to 0 in a group); what is left is

@@ -253,15 +253,15 @@ def test_checkpoint_saved_on_gpu_loads_on_cpu_and_generates_the_same_greedy_text
     cpu.rt = build_runtime(cfg_cpu, log=lambda *_: None)
     cpu.load_checkpoint(ckpt_dir)
     g, c = tr.rt.workers[0], cpu.rt.workers[0]
-    for a, b in zip(g.host.model.state_dict().values(), c.host.model.state_dict().values()):
+    for a, b in zip(g.held.model.state_dict().values(), c.held.model.state_dict().values()):
         assert torch.equal(a.cpu(), b)
-    tok = g.host.tokenizer
+    tok = g.held.tokenizer
     reqs = [req(p, temperature=0.0, max_new_tokens=20) for p in prompts(tok, 4)]
-    out_g = g.engine.generate(reqs)
-    out_c = c.engine.generate(reqs)
+    out_g = g.sampler.engine.generate(reqs)
+    out_c = c.sampler.engine.generate(reqs)
     assert [o.text for o in out_g] == [o.text for o in out_c]
     # the optimizer state came along too, onto the CPU
-    st = c.optimizers["shared"].state_dict()["adamw"]["state"]
+    st = c.updater.optimizers["shared"].state_dict()["adamw"]["state"]
     assert st and all(v.device.type == "cpu" for s in st.values() for v in s.values() if torch.is_tensor(v) and v.dim())
 
 
@@ -285,7 +285,7 @@ def test_optimizer_offload_gives_the_same_weights_and_frees_gpu_memory(tmp_path)
     for off in (False, True):
         extra = {"policies": {"shared": {"optim": {"lr": 1e-3}, "offload_optimizer": off}}}
         tr, recs, before, after = _train(tmp_path / str(off), "cuda", "bf16", steps=2, **extra)
-        opt = tr.rt.workers[0].optimizers["shared"]
+        opt = tr.rt.workers[0].updater.optimizers["shared"]
         devices = {t.device.type for t in opt._tensors()}
         runs[off] = (after, recs, devices)
     (a0, r0, d0), (a1, r1, d1) = runs[False], runs[True]
@@ -304,7 +304,7 @@ def test_two_model_families_train_a_step_on_cuda(tmp_path):
     data.update(device="cuda")
     tr, workers, before = prepared_trainer(data, tmp_path)
     rec = asyncio.run(tr.train_step())
-    print(f"[gpu] mixed families: {[type(w.host.core).__name__ for w in workers.values()]}, "
+    print(f"[gpu] mixed families: {[type(w.held.core).__name__ for w in workers.values()]}, "
           f"losses {[round(m['loss'], 5) for m in rec['policies'].values()]}")
     assert rec["rollout"]["failed"] == 0 and set(rec["policies"]) == {"reasoner", "writer"}
     assert all(w.fingerprint(p) != before[p] for p, w in workers.items())
@@ -319,7 +319,7 @@ def test_reference_offload_gives_the_same_kl_and_weights(tmp_path):
                  "algorithm": {"micro_batch_size": 4, "kl_coef": 0.05, "group_key": ["agent"]}}
         # sampled, not greedy: a greedy token's logprob is 0 under any weights, so its KL is 0 too
         tr, recs, before, after = _train(tmp_path / str(off), "cuda", "bf16", steps=2, temperature=1.0, **extra)
-        ref_dev = next(tr.rt.workers[0].host.reference.parameters()).device.type
+        ref_dev = next(tr.rt.workers[0].held.reference.parameters()).device.type
         runs[off] = (after, recs, ref_dev)
     (a0, r0, d0), (a1, r1, d1) = runs[False], runs[True]
     kls = [[r["policies"]["shared"]["kl"] for r in rs] for rs in (r0, r1)]
@@ -357,18 +357,18 @@ def test_weight_offload_parks_idle_policies_and_changes_no_number(tmp_path):
 
         # where is the writer meanwhile?
         def spy(shared=None, _orig=orig, _seen=seen, _writer=workers["writer"], base_mem=base_mem, **kw):
-            _seen["writer_device"] = next(_writer.host.model.parameters()).device.type
+            _seen["writer_device"] = next(_writer.held.model.parameters()).device.type
             _seen["mem"] = torch.cuda.memory_allocated() - base_mem
             return _orig(shared, **kw)
 
         workers["reasoner"].train_step = spy
         recs = [asyncio.run(tr.train_step()) for _ in range(2)]
         mem_after = seen.pop("mem")
-        devices = {p: next(w.host.model.parameters()).device.type for p, w in workers.items()}
+        devices = {p: next(w.held.model.parameters()).device.type for p, w in workers.items()}
         after = {p: w.fingerprint(p) for p, w in workers.items()}
         res = asyncio.run(tr.evaluate("eval"))  # the EMA swaps in and out of parked weights
         runs[off] = dict(recs=recs, after=after, devices=devices, seen=seen, mem=mem_after, eval=res["outcome"],
-                         stats=workers["reasoner"].engine.stats)
+                         stats=workers["reasoner"].sampler.engine.stats)
         asyncio.run(tr.rt.controller.aclose())
         del tr, workers
         torch.cuda.empty_cache()
@@ -447,7 +447,7 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     data["rollout"].update(mode="async", overlap_update="auto", engine="auto")
     tr, workers, _ = prepared_trainer(data, tmp_path)
     w = workers["shared"]
-    assert w.overlaps_update and w.copy.stream is not None and type(w.engine).__name__ == "PagedEngine"
+    assert w.overlaps_update and w.sampler.copy.stream is not None and type(w.sampler.engine).__name__ == "PagedEngine"
 
     def sample(i, n=16):
         calls = [GenCall(f"c{i}-{k}", "shared", [{"role": "user", "content": f"What is {k} + {i}?"}],
@@ -456,17 +456,17 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
         return w.generate(calls)
 
     for r in sample(0):
-        w.buffer[r.call_id].reward = float(hash(r.text) % 7)
+        w.sampler.buffer[r.call_id].reward = float(hash(r.text) % 7)
     with update_held_open(w, timeout_s=300) as got:
         during = sample(1)  # the engine is not held back by the update, and samples the old weights
     assert {r.version for r in during} == {0}
-    live = dict(w.host.model.named_parameters())
-    assert all(torch.equal(p, live[n]) for n, p in w.copy.model.named_parameters())
+    live = dict(w.held.model.named_parameters())
+    assert all(torch.equal(p, live[n]) for n, p in w.sampler.copy.model.named_parameters())
     after = sample(2)
     assert {r.version for r in after} == {1}
     w.drop([r.call_id for r in during])  # sampled by version 0: their gap would include the update itself
     for r in after:
-        w.buffer[r.call_id].reward = float(hash(r.text) % 7)
+        w.sampler.buffer[r.call_id].reward = float(hash(r.text) % 7)
     m = w.train_step()["shared"]
     print(f"[gpu] overlap: engine/trainer logprob gap, first update {got['m']['shared']['lp_mismatch']:.2e}, second "
           f"(calls sampled after the publish) mean {m['lp_mismatch']:.2e} max {m['lp_mismatch_max']:.2e}")
@@ -488,8 +488,8 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
     data["rollout"].update(mode="async", tasks_per_step=4, samples_per_task=4)
     tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["shared"]
-    assert w.overlaps_update and str(next(w.copy.model.parameters()).device) == "cuda:1"
-    assert str(next(w.host.model.parameters()).device) == "cuda:0"
+    assert w.overlaps_update and str(next(w.sampler.copy.model.parameters()).device) == "cuda:1"
+    assert str(next(w.held.model.parameters()).device) == "cuda:0"
 
     async def go():
         rollouts = tr.async_rollouts()
@@ -499,8 +499,8 @@ def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_pa
         return recs
 
     recs = asyncio.run(go())
-    live = dict(w.host.model.named_parameters())
-    assert all(torch.equal(p.cpu(), live[n].cpu()) for n, p in w.copy.model.named_parameters())
+    live = dict(w.held.model.named_parameters())
+    assert all(torch.equal(p.cpu(), live[n].cpu()) for n, p in w.sampler.copy.model.named_parameters())
     gaps = [r["policies"]["shared"]["lp_mismatch"] for r in recs]
     print(f"[gpu] rollout on cuda:1, training on cuda:0: calls during updates "
           f"{[r['async']['calls_during_update'] for r in recs]}, lp mismatch {['%.2e' % g for g in gaps]}, "
@@ -543,7 +543,7 @@ def test_each_step_records_its_gpu_peak_and_what_holds_the_memory(tmp_path):
     tr, workers, _ = prepared_trainer(data, tmp_path)
     recs = [asyncio.run(tr.train_step()) for _ in range(2)]
     w = workers["shared"]
-    n_params = sum(p.numel() for p in w.host.model.parameters())
+    n_params = sum(p.numel() for p in w.held.model.parameters())
     for rec in recs:
         m = rec["memory"]["cuda:0"]
         print(f"[gpu] memory: peak {m['peak_gib']:.3f} GiB, reserved {m['reserved_gib']:.3f}, weights {m['weights']:.3f}, "

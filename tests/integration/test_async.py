@@ -41,7 +41,7 @@ def test_async_updates_train_whole_groups_once_each_and_tag_versions(tmp_path):
     assert trained == sum(len(t.calls) for t in traces)  # every finished call trained once, none lost
     assert max(c.policy_version for t in traces for c in t.calls) >= 1  # later episodes sampled newer weights
     assert any(r["policies"]["shared"]["staleness_max"] >= 1 for r in recs[1:])  # and some were a version behind
-    assert not w.buffer  # what was still running was dropped with the episodes
+    assert not w.sampler.buffer  # what was still running was dropped with the episodes
     assert w.fingerprint("shared") != before["shared"]
 
 

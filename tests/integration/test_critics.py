@@ -25,8 +25,8 @@ def test_a_shared_critic_trains_on_both_policies_and_not_through_them(tmp_path):
     data = _data(tmp_path, {"team": {"optim": {"lr": 1e-3}}}, {"reasoner": "team", "writer": "team"})
     tr, workers, before = prepared_trainer(data, tmp_path)
     critic = tr.rt.critics["team"]
-    assert workers["reasoner"].critics["reasoner"] is critic is workers["writer"].critics["writer"]
-    assert not workers["reasoner"].host.value_heads and not workers["writer"].host.value_heads
+    assert workers["reasoner"].updater.critics["reasoner"] is critic is workers["writer"].updater.critics["writer"]
+    assert not workers["reasoner"].held.value_heads and not workers["writer"].held.value_heads
     head0 = critic.head.weight.detach().clone()
     rec = asyncio.run(tr.train_step())
     for p in ("reasoner", "writer"):
@@ -36,7 +36,7 @@ def test_a_shared_critic_trains_on_both_policies_and_not_through_them(tmp_path):
     # the policies' optimizers hold none of the critic's parameters
     cids = {id(p) for p in critic.params}
     for p, w in workers.items():
-        assert not cids & {id(x) for x in w.host.policy_parameters(p)}
+        assert not cids & {id(x) for x in w.held.policy_parameters(p)}
     path = tr.save_checkpoint()
     assert (path / "critics" / "team.pt").is_file()
     saved = critic.head.weight.detach().clone()
@@ -49,7 +49,7 @@ def test_a_shared_critic_trains_on_both_policies_and_not_through_them(tmp_path):
 def test_one_critic_per_policy_and_config_errors(tmp_path):
     data = _data(tmp_path, {"c1": {}, "c2": {}}, {"reasoner": "c1", "writer": "c2"})
     tr, workers, _ = prepared_trainer(data, tmp_path)
-    assert workers["reasoner"].critics["reasoner"] is not workers["writer"].critics["writer"]
+    assert workers["reasoner"].updater.critics["reasoner"] is not workers["writer"].updater.critics["writer"]
     rec = asyncio.run(tr.train_step())
     assert all("critic_value_loss" in rec["policies"][p] for p in ("reasoner", "writer"))
     with pytest.raises(ConfigError, match="policies.writer.critic: 'c3' is not defined under `critics`"):

@@ -36,17 +36,17 @@ def _samples():
                      key={"task_id": f"t{i % 3}", "agent": "a", "turn": 0}, seed=100 + i) for i in range(10)]
     w.generate(calls)
     w.commit_rewards({f"c{i}": float((i * 37) % 5) / 4 for i in range(10)})
-    return w, [w.buffer[f"c{i}"] for i in range(10)]
+    return w, [w.sampler.buffer[f"c{i}"] for i in range(10)]
 
 
 def _state(w):
-    return {k: v.clone() for k, v in w.host.model.state_dict().items()}
+    return {k: v.clone() for k, v in w.held.model.state_dict().items()}
 
 
 def _rank(rank: int, world: int, port: int, parts, out: str, shard: bool) -> None:
     w = _worker(shard)
     w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
-    w.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+    w.sampler.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
     m = w.train_step()
     result = {"state": _state(w), "metrics": m}
     if shard:  # both ranks write a checkpoint, fresh workers load it and take a second step
@@ -55,7 +55,7 @@ def _rank(rank: int, world: int, port: int, parts, out: str, shard: bool) -> Non
         w2 = _worker(shard)
         w2.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)  # the process group is already there
         w2.load(f"{out}/ckpt")
-        w2.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+        w2.sampler.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
         result["metrics2"] = w2.train_step()
         result["state2"] = _state(w2)
     torch.save(result, f"{out}/rank{rank}.pt")
@@ -82,7 +82,7 @@ def test_two_gloo_ranks_take_the_steps_of_one_process(tmp_path):
     parts = [copy.deepcopy(samples[:6]), copy.deepcopy(samples[6:])]  # uneven on purpose
     before = _state(ref)
     m_ref = ref.train_step()
-    after = ref.host.model.state_dict()
+    after = ref.held.model.state_dict()
     ranks = _two_ranks(tmp_path, parts, shard=False)
     gap, moved = _gap(ranks[0]["state"], after), _gap(after, before)
     across = _gap(ranks[0]["state"], ranks[1]["state"])
@@ -103,7 +103,7 @@ def test_sharded_optimizer_holds_half_the_state_steps_like_one_process_and_resum
     pristine = copy.deepcopy(samples)
     m1 = ref.train_step()
     after1 = _state(ref)
-    ref.buffer = {s.call_id: s for s in pristine}  # the same calls again, as the resumed ranks get them
+    ref.sampler.buffer = {s.call_id: s for s in pristine}  # the same calls again, as the resumed ranks get them
     m2 = ref.train_step()
     after2 = _state(ref)
     ranks = _two_ranks(tmp_path, parts, shard=True)
@@ -116,7 +116,7 @@ def test_sharded_optimizer_holds_half_the_state_steps_like_one_process_and_resum
           f"{ranks[0]['metrics2']['p']['loss']:.6f}")
     # split, not copied: ZeRO gives each parameter to one rank (largest first, to the lightest rank), so a
     # share exceeds half by at most the largest parameter's moments (tiny-random: the embedding is most of it)
-    biggest = 8 * max(p.numel() for p in ref.optimizers["p"].masters)
+    biggest = 8 * max(p.numel() for p in ref.updater.optimizers["p"].masters)
     assert sum(held) == pytest.approx(whole, rel=1e-9) and min(held) > 0
     assert max(held) <= whole / 2 + biggest + 1024
     assert gap1 < 1e-5 and gap2 < 1e-5 and across == 0.0
@@ -131,14 +131,14 @@ def _bf16_rank(rank: int, world: int, port: int, parts, out: str) -> None:
     make = lambda: PolicyWorker("tiny-random", [spec], _algo(), seed=0, threads=1, precision="bf16")  # noqa: E731
     w = make()
     w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
-    w.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+    w.sampler.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
     w.train_step()
     w.save(f"{out}/ckpt")
     torch.distributed.barrier()
     w2 = make()
     w2.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
     w2.load(f"{out}/ckpt")
-    opt1, opt2 = w.optimizers["p"], w2.optimizers["p"]
+    opt1, opt2 = w.updater.optimizers["p"], w2.updater.optimizers["p"]
     low = [i for i, p in enumerate(opt1.params) if p.dtype == torch.bfloat16]  # those with fp32 masters
     gap = max((opt1.masters[i] - opt2.masters[i]).abs().max().item() for i in low) if low else -1.0
     # what the masters would be if rebuilt from the bf16 weights instead

@@ -82,9 +82,9 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     w = tr.rt.workers[0]
     name = w.policy_names[0]
     saved_sd = load_file(str(saved / name / "model.safetensors"))
-    live = w.host.model.state_dict()
+    live = w.held.model.state_dict()
     assert all(torch.equal(saved_sd[k], live[k]) for k in saved_sd)
-    assert w.optimizers[name].state_dict()["adamw"]["state"], "optimizer state was not restored"
+    assert w.updater.optimizers[name].state_dict()["adamw"]["state"], "optimizer state was not restored"
     import asyncio
 
     asyncio.run(tr.run())

@@ -15,7 +15,7 @@ def test_a_plugin_estimator_trains_a_team_step(name, tmp_path):
     data = tiny_config("math/team_shared", tmp_path, steps=1)
     data["algorithm"].update({"advantage": name})
     tr, workers, before = prepared_trainer(data, tmp_path)
-    assert bool(workers["shared"].host.value_heads) == name.endswith("td0")  # a value head only where values are read
+    assert bool(workers["shared"].held.value_heads) == name.endswith("td0")  # a value head only where values are read
     rec = asyncio.run(tr.train_step())
     m = rec["policies"]["shared"]
     assert m["optimizer_steps"] == 1 and m["adv_abs_mean"] > 0

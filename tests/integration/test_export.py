@@ -32,9 +32,9 @@ def trainer_logits(run: RunDir, policy: str) -> torch.Tensor:
     try:
         for w in rt.workers:
             w.load(str(run.latest()), with_optimizer=False)
-        w = next(w for w in rt.workers if policy in w.host.policies)
-        model = w.host.model
-        if w.host.is_lora:
+        w = next(w for w in rt.workers if policy in w.held.policies)
+        model = w.held.model
+        if w.held.is_lora:
             model.set_adapter(policy)
         with torch.no_grad():
             return model(INPUT).logits.float()

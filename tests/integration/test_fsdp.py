@@ -40,12 +40,12 @@ def _samples(model: str = "tiny-random"):
                      key={"task_id": f"t{i % 3}", "agent": "a", "turn": 0}, seed=100 + i) for i in range(10)]
     w.generate(calls)
     w.commit_rewards({f"c{i}": float((i * 37) % 5) / 4 for i in range(10)})
-    return [w.buffer[f"c{i}"] for i in range(10)]
+    return [w.sampler.buffer[f"c{i}"] for i in range(10)]
 
 
 def _full(w) -> dict[str, torch.Tensor]:
     """The full weights: the sharded worker's gathered engine copy, or the plain model's own."""
-    model = w.copy.model if w.host.sharded is not None else w.host.model
+    model = w.sampler.copy.model if w.held.sharded is not None else w.held.model
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -53,17 +53,17 @@ def _rank(rank: int, world: int, port: int, parts, out: str, fsdp: bool, ac: boo
     w = _worker(fsdp, ac, model)
     w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
     result = {"state0": _full(w)}
-    w.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+    w.sampler.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
     result["metrics"] = w.train_step()
     result["state"] = _full(w)
     if ac or model != "tiny-random":  # one update is what these variants check
         torch.save(result, f"{out}/rank{rank}.pt")
         return
     if fsdp:  # what a rank holds of the parameters and moments, against the whole
-        p = w.host.policy_parameters("p")
+        p = w.held.policy_parameters("p")
         result["held"] = sum(x.to_local().numel() for x in p)
         result["whole"] = sum(x.numel() for x in p)
-        result["moments"] = w.optimizers["p"].moment_bytes()
+        result["moments"] = w.updater.optimizers["p"].moment_bytes()
     result["text"] = [r.text for r in w.generate([GenCall(  # sampled from the updated weights
         "g", "p", [{"role": "user", "content": "What is 2 + 2?"}], SamplingParams(max_new_tokens=8), seed=5)])]
     w.save(f"{out}/ckpt")
@@ -72,7 +72,7 @@ def _rank(rank: int, world: int, port: int, parts, out: str, fsdp: bool, ac: boo
     w2.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)  # the process group is already there
     w2.load(f"{out}/ckpt")
     result["loaded"] = _full(w2)
-    w2.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
+    w2.sampler.buffer = {s.call_id: s for s in copy.deepcopy(parts[rank])}
     result["metrics2"] = w2.train_step()
     result["state2"] = _full(w2)
     torch.save(result, f"{out}/rank{rank}.pt")
@@ -182,7 +182,7 @@ def _load_plain_rank(rank: int, world: int, port: int, ckpt: str, out: str) -> N
     w = _worker(True)
     w.join_ranks(f"tcp://127.0.0.1:{port}", rank, world)
     w.load(ckpt, with_optimizer=False)  # no shards there: the full weights are split over the ranks
-    torch.save({"state": _full(w), "held": sum(p.to_local().numel() for p in w.host.policy_parameters("p"))},
+    torch.save({"state": _full(w), "held": sum(p.to_local().numel() for p in w.held.policy_parameters("p"))},
                f"{out}/loaded{rank}.pt")
 
 
@@ -190,7 +190,7 @@ def test_sharded_ranks_start_from_an_unsharded_checkpoint(tmp_path):
     """A checkpoint without shards (an unsharded run's) loads into fsdp ranks: each keeps its half,
     and the gathered weights are the checkpoint's."""
     plain = _worker(False)
-    plain.buffer = {s.call_id: s for s in _samples()}
+    plain.sampler.buffer = {s.call_id: s for s in _samples()}
     plain.train_step()
     plain.save(str(tmp_path / "ckpt"))
     want = _full(plain)

@@ -223,11 +223,11 @@ def test_a_conversation_that_continues_a_call_trains_on_the_ids_that_were_sample
         return trace
 
     worker = trainer.rt.workers[0]
-    continued = worker.prompts.stats["continued"]
+    continued = worker.sampler.prompts.stats["continued"]
     trace = asyncio.run(go())
-    one, two = (worker.buffer[c.call_id] for c in trace.calls)
+    one, two = (worker.sampler.buffer[c.call_id] for c in trace.calls)
     assert two.prompt_ids[: len(one.prompt_ids) + len(one.completion_ids)] == one.prompt_ids + one.completion_ids
-    assert worker.prompts.stats["continued"] == continued + 1
+    assert worker.sampler.prompts.stats["continued"] == continued + 1
 
 
 def _posting(task, base_url):

@@ -14,7 +14,7 @@ def test_the_langgraph_team_trains_each_agent_on_its_own_adapter(tmp_path):
     pytest.importorskip("langchain_openai")
     data = tiny_config("examples/external_langgraph_lora.yaml", tmp_path, steps=1)
     tr, workers, before = prepared_trainer(data, tmp_path)
-    assert workers["planner"] is workers["solver"] and workers["planner"].host.is_lora  # one base, two adapters
+    assert workers["planner"] is workers["solver"] and workers["planner"].held.is_lora  # one base, two adapters
     rec = asyncio.run(tr.train_step())
     traces = tr.last_traces
     assert rec["rollout"]["failed"] == 0 and all([c.agent for c in t.calls] == ["planner", "solver"] for t in traces)
@@ -36,8 +36,8 @@ def test_the_langgraph_team_trains_in_async_mode_with_adapters_published_from_a_
     data["rollout"].update(mode="async", overlap_update=True)
     tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["planner"]
-    live = dict(w.host.model.named_parameters())
-    shared = [n for n, p in w.copy.model.named_parameters() if p.data_ptr() == live[n].data_ptr()]
+    live = dict(w.held.model.named_parameters())
+    shared = [n for n, p in w.sampler.copy.model.named_parameters() if p.data_ptr() == live[n].data_ptr()]
     assert shared and all("lora_" not in n for n in shared)  # the base is not copied
 
     recs, traces = run_async(tr, 3)

@@ -53,9 +53,9 @@ def test_lora_base_weights_stay_frozen(tmp_path):
     tr = Trainer(cfg, run_dir=tmp_path)
     tr.prepare(resume=False)
     (w,) = tr.rt.workers
-    base = {n: p.detach().clone() for n, p in w.host.model.named_parameters() if "lora_" not in n}
+    base = {n: p.detach().clone() for n, p in w.held.model.named_parameters() if "lora_" not in n}
     asyncio.run(tr.train_step())
-    for n, p in w.host.model.named_parameters():
+    for n, p in w.held.model.named_parameters():
         if "lora_" not in n:
             assert torch.equal(base[n], p), n
 
@@ -77,15 +77,15 @@ def test_a_frozen_policy_on_a_lora_base_reuses_the_base(tmp_path):
     tr, workers, before = prepared_trainer(tiny_config(data, tmp_path, steps=1, hash_agents=["solver", "verifier"]),
                                            tmp_path)
     assert len(tr.rt.workers) == 1 and set(tr.rt.workers[0].policy_names) == {"A", "B", "judge"}
-    assert "judge" not in tr.rt.workers[0].optimizers and not tr.rt.agents["verifier"].trainable
+    assert "judge" not in tr.rt.workers[0].updater.optimizers and not tr.rt.agents["verifier"].trainable
     rec = asyncio.run(tr.train_step())
     assert "judge" not in rec["policies"]
     w = tr.rt.workers[0]
     base, tok = load_model("tiny-random", seed=tr.cfg.seed)
-    prompt = w.render([{"role": "user", "content": "Is 2+2=4? Answer."}])
-    req = GenRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6), adapter=w.host.adapter_for("judge"))
-    assert w.host.adapter_for("judge") is None
-    assert w.engine.generate([req])[0].completion_ids == HFEngine(base, tok, [2]).generate([req])[0].completion_ids
+    prompt = w.sampler.render([{"role": "user", "content": "Is 2+2=4? Answer."}])
+    req = GenRequest(prompt, SamplingParams(temperature=0.0, max_new_tokens=6), adapter=w.held.adapter_for("judge"))
+    assert w.held.adapter_for("judge") is None
+    assert w.sampler.engine.generate([req])[0].completion_ids == HFEngine(base, tok, [2]).generate([req])[0].completion_ids
     with pytest.raises(ConfigError, match="agents.verifier.trainable is true but its policy 'judge' is frozen"):
         bad = tiny_config(data, tmp_path, steps=1)
         bad["agents"]["verifier"]["trainable"] = True

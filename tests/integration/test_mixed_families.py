@@ -12,11 +12,11 @@ def test_llama_and_qwen2_policies_with_different_tokenizers_train_together(tmp_p
     tr, workers, before = prepared_trainer(data, tmp_path)
     llama, qwen = workers["reasoner"], workers["writer"]
     assert llama is not qwen
-    assert type(llama.host.core).__name__.startswith("Llama") and type(qwen.host.core).__name__.startswith("Qwen2")
-    assert len(llama.host.tokenizer) != len(qwen.host.tokenizer)
+    assert type(llama.held.core).__name__.startswith("Llama") and type(qwen.held.core).__name__.startswith("Qwen2")
+    assert len(llama.held.tokenizer) != len(qwen.held.tokenizer)
     msgs = [{"role": "user", "content": "Ana has 3 pens."}]
-    assert qwen.host.tokenizer.decode(qwen.render(msgs)).startswith("<|user|>Ana has 3 pens.<|end|><|assistant|>")
-    assert "<|im_start|>user" in llama.host.tokenizer.decode(llama.render(msgs))
+    assert qwen.held.tokenizer.decode(qwen.sampler.render(msgs)).startswith("<|user|>Ana has 3 pens.<|end|><|assistant|>")
+    assert "<|im_start|>user" in llama.held.tokenizer.decode(llama.sampler.render(msgs))
     for _ in range(2):
         rec = asyncio.run(tr.train_step())
         assert rec["rollout"]["failed"] == 0 and set(rec["policies"]) == {"reasoner", "writer"}

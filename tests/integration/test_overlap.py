@@ -28,38 +28,38 @@ def _call(policy: str, i: int) -> GenCall:
 
 def _sampled(w, policy: str, i: int):
     res = w.generate([_call(policy, i)])[0]
-    s = w.buffer[f"c{i}"]
+    s = w.sampler.buffer[f"c{i}"]
     return res.version, s.completion_ids, s.logprobs
 
 
 def test_the_engine_samples_its_copy_until_the_update_is_published(tmp_path):
     tr, workers, _ = prepared_trainer(_data("math/team_shared", tmp_path), tmp_path)
     w = workers["shared"]
-    assert w.overlaps_update and w.engine.model is not w.host.model
+    assert w.overlaps_update and w.sampler.engine.model is not w.held.model
     v0, ids0, lp0 = _sampled(w, "shared", 0)
     with torch.no_grad():  # what an optimizer step does to the live weights
-        for p in w.host.policy_parameters("shared"):
+        for p in w.held.policy_parameters("shared"):
             p.add_(torch.randn_like(p) * 0.5)
     v1, ids1, lp1 = _sampled(w, "shared", 1)
     assert (v1, ids1, lp1) == (v0, ids0, lp0)  # the engine still reads the weights it had
-    w.updates["shared"] += 1
-    w._publish(["shared"])
+    w.updater.updates["shared"] += 1
+    w.sampler.publish(["shared"], w.updater.updates)
     v2, _, lp2 = _sampled(w, "shared", 2)
     assert v2 == 1 and lp2 != lp0  # from the publish on: the new weights, the new version
-    live = dict(w.host.model.named_parameters())
-    assert all(torch.equal(p, live[n]) for n, p in w.copy.model.named_parameters())
+    live = dict(w.held.model.named_parameters())
+    assert all(torch.equal(p, live[n]) for n, p in w.sampler.copy.model.named_parameters())
     tr.rt.close()
 
 
 def test_a_lora_copy_shares_the_base_and_copies_only_the_adapters(tmp_path):
     tr, workers, _ = prepared_trainer(_data("math/team_lora", tmp_path), tmp_path)
     w = next(iter(workers.values()))
-    live = dict(w.host.model.named_parameters())
-    copied = {n for n, p in w.copy.model.named_parameters() if p.data_ptr() != live[n].data_ptr()}
-    trainable = {n for n, p in live.items() if any(p is q for _, src in w.copy.pairs.values() for q in src)}
+    live = dict(w.held.model.named_parameters())
+    copied = {n for n, p in w.sampler.copy.model.named_parameters() if p.data_ptr() != live[n].data_ptr()}
+    trainable = {n for n, p in live.items() if any(p is q for _, src in w.sampler.copy.pairs.values() for q in src)}
     assert copied and copied == trainable
     assert all("lora_" in n for n in copied)
-    assert w.copy.copied_bytes() < sum(p.numel() * p.element_size() for p in live.values()) / 10
+    assert w.sampler.copy.copied_bytes() < sum(p.numel() * p.element_size() for p in live.values()) / 10
     tr.rt.close()
 
 
@@ -70,11 +70,11 @@ def test_generation_runs_while_the_update_does_and_keeps_its_version(tmp_path):
     w = workers["shared"]
     for i in range(4):  # rewarded calls for one update
         _sampled(w, "shared", 100 + i)
-        w.buffer[f"c{100 + i}"].reward = float(i % 2)
+        w.sampler.buffer[f"c{100 + i}"].reward = float(i % 2)
     with update_held_open(w) as seen:  # the update holds on until a generation has run inside it
         during = _sampled(w, "shared", 200)  # would deadlock if the engine waited for the update
     assert during[0] == 0 and seen["m"]["shared"]["n_seqs"] == 4
-    assert set(w.buffer) == {"c200"} and _sampled(w, "shared", 201)[0] == 1
+    assert set(w.sampler.buffer) == {"c200"} and _sampled(w, "shared", 201)[0] == 1
     tr.rt.close()
 
 
@@ -91,7 +91,7 @@ def test_an_async_run_with_overlap_trains_and_counts_calls_sampled_during_update
     assert sum(r["async"]["calls_during_update"] for r in recs) > 0
     assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)
     assert max(c.policy_version for t in traces for c in t.calls) >= 1
-    assert w.fingerprint("shared") != before["shared"] and not w.buffer
+    assert w.fingerprint("shared") != before["shared"] and not w.sampler.buffer
     tr.rt.close()
 
 
@@ -126,24 +126,24 @@ def test_on_the_paged_engine_an_update_reaches_running_calls_between_steps(tmp_p
     data = _data("math/team_shared", tmp_path, engine="paged", gpu_memory_utilization=0.01)
     tr, workers, before = prepared_trainer(data, tmp_path)
     w = workers["shared"]
-    assert w.swaps_mid_call
+    assert w.sampler.swaps_mid_call
     long = GenCall("long", "shared", [{"role": "user", "content": "Count to a thousand."}],
                    SamplingParams(temperature=1.0, max_new_tokens=600, stop=[]), seed=3,
                    key={"task_id": "t", "agent": "solver", "turn": 0})
     out = {}
     th = threading.Thread(target=lambda: out.update(r=w.generate([long])[0]))
-    steps = w.engine.stats["decode_steps"]
+    steps = w.sampler.engine.stats["decode_steps"]
     th.start()
-    while w.engine.stats["decode_steps"] < steps + 8:  # it is decoding
+    while w.sampler.engine.stats["decode_steps"] < steps + 8:  # it is decoding
         pass
-    w.updates["shared"] += 1  # what an update does before it publishes
-    w._publish(["shared"])
+    w.updater.updates["shared"] += 1  # what an update does before it publishes
+    w.sampler.publish(["shared"], w.updater.updates)
     running = th.is_alive()
     th.join(60)
-    print("publish returned while the call ran:", running, "; swaps mid-call", w.engine.stats["swaps_mid_call"],
+    print("publish returned while the call ran:", running, "; swaps mid-call", w.sampler.engine.stats["swaps_mid_call"],
           "; the call's version", out["r"].version, "tokens", out["r"].n_completion_tokens)
-    assert running and w.engine.stats["swaps_mid_call"] == 1
-    assert out["r"].version == 0 and w.published["shared"] == 1
+    assert running and w.sampler.engine.stats["swaps_mid_call"] == 1
+    assert out["r"].version == 0 and w.sampler.published["shared"] == 1
     recs, traces = run_async(tr, 2)
     tr.rt.close()
     assert sum(r["policies"]["shared"]["n_seqs"] for r in recs) == sum(len(t.calls) for t in traces)

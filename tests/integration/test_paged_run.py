@@ -14,7 +14,7 @@ def two_steps(data, run_dir):
         recs.append(asyncio.run(tr.train_step()))
         completions.append(sorted((c.task_id, c.sample_idx, c.agent, c.turn, c.completion) for t in tr.last_traces
                                   for c in t.calls))
-    engines = [w.engine for w in tr.rt.workers]
+    engines = [w.sampler.engine for w in tr.rt.workers]
     batchers = tr.rt.controller.batchers
     tr.rt.close()
     return recs, completions, engines, batchers
@@ -91,7 +91,7 @@ def test_closing_a_run_frees_its_paged_pool(tmp_path):
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "c")
     asyncio.run(tr.train_step())
-    eng = tr.rt.workers[0].engine
+    eng = tr.rt.workers[0].sampler.engine
     assert eng.runner.kv and eng.pool is not None
     tr.rt.close()
     assert eng.runner.kv == [] and eng.pool is None and not eng.runner.graphs
@@ -126,7 +126,7 @@ def test_a_paged_hosts_short_call_comes_back_before_the_long_call_of_its_batch(t
         short = asyncio.ensure_future(b.submit(call(1, 2)))
         scored = asyncio.ensure_future(b.submit(call(2, 2, logprobs=0)))
         got = await short
-        state = (long.done(), scored.done(), "c1" in w.buffer, "c0" in w.buffer)
+        state = (long.done(), scored.done(), "c1" in w.sampler.buffer, "c0" in w.sampler.buffer)
         rest = await asyncio.gather(long, scored)
         await b.aclose()
         return got, state, rest
@@ -138,7 +138,7 @@ def test_a_paged_hosts_short_call_comes_back_before_the_long_call_of_its_batch(t
     assert b.stats.batches == 1 and b.stats.items == 3  # one batch
     assert state == (False, False, True, False)  # the short call back, its sample kept; the long one running
     assert got.n_completion_tokens == 2 and long_res.n_completion_tokens == 200
-    assert len(scored_res.logprobs) == 2 and len(w.buffer) == 3
+    assert len(scored_res.logprobs) == 2 and len(w.sampler.buffer) == 3
 
 
 def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path):
@@ -153,7 +153,7 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
                        rollout__gpu_memory_utilization=0.01)
     tr, workers, _ = prepared_trainer(data, tmp_path / "bad")
     w, b = tr.rt.workers[0], tr.rt.controller.batchers[0]
-    huge = "x" * (w.context_limit() * MAX_BYTES_PER_TOKEN + 1)
+    huge = "x" * (w.sampler.context_limit() * MAX_BYTES_PER_TOKEN + 1)
 
     def call(i, text):
         return GenCall(f"c{i}", "shared", [{"role": "user", "content": text}],
@@ -173,4 +173,4 @@ def test_a_bad_prompt_beside_good_ones_in_a_streaming_batch_fails_alone(tmp_path
     assert b.stats.batches == 1 and b.stats.items == 3
     assert isinstance(bad, PromptError) and "bytes" in str(bad)
     assert good0.n_completion_tokens == 4 and good2.n_completion_tokens == 4
-    assert sorted(w.buffer) == ["c0", "c2"]
+    assert sorted(w.sampler.buffer) == ["c0", "c2"]

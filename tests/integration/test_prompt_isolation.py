@@ -22,12 +22,12 @@ def test_a_bad_prompt_in_a_worker_batch_fails_only_its_own_call(tmp_path):
     tr, workers, _ = prepared_trainer(tiny_config("math/team_shared", tmp_path, steps=1), tmp_path)
     w = workers["shared"]
     calls = [_call(0, "What is 1 + 1?"), _call(1, "a\ud800b"), _call(2, "What is 2 + 2?"),
-             _call(3, "x" * (w.context_limit() * 40))]
+             _call(3, "x" * (w.sampler.context_limit() * 40))]
     out = w.generate(calls)
     assert isinstance(out[0], GenResult) and isinstance(out[2], GenResult)
     assert isinstance(out[1], PromptError) and "could not be rendered and tokenised" in str(out[1])
     assert isinstance(out[3], PromptError) and "refused before tokenising" in str(out[3])
-    assert set(w.buffer) == {"c0", "c2"}  # only the calls that ran are kept for training
+    assert set(w.sampler.buffer) == {"c0", "c2"}  # only the calls that ran are kept for training
     # the same seeds alone give the same tokens: the bad calls changed nothing for the good ones
     alone = w.generate([_call(0, "What is 1 + 1?"), _call(2, "What is 2 + 2?")])
     assert [r.text for r in alone] == [out[0].text, out[2].text]

@@ -44,7 +44,7 @@ def test_evaluation_serves_the_ema_weights_and_training_resumes_on_the_trained_o
     asyncio.run(tr.train_step())
     w = workers["shared"]
     trained = w.fingerprint("shared")
-    shadow_sum = float(sum(s.double().sum() for s in w.emas["shared"].shadow))
+    shadow_sum = float(sum(s.double().sum() for s in w.updater.emas["shared"].shadow))
     with w.evaluating():
         inside = w.fingerprint("shared")
     assert inside[0] == pytest.approx(shadow_sum, rel=1e-6) and inside != trained

@@ -56,7 +56,7 @@ def test_policy_kl_is_zero_between_equal_policies_and_grows_once_they_differ(tmp
     data["policies"]["reasoner"]["optim"] = {"lr": 5e-2}
     data["policies"]["writer"]["optim"] = {"lr": 1e-5}
     tr, workers, _ = prepared_trainer(data, tmp_path)
-    workers["writer"].host.core.load_state_dict(workers["reasoner"].host.core.state_dict())
+    workers["writer"].held.core.load_state_dict(workers["reasoner"].held.core.state_dict())
     # identical weights: every KL is 0
     rec1 = asyncio.run(tr.train_step())
     assert rec1["policy_kl"]["reasoner->writer"] == pytest.approx(0.0, abs=1e-5)

@@ -18,7 +18,7 @@ def test_a_publish_the_paged_engine_did_not_take_fails_the_step(tmp_path, monkey
         data["policies"][next(iter(data["policies"]))]["lora"] = {"r": 4, "alpha": 8}
     tr, workers, _ = prepared_trainer(data, tmp_path / "run")
     rec = step_and_close(tr)  # as shipped: the engine takes every publish
-    assert rec["step"] == 1 and all(w.engine.stale_weights() == [] for w in workers.values())
+    assert rec["step"] == 1 and all(w.sampler.engine.stale_weights() == [] for w in workers.values())
 
     tr, workers, _ = prepared_trainer(data, tmp_path / "run2")
     monkeypatch.setattr(PagedEngine, "weights_updated", lambda self, policies=None: None)  # a publish it never takes

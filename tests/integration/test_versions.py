@@ -19,7 +19,7 @@ def test_calls_carry_their_weight_version_and_stale_calls_are_dropped(tmp_path):
     assert m1["staleness_max"] == 0 and m1["stale_dropped"] == 0 and m1["staleness_0"] == m1["n_seqs"]
     # the next step's calls are sampled by version 1; a call sampled by version 0 is one update too old
     old = next(iter(tr.last_traces)).calls[0]
-    stale = dataclasses.replace(w.buffer.get(old.call_id) or _a_sample(w), call_id="stale-1", version=0, reward=1.0)
+    stale = dataclasses.replace(w.sampler.buffer.get(old.call_id) or _a_sample(w), call_id="stale-1", version=0, reward=1.0)
     rec2 = asyncio.run(_step_with(tr, w, stale))
     assert {c.policy_version for t in tr.last_traces for c in t.calls} == {1}
     m2 = rec2["policies"]["solver"]
@@ -38,7 +38,7 @@ async def _step_with(tr, w, stale):
     real = w.train_step
 
     def train_step(shared=None, **kw):
-        w.buffer[stale.call_id] = stale
+        w.sampler.buffer[stale.call_id] = stale
         return real(shared, **kw)
 
     w.train_step = train_step

@@ -111,5 +111,5 @@ def test_a_worker_trains_on_vllm_samples():
     before = w.fingerprint("p")
     m = w.train_step()["p"]
     print(f"one update on vLLM's samples: lp_mismatch {m['lp_mismatch']:.2e} (max {m['lp_mismatch_max']:.2e}), "
-          f"loss {m['loss']:.5f}, {w.engine.stats}")
-    assert m["lp_mismatch"] < TOL and w.fingerprint("p") != before and w.engine.stats["weight_syncs"] == 1
+          f"loss {m['loss']:.5f}, {w.sampler.engine.stats}")
+    assert m["lp_mismatch"] < TOL and w.fingerprint("p") != before and w.sampler.engine.stats["weight_syncs"] == 1

@@ -90,18 +90,18 @@ def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
     rt = build_runtime(cfg, log=lambda *_: None)
     assert rt.agents["solver"].template_kwargs == {"enable_thinking": False, "style": "x"}
     worker = rt.workers[0]
-    worker.host.tokenizer.chat_template = (
+    worker.held.tokenizer.chat_template = (
         "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         "[thinking={{ enable_thinking if enable_thinking is defined else 'unset' }} style={{ style | default('-') }}]")
     seen = []
-    real = worker.prompts.render_many
+    real = worker.sampler.prompts.render_many
 
     def spy(prompts):  # what the worker rendered for each call of a batch
         out = real(prompts)
-        seen.extend(worker.host.tokenizer.decode(ids) for _, ids in out)
+        seen.extend(worker.held.tokenizer.decode(ids) for _, ids in out)
         return out
 
-    worker.prompts.render_many = spy
+    worker.sampler.prompts.render_many = spy
     from masrl.data.tasks import Task
 
     traces = asyncio.run(rt.controller.rollout([Task("t", "1+1?", "2")], 1, train=False))

@@ -10,9 +10,9 @@ class Host:
 
 def test_the_newest_host_reports_the_peak_and_a_closed_one_hands_it_on():
     old, new, other = Host(), Host(), Host()
-    memory.enroll(old, {"cuda:7", "cpu"})
+    memory.enroll({"cuda:7", "cpu"}, old)
     assert memory.claim("cuda:7", old)
-    memory.enroll(new, {"cuda:7"})
+    memory.enroll({"cuda:7"}, new)
     assert memory.claim("cuda:7", new) and not memory.claim("cuda:7", old)  # old is still alive, yet silent
     memory.unclaim(new)
     assert memory.claim("cuda:7", other) and not memory.claim("cuda:7", new)  # nobody held it: the first to ask

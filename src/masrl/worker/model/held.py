@@ -163,22 +163,39 @@ class HeldModel:
         finally:
             self.ref_stash.out(tensors)
 
+    def engine_copy(self, trainable: list[str], compute: torch.dtype, *, fsdp: bool, overlap_update: bool,
+                    device: str | None):
+        """The weights the engine samples from when not the live ones, or None: under fsdp a full copy in
+        ``compute``, gathered from the shards after each update (``EngineWeights``); under ``overlap_update``
+        (with policies to train) or on another ``device``, a ``WeightCopy`` of the ``trainable`` policies'
+        weights, so an update can run while the engine samples."""
+        if fsdp:
+            from masrl.worker.parallel.sharding import EngineWeights
+
+            return EngineWeights(self.model, compute)
+        if (overlap_update and trainable) or device:
+            from masrl.worker.model.weight_copy import WeightCopy
+
+            return WeightCopy(self.model, {n: self.policy_parameters(n) for n in trainable}, device=device)
+        return None
+
     # -- offload_weights -----------------------------------------------------------------------
-    def _own_tensors(self) -> list[torch.Tensor]:
+    def tensors(self) -> list[torch.Tensor]:
+        """Every weight this model serves: the model (or the base with all its adapters) and value heads."""
         out = module_tensors(self.model)
         for h in self.value_heads.values():
             out += list(h.parameters())
         return out
 
-    def park(self) -> int:
-        """Every weight this host serves (the model, or the base with all its adapters, and value
-        heads) into pinned CPU memory; returns bytes moved."""
+    def park(self, extra: list[torch.Tensor] = ()) -> int:
+        """Every weight this model serves, and ``extra`` (EMA copies), into pinned CPU memory; returns bytes
+        moved (``stash.moved_s`` and ``moved_bytes`` add up every trip)."""
         self.parked = True
-        return self.stash.out(self._own_tensors())
+        return self.stash.out(self.tensors() + list(extra))
 
-    def unpark(self) -> int:
+    def unpark(self, extra: list[torch.Tensor] = ()) -> int:
         self.parked = False
-        return self.stash.back(self._own_tensors())
+        return self.stash.back(self.tensors() + list(extra))
 
     @contextlib.contextmanager
     def reference_mode(self):

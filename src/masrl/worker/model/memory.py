@@ -34,7 +34,7 @@ def claim(device: str, host) -> bool:
         return owner() is host
 
 
-def enroll(host, devices) -> None:
+def enroll(devices, host) -> None:
     """A new host on ``devices``: it reports their peaks from now on (the newest host of a process
     does, so a finished run's host that something still references never silences the next run's)."""
     with _LOCK:
@@ -71,24 +71,22 @@ def step_peak(device: str) -> tuple[int, int]:
     return peak, reserved
 
 
-def host_rows(host) -> list[dict]:
-    """A ``PolicyWorker``'s ``take_memory`` rows: per CUDA device it uses, the GiB its weights (and
-    value heads), weight copy, optimizer and engine hold, each storage counted once, and the step's
-    peak where it answers for the device."""
-    rows = []
-    for d in sorted({d for d in (host.device, host.engine_device) if d.startswith("cuda")}):
+def device_rows(devices: set[str], *, weights: list, copy: list, optimizers: list, engine, owner) -> list[dict]:
+    """A worker's ``take_memory`` rows: per CUDA device of ``devices``, the GiB its ``weights`` (tensors),
+    weight ``copy`` (tensors), ``optimizers`` and ``engine`` hold, each storage counted once, and the step's
+    peak where ``owner`` answers for the device."""
+    rows, engine_device = [], str(engine.device)
+    for d in sorted(d for d in devices if d.startswith("cuda")):
         seen: set[int] = set()
-        model = host.host.model
-        weights = tensor_bytes([*model.parameters(), *model.buffers(),
-                                *(p for h in host.host.value_heads.values() for p in h.parameters())], d, seen)
-        copy = tensor_bytes(list(host.copy.model.parameters()), d, seen) if host.copy is not None else 0
-        opt = sum(o.state_bytes(d, seen) for o in host.optimizers.values())
-        engine = host.engine.memory() if host.engine_device == d else {}
-        row = {"device": d, "process": os.getpid(), "weights": weights / GIB, "weight_copy": copy / GIB,
-               "optimizer": opt / GIB, **{f"engine_{k}": engine.get(k, 0) / GIB for k in ("kv", "weights", "buffers")}}
-        if host.engine_device == d:  # a paged engine: its pool's use and pre-emptions
-            row.update({f"engine_{k}": v for k, v in host.engine.take_counters().items()})
-        if claim(d, host):
+        held = tensor_bytes(weights, d, seen)
+        copied = tensor_bytes(copy, d, seen)
+        opt = sum(o.state_bytes(d, seen) for o in optimizers)
+        kept = engine.memory() if engine_device == d else {}
+        row = {"device": d, "process": os.getpid(), "weights": held / GIB, "weight_copy": copied / GIB,
+               "optimizer": opt / GIB, **{f"engine_{k}": kept.get(k, 0) / GIB for k in ("kv", "weights", "buffers")}}
+        if engine_device == d:  # a paged engine: its pool's use and pre-emptions
+            row.update({f"engine_{k}": v for k, v in engine.take_counters().items()})
+        if claim(d, owner):
             peak, reserved = step_peak(d)
             row.update(peak_gib=peak / GIB, reserved_gib=reserved / GIB)
         rows.append(row)

@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from masrl.errors import ConfigError
-from masrl.worker.model.precision import MasterWeightsAdamW
 
 
 class LeanBlock(nn.Module):
@@ -104,6 +103,21 @@ class ShardedPolicy:
             m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
         fwd.blocks = self.blocks
         self.core = core
+
+    @staticmethod
+    def over(held, copy: EngineWeights, world: int, name: str) -> None:
+        """``policies.X.fsdp``: shard ``held``'s model over ``world`` ranks (and its frozen reference alike);
+        the engine's copy gathers from the shards. The optimizers are then built again over the fp32 shards,
+        which are their own masters (``Updater.join``)."""
+        held.sharded = ShardedPolicy(held, world, copy.dtype)
+        copy.sharded = held.sharded
+        if held.reference is not None:  # algorithm.kl_coef > 0
+            held.sharded_reference = ShardedPolicy(held, world, copy.dtype, module=held.reference)
+        params = list(held.model.parameters())
+        mine = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
+        print(f"[masrl] {name}: FSDP2 over {world} ranks, this rank holds {mine / 1e6:,.1f}M of "
+              f"{sum(p.numel() for p in params) / 1e6:,.1f}M parameters (fp32), computes in {copy.dtype}",
+              file=sys.stderr, flush=True)
 
     def run(self, fn, *args, **kwargs):
         """``fn(*args, **kwargs)`` with the root's parameters gathered (a forward of the sharded model)."""
@@ -203,23 +217,3 @@ class EngineWeights:
         if next(self.model.parameters()).is_cuda:
             torch.cuda.synchronize()
         self.gathered = (time.perf_counter() - t0, moved)
-
-
-def shard_worker(worker, world: int) -> None:
-    """``policies.X.fsdp``: shard a policy worker's model over its ``world`` ranks (``ShardedPolicy``,
-    and its frozen reference alike); the optimizer then steps the fp32 shards, which are their own
-    masters, and the engine's copy (``EngineWeights``) gathers from them."""
-    host = worker.host
-    host.sharded = ShardedPolicy(host, world, worker.copy.dtype)
-    worker.copy.sharded = host.sharded
-    if host.reference is not None:  # algorithm.kl_coef > 0
-        host.sharded_reference = ShardedPolicy(host, world, worker.copy.dtype, module=host.reference)
-    for name in list(worker.optimizers):
-        o = host.policies[name].optim
-        worker.optimizers[name] = MasterWeightsAdamW(host.policy_parameters(name), lr=o.lr, betas=o.betas, eps=o.eps,
-                                                     weight_decay=o.weight_decay)
-    params = list(host.model.parameters())
-    held = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in params)
-    print(f"[masrl] {worker.name}: FSDP2 over {world} ranks, this rank holds {held / 1e6:,.1f}M of "
-          f"{sum(p.numel() for p in params) / 1e6:,.1f}M parameters (fp32), computes in {worker.copy.dtype}",
-          file=sys.stderr, flush=True)

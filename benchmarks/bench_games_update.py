@@ -48,7 +48,7 @@ def run(host, prompts, algo, start, vocab: int, profile: bool = False):
 
     from masrl.worker.model.precision import MasterWeightsAdamW
     from masrl.worker.updater.batching import Sample
-    from masrl.worker.updater.training import train_policy
+    from masrl.worker.updater.training import Learner
 
     with torch.no_grad():
         for p, s in zip(host.policy_parameters("p"), start):
@@ -68,13 +68,13 @@ def run(host, prompts, algo, start, vocab: int, profile: bool = False):
         from torch.profiler import profile as prof_ctx
 
         with prof_ctx(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            train_policy(host, "p", samples, opt, algo, 1.0, 0)
+            Learner(host, algo, 0).train("p", samples, opt, 1.0)
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         busy = sum(e.device_time for e in evs) / 1e6 / wall
     else:
-        train_policy(host, "p", samples, opt, algo, 1.0, 0)
+        Learner(host, algo, 0).train("p", samples, opt, 1.0)
     if cuda:
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
@@ -89,7 +89,7 @@ def main() -> None:
     from masrl.policies import PolicySpec
     from masrl.worker.model.held import HeldModel
     from masrl.worker.updater.batching import Sample, micro_batches, prefix_cost
-    from masrl.worker.updater.training import choose_layout
+    from masrl.worker.updater.training import Learner
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--games", type=int, default=64)
@@ -120,7 +120,7 @@ def main() -> None:
     base = None
     stand_in = [Sample(str(i), "p", p, [0, 0, 0], [0.0] * 3, 1.0, {}) for i, (_, p) in enumerate(prompts)]
     for algo in sides.values():
-        layout = choose_layout(host, algo)  # packed needs CUDA's varlen flash attention; else padded
+        layout = Learner(host, algo).layout()  # packed needs CUDA's varlen flash attention; else padded
         mbs = micro_batches(stand_in, algo.micro_batch_size, layout=layout, token_budget=algo.micro_batch_tokens)
         ran = {"prefix": sum(prefix_cost(m) for m in mbs), "packed": n_tok}.get(
             layout, sum(len(m) * max(s.length for s in m) for m in mbs))

@@ -114,7 +114,7 @@ def child_update(side: str, repeats: int) -> dict:
         from masrl.worker.model.held import HeldModel
         from masrl.worker.model.precision import MasterWeightsAdamW
         from masrl.worker.updater.batching import Sample
-        from masrl.worker.updater.training import choose_layout, train_policy
+        from masrl.worker.updater.training import Learner
 
         host = HeldModel(SHAPES["0.5b"], [PolicySpec("p", SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
                          device=DEV, dtype=torch.bfloat16)
@@ -125,9 +125,9 @@ def child_update(side: str, repeats: int) -> dict:
         def step():
             samples = [Sample(f"s{i}", "p", p, c, [-10.0] * len(c), 1.0, {"task_id": i % 4}, reward=float(i % 5))
                        for i, (p, c) in enumerate(rows)]
-            return train_policy(host, "p", samples, opt, algo, 1.0, 0)
+            return Learner(host, algo, 0).train("p", samples, opt, 1.0)
 
-        layout = choose_layout(host, algo)
+        layout = Learner(host, algo).layout()
     else:
         model, _ = load_model(SHAPES["0.5b"], seed=0, dtype=torch.bfloat16, device=DEV)
         model.train()

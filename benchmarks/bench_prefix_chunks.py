@@ -56,7 +56,7 @@ def main() -> None:
     from masrl.worker.model.held import HeldModel
     from masrl.worker.model.precision import MasterWeightsAdamW
     from masrl.worker.updater import batching
-    from masrl.worker.updater.training import choose_layout, train_policy
+    from masrl.worker.updater.training import Learner
 
     host = HeldModel(a.model, [PolicySpec("p", a.model)], device="cpu", dtype=torch.float32, seed=0)
     start = [p.detach().clone() for p in host.policy_parameters("p")]
@@ -73,12 +73,12 @@ def main() -> None:
                 p.copy_(s)
         opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         t0 = time.perf_counter()
-        m = train_policy(host, "p", samples, opt, algo, 1.0, 0)
+        m = Learner(host, algo, 0).train("p", samples, opt, 1.0)
         rows.append((side, tokens, time.perf_counter() - t0, m["loss"]))
     batching._length_chunks = chosen
     print(f"\n`python benchmarks/bench_prefix_chunks.py --questions {a.questions} --samples {a.samples} --model {a.model}`"
           f" on {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"fp32, layout {choose_layout(host, algo)}, {len(samples)} rows, micro_batch_size {a.micro_batch_size}\n")
+          f"fp32, layout {Learner(host, algo).layout()}, {len(samples)} rows, micro_batch_size {a.micro_batch_size}\n")
     print("| grouping | tokens run | update s | speed-up | loss |")
     print("| --- | --- | --- | --- | --- |")
     for side, tokens, secs, loss in rows:

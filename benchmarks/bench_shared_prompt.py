@@ -37,7 +37,7 @@ def run(host, rows, algo, start):
 
     from masrl.worker.model.precision import MasterWeightsAdamW
     from masrl.worker.updater.batching import Sample
-    from masrl.worker.updater.training import choose_layout, train_policy
+    from masrl.worker.updater.training import Learner
 
     with torch.no_grad():
         for p, s in zip(host.policy_parameters("p"), start):
@@ -49,11 +49,11 @@ def run(host, rows, algo, start):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    train_policy(host, "p", samples, opt, algo, 1.0, 0)
+    Learner(host, algo, 0).train("p", samples, opt, 1.0)
     if host.device.type == "cuda":
         torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() / 2**30 if host.device.type == "cuda" else float("nan")
-    return time.perf_counter() - t0, peak, choose_layout(host, algo), [p.detach().float().clone()
+    return time.perf_counter() - t0, peak, Learner(host, algo).layout(), [p.detach().float().clone()
                                                                       for p in host.policy_parameters("p")]
 
 

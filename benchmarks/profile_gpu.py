@@ -149,7 +149,7 @@ def update() -> None:
     from masrl.worker.model.held import HeldModel
     from masrl.worker.model.precision import MasterWeightsAdamW
     from masrl.worker.updater.batching import Sample
-    from masrl.worker.updater.training import train_policy
+    from masrl.worker.updater.training import Learner
 
     rows = harness.update_workload()
     host = HeldModel(harness.SHAPES["0.5b"], [PolicySpec("p", harness.SHAPES["0.5b"], optim=OptimConfig(lr=1e-6))],
@@ -161,7 +161,7 @@ def update() -> None:
         def step(algo=algo):
             samples = [Sample(f"s{i}", "p", p, c, [-10.0] * len(c), 1.0, {"task_id": i % 4}, reward=float(i % 5))
                        for i, (p, c) in enumerate(rows)]
-            return train_policy(host, "p", samples, opt, algo, 1.0, 0)
+            return Learner(host, algo, 0).train("p", samples, opt, 1.0)
 
         step()
         torch.cuda.synchronize()

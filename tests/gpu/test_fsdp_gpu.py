@@ -27,7 +27,7 @@ def test_fsdp_on_one_gpu_updates_like_the_unsharded_worker_and_resumes(tmp_path)
     from masrl.messages import GenCall
     from masrl.policies import PolicySpec
     from masrl.worker.policy_worker import PolicyWorker
-    from masrl.worker.updater.training import choose_layout
+    from masrl.worker.updater.training import Learner
 
     algo = AlgorithmConfig(micro_batch_size=4, mini_batches=1, group_key=["task_id"])
 
@@ -50,7 +50,7 @@ def test_fsdp_on_one_gpu_updates_like_the_unsharded_worker_and_resumes(tmp_path)
     w = worker(True)
     w.join_ranks(f"tcp://127.0.0.1:{_port()}", 0, 1, "cpu:gloo,cuda:nccl")
     try:
-        assert choose_layout(w.held, algo) == "packed"
+        assert Learner(w.held, algo).layout() == "packed"
         w.sampler.buffer = {s.call_id: s for s in copy.deepcopy(samples)}
         m = w.train_step()["p"]
         got = {k: v.float() for k, v in w.sampler.copy.model.state_dict().items()}

@@ -170,7 +170,7 @@ def test_packed_layout_matches_padded_on_gpu():
     for layout in ("padded", "packed", "prefix"):
         host.model.zero_grad(set_to_none=True)
         batch = make_batch(samples, 2, layout=layout, device=host.device)
-        lp, _, _ = training.completion_forward(host, host.core, batch)
+        lp, _, _ = training.Learner(host).completion_forward(host.core, batch)
         (lp * batch.token_mask).sum().backward()
         grad = torch.cat([p.grad.float().flatten() for p in host.model.parameters() if p.grad is not None])
         out[layout] = (lp.detach().float(), grad)
@@ -182,18 +182,18 @@ def test_packed_layout_matches_padded_on_gpu():
         assert dl < 0.1 and rel < 0.05
     from masrl.config import AlgorithmConfig
 
-    assert training.choose_layout(host, AlgorithmConfig()) == "packed"
+    assert training.Learner(host, AlgorithmConfig()).layout() == "packed"
     # 8 samples of one long prompt with short answers: the default turns to the shared prefix on a real
     # CUDA host too (packing_available is true there), and the prefix layout agrees with packing
     long_prompt = prompts(host.tokenizer, 1)[0] * 40
     group = [Sample(f"g{k}", "p", long_prompt, [100 + k, 200, 300], [0.0] * 3, 1.0, {}) for k in range(8)]
-    assert training.packing_available(host)
-    assert training.choose_layout(host, AlgorithmConfig(micro_batch_tokens=8192), group) == "prefix"
+    assert training.Learner(host).packing_available()
+    assert training.Learner(host, AlgorithmConfig(micro_batch_tokens=8192)).layout(group) == "prefix"
     lps = {}
     for layout in ("packed", "prefix"):
         batch = make_batch(group, 2, layout=layout, device=host.device)
         with torch.no_grad():
-            lps[layout] = training.completion_forward(host, host.core, batch)[0].float()
+            lps[layout] = training.Learner(host).completion_forward(host.core, batch)[0].float()
     assert (lps["packed"] - lps["prefix"]).abs().max().item() < 0.1
 
 

@@ -177,7 +177,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     the worker, the trainer and the message are the real ones."""
     import torch
 
-    import masrl.worker.updater.updater as updating
+    from masrl.worker.updater.training import Learner
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 46.00 MiB. GPU 0 has a total capacity of "
@@ -187,7 +187,7 @@ def test_an_update_out_of_gpu_memory_stops_the_run_naming_the_settings_that_boun
     data["algorithm"]["micro_batch_tokens"] = 16384
     tr = Trainer(load_config(data=data), run_dir=tmp_path)
     tr.prepare(resume=False)
-    monkeypatch.setattr(updating, "train_policy", out_of_memory)
+    monkeypatch.setattr(Learner, "train", out_of_memory)
     with pytest.raises(MasrlError) as info:
         asyncio.run(tr.train_step())
     msg = str(info.value)
@@ -207,14 +207,14 @@ def test_an_update_that_cublas_cannot_allocate_for_says_so_and_other_errors_stay
                                                                                             monkeypatch):
     """cuBLAS's words for an empty device get the memory message; a cuDNN failure only on a nearly full
     device (this CPU run has none, so it stays torch's error), and any other error is left as it was."""
-    import masrl.worker.updater.updater as updating
+    from masrl.worker.updater.training import Learner
 
     def fails(*args, **kwargs):
         raise RuntimeError(said)
 
     tr = Trainer(load_config(data=tiny_config("math/solver", tmp_path, steps=1)), run_dir=tmp_path)
     tr.prepare(resume=False)
-    monkeypatch.setattr(updating, "train_policy", fails)
+    monkeypatch.setattr(Learner, "train", fails)
     with pytest.raises(MasrlError if stops else RuntimeError) as info:
         asyncio.run(tr.train_step())
     if stops:

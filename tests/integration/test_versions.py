@@ -66,7 +66,7 @@ def test_masked_importance_sampling_drops_the_tokens_whose_ratio_leaves_its_band
                           1.0, {"task_id": i // 2, "agent": "a", "turn": 0}, reward=float(i % 3)) for i in range(6)]
         opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         algo = AlgorithmConfig(mis=mis, micro_batch_size=8)
-        m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+        m = training.Learner(host, algo, host.tokenizer.pad_token_id).train("p", samples, opt, 1.0)
         ratios = [torch.exp(torch.tensor(s.old_logprobs) + 1.0) for s in samples]
         return m, torch.cat(ratios)
 

@@ -69,7 +69,7 @@ def test_trainer_logprobs_match_the_plain_forward(tmp_path, tiny, name, capsys):
     prompts = [tok(f"Say {i} then stop, please, kindly, right now.", add_special_tokens=False)["input_ids"] for i in range(3)]
     samples = [Sample(f"c{i}", "p", p, [5 + i, 9, 11, 40 + i], [0.0] * 4, 1.0, {}) for i, p in enumerate(prompts)]
     with torch.no_grad():
-        lp, _, _ = training.completion_forward(host, host.core, make_batch(samples, 2, layout="padded"))
+        lp, _, _ = training.Learner(host).completion_forward(host.core, make_batch(samples, 2, layout="padded"))
     for i, s in enumerate(samples):
         assert torch.allclose(lp[i, :4], full_logprobs(host.model, s.prompt_ids, s.completion_ids, 1.0), atol=1e-4)
     fast = host.fast_forward(host.core)

@@ -40,7 +40,7 @@ def full_logprobs(host, s):
 def logprobs_and_grads(host, samples, layout, **kw):
     host.model.zero_grad(set_to_none=True)
     batch = make_batch(samples, host.tokenizer.pad_token_id, layout=layout)
-    logp, _, _ = training.completion_forward(host, host.core, batch, **kw)
+    logp, _, _ = training.Learner(host).completion_forward(host.core, batch, **kw)
     (logp * batch.token_mask).sum().backward()
     grads = [p.grad.clone() for p in host.model.parameters() if p.grad is not None]
     host.model.zero_grad(set_to_none=True)
@@ -67,10 +67,10 @@ def test_no_grad_head_chunks_and_sampled_entropy_agree_with_the_full_computation
     samples = samples_for(host)
     batch = make_batch(samples, host.tokenizer.pad_token_id, layout="prefix")
     with torch.no_grad():
-        lp_full, ent_full, _ = training.completion_forward(host, host.core, batch, want_entropy=True)
+        lp_full, ent_full, _ = training.Learner(host).completion_forward(host.core, batch, want_entropy=True)
         monkeypatch.setattr(training, "HEAD_CHUNK", 5)
         monkeypatch.setattr(training, "ENTROPY_ROWS", 3)
-        lp, ent, _ = training.completion_forward(host, host.core, batch)
+        lp, ent, _ = training.Learner(host).completion_forward(host.core, batch)
     m = batch.token_mask > 0
     assert torch.allclose(lp[m], lp_full[m], atol=1e-5)
     measured = ~torch.isnan(ent)
@@ -107,12 +107,12 @@ def test_truncated_importance_sampling_weights_are_one_on_policy(host):
     algo = AlgorithmConfig(tis_cap=2.0, group_key=["task_id"])
     opt = torch.optim.SGD(host.policy_parameters("p"), lr=0.0)
     opt.grads = lambda: host.policy_parameters("p")
-    m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+    m = training.Learner(host, algo, host.tokenizer.pad_token_id).train("p", samples, opt, 1.0)
     assert m["lp_mismatch"] < 1e-4 and abs(m["tis_weight"] - 1.0) < 1e-4
     for s in samples:
         s.logprobs = [lp - 5.0 for lp in s.logprobs]  # the rollout engine "thought" these tokens were rare
         s.old_logprobs = None
-    m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+    m = training.Learner(host, algo, host.tokenizer.pad_token_id).train("p", samples, opt, 1.0)
     assert m["lp_mismatch"] == pytest.approx(5.0, abs=1e-3) and m["tis_weight"] == pytest.approx(2.0)
 
 
@@ -125,7 +125,7 @@ def test_a_nonfinite_loss_skips_the_update_and_is_counted(host, capsys):
     from masrl.worker.model.precision import MasterWeightsAdamW
 
     opt = MasterWeightsAdamW(host.policy_parameters("p"), lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    m = training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+    m = training.Learner(host, algo, host.tokenizer.pad_token_id).train("p", samples, opt, 1.0)
     assert m["nonfinite_skipped"] == 1 and m["optimizer_steps"] == 0
     assert all(torch.equal(a, b) for a, b in zip(before, host.policy_parameters("p")))
     assert "this optimizer step was skipped" in capsys.readouterr().err
@@ -179,13 +179,13 @@ def test_a_prefix_budget_counts_the_shared_prompt_once_and_keeps_a_calls_samples
 def test_share_prefix_wins_over_the_cuda_packing_default_and_both_at_once_is_refused(monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(training, "packing_available", lambda host: True)  # as on a CUDA host with flash kernels
+    monkeypatch.setattr(training.Learner, "packing_available", lambda self: True)  # as on a CUDA host with flash kernels
     gpu = SimpleNamespace(device=torch.device("cuda"), sharded=None)
-    assert training.choose_layout(gpu, AlgorithmConfig()) == "packed"
-    assert training.choose_layout(gpu, AlgorithmConfig(share_prefix=True)) == "prefix"
-    assert training.choose_layout(gpu, AlgorithmConfig(pack=False)) == "padded"
+    assert training.Learner(gpu, AlgorithmConfig()).layout() == "packed"
+    assert training.Learner(gpu, AlgorithmConfig(share_prefix=True)).layout() == "prefix"
+    assert training.Learner(gpu, AlgorithmConfig(pack=False)).layout() == "padded"
     cpu = SimpleNamespace(device=torch.device("cpu"), sharded=None)
-    assert training.choose_layout(cpu, AlgorithmConfig()) == "prefix"
+    assert training.Learner(cpu, AlgorithmConfig()).layout() == "prefix"
     with pytest.raises(ValueError, match="pack and share_prefix"):
         AlgorithmConfig(pack=True, share_prefix=True)
 
@@ -193,7 +193,7 @@ def test_share_prefix_wins_over_the_cuda_packing_default_and_both_at_once_is_ref
 def test_the_cuda_default_turns_to_the_shared_prefix_for_long_shared_prompts_only(monkeypatch):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(training, "packing_available", lambda host: True)
+    monkeypatch.setattr(training.Learner, "packing_available", lambda self: True)
     gpu = SimpleNamespace(device=torch.device("cuda"), sharded=None)
 
     def calls(prompt, completion, n_calls=3, samples=8):
@@ -207,15 +207,15 @@ def test_the_cuda_default_turns_to_the_shared_prefix_for_long_shared_prompts_onl
     algo = AlgorithmConfig(micro_batch_tokens=8192)
     long_prompts = calls(2900, 20)  # a reading agent's 24 passages: 8 samples run the prompt once
     assert training.prefix_pays(long_prompts, algo)
-    assert training.choose_layout(gpu, algo, long_prompts) == "prefix"
+    assert training.Learner(gpu, algo).layout(long_prompts) == "prefix"
     short_prompts = calls(200, 300)  # math: the answers are longer than the prompt
     assert not training.prefix_pays(short_prompts, algo)
-    assert training.choose_layout(gpu, algo, short_prompts) == "packed"
+    assert training.Learner(gpu, algo).layout(short_prompts) == "packed"
     # a setting given decides, whatever the samples
-    assert training.choose_layout(gpu, AlgorithmConfig(share_prefix=False), long_prompts) == "packed"
-    assert training.choose_layout(gpu, AlgorithmConfig(pack=True), long_prompts) == "packed"
+    assert training.Learner(gpu, AlgorithmConfig(share_prefix=False)).layout(long_prompts) == "packed"
+    assert training.Learner(gpu, AlgorithmConfig(pack=True)).layout(long_prompts) == "packed"
     sharded = SimpleNamespace(device=torch.device("cuda"), sharded=object())
-    assert training.choose_layout(sharded, algo, long_prompts) == "packed"
+    assert training.Learner(sharded, algo).layout(long_prompts) == "packed"
 
 
 def test_an_update_in_prefix_budget_chunks_equals_the_one_in_a_single_micro_batch(host):
@@ -233,7 +233,7 @@ def test_an_update_in_prefix_budget_chunks_equals_the_one_in_a_single_micro_batc
         opt = torch.optim.SGD(host.policy_parameters("p"), lr=0.5)
         opt.grads = lambda: host.policy_parameters("p")
         algo = AlgorithmConfig(group_key=["task_id"], **algo_kw)
-        training.train_policy(host, "p", samples, opt, algo, 1.0, host.tokenizer.pad_token_id)
+        training.Learner(host, algo, host.tokenizer.pad_token_id).train("p", samples, opt, 1.0)
         return [p.detach().clone() for p in host.policy_parameters("p")]
 
     whole = update(micro_batch_size=8)

@@ -16,7 +16,7 @@ import torch
 
 from masrl.algorithms.normalize import RunningMoments
 from masrl.errors import MasrlError
-from masrl.worker.model import state
+from masrl.worker.model.state import PolicyFiles
 
 
 class Checkpoint:
@@ -25,6 +25,7 @@ class Checkpoint:
 
     def __init__(self, held, updater, sampler):
         self.held, self.updater, self.sampler = held, updater, sampler
+        self.files = PolicyFiles(held)
 
     def _critics(self) -> list:
         """Each critic once (policies of one worker may share one)."""
@@ -58,9 +59,9 @@ class Checkpoint:
                     torch.save(opt.state_dict(), d / name / opt.file_name)
             return
         for name in self._trainable():
-            state.save_policy(held, name, None if weights_only else up.optimizers.get(name), d / name)
+            self.files.save(name, None if weights_only else up.optimizers.get(name), d / name)
         for name in self._snapshots():  # frozen, but not fixed: an opponent pool's member
-            state.save_policy(held, name, None, d / name)
+            self.files.save(name, None, d / name)
         for name, ema in up.emas.items():
             torch.save(ema.state_dict(), d / name / "ema.pt")
         for critic in self._critics():  # a shared one is written by each holder
@@ -77,7 +78,7 @@ class Checkpoint:
         if held.is_lora or held.sharded is not None:
             raise MasrlError(f"policy '{policy}': weights can be copied into a full, unsharded model only")
         with torch.no_grad():
-            state._load_weights(held, policy, d)
+            self.files.load_weights(policy, d)
         self.sampler.publish([policy], self.updater.updates)
 
     def _save_sharded(self, d: Path, weights_only: bool = False) -> None:
@@ -89,7 +90,7 @@ class Checkpoint:
             if not weights_only:
                 held.sharded.save(up.optimizers[name].opt, d / name / "fsdp")
             if up.dp.rank == 0:
-                state.save_policy(held, name, None, d / name, weights=self.sampler.copy.model)
+                self.files.save(name, None, d / name, weights=self.sampler.copy.model)
         if up.dp.rank == 0:
             self._save_counters(d)
 
@@ -121,11 +122,11 @@ class Checkpoint:
             if held.sharded is not None:
                 self._load_sharded(name, d, with_optimizer)
                 continue
-            state.load_policy(held, name, up.optimizers.get(name), d / name, with_optimizer=with_optimizer)
+            self.files.load(name, up.optimizers.get(name), d / name, with_optimizer=with_optimizer)
         for name in self._snapshots():
             if (d / name / "model.safetensors").is_file():
                 with torch.no_grad():
-                    state._load_weights(held, name, d / name)
+                    self.files.load_weights(name, d / name)
         for critic in self._critics():
             f = d / "critics" / f"{critic.name}.pt"
             if f.is_file():

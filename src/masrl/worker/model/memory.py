@@ -43,11 +43,11 @@ def enroll(devices, host) -> None:
                 _OWNERS[str(d)] = weakref.ref(host)
 
 
-def unclaim(host) -> None:
-    """``host`` is closing: it no longer reports any device's peak (a host still referenced somewhere
+def unclaim(owner) -> None:
+    """``owner`` (a host) is closing: it no longer reports any device's peak (a host still referenced somewhere
     after its run ended would otherwise keep the claim, and the next run in the process report none)."""
     with _LOCK:
-        for d in [d for d, ref in _OWNERS.items() if ref() is host]:
+        for d in [d for d, ref in _OWNERS.items() if ref() is owner]:
             del _OWNERS[d]
 
 

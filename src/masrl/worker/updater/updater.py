@@ -5,7 +5,7 @@ number of updates per policy).
 ``train_step`` updates each policy due this step on its rewarded buffered calls (plus calls shared into
 it), publishes the new weights to the sampler's engine and clears what it trained on. One policy's update
 (``update``) sets its learning rate by schedule, moves its optimizer state in and out of CPU memory,
-reports its memory figures and steps its EMA; the loss itself is ``training.train_policy``.
+reports its memory figures and steps its EMA; the loss itself is ``training.Learner``'s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from masrl.errors import ConfigError, MasrlError
 from masrl.worker.model import memory
 from masrl.worker.model.held import HeldModel
 from masrl.worker.model.precision import MasterWeightsAdamW
-from masrl.worker.updater.training import Sample, choose_layout, completion_forward, train_policy
+from masrl.worker.updater.training import Learner, Sample
 
 
 def fresh_samples(samples: list[Sample], version: int, max_staleness: int | None
@@ -46,6 +46,7 @@ def _adamw(params, optim) -> MasterWeightsAdamW:
 class Updater:
     def __init__(self, held: HeldModel, algo: AlgorithmConfig, *, device: str, seed: int, pad_id: int):
         self.held, self.algo, self.device, self.seed, self.pad_id = held, algo, device, seed, pad_id
+        self.learner = Learner(held, algo, pad_id)
         self.optimizers: dict[str, MasterWeightsAdamW] = {}
         for name, spec in held.policies.items():
             if spec.trainable:
@@ -113,7 +114,7 @@ class Updater:
         """``policy``'s logprobs of each sample's completion tokens (at the sample's temperature)."""
         from masrl.worker.updater.batching import make_batch
 
-        layout = choose_layout(self.held, self.algo)
+        layout = self.learner.layout()
         if layout == "prefix":
             layout = "padded"
         out = []
@@ -121,7 +122,7 @@ class Updater:
             mb = samples[i:i + self.algo.micro_batch_size]
             batch = make_batch(mb, self.pad_id, layout=layout, device=self.held.device)
             with self.held.active(policy):
-                lp, _, _ = completion_forward(self.held, self.held.core, batch)
+                lp, _, _ = self.learner.completion_forward(self.held.core, batch)
             out += [lp[j, : len(s.completion_ids)].tolist() for j, s in enumerate(mb)]
         return out
 
@@ -170,7 +171,7 @@ class Updater:
 
     def update(self, name: str, samples: list[Sample], n_shared: int) -> dict[str, float]:
         """One update of policy ``name``; its metrics: ``update_s``, ``lr``, offload and GPU memory figures
-        besides the loss terms ``train_policy`` returns."""
+        besides the loss terms ``Learner.train`` returns."""
         spec, opt = self.held.policies[name], self.optimizers[name]
         sched = spec.schedule
         lr = spec.optim.lr * lr_factor(self.updates[name], warmup=sched.warmup_updates, total=sched.total_updates,
@@ -183,11 +184,10 @@ class Updater:
         held_before = memory.reset_peak(self.device) if self.device.startswith("cuda") else 0
         t0 = time.perf_counter()
         try:
-            m = train_policy(self.held, name, samples, opt, self.algo, spec.optim.grad_clip, self.pad_id,
-                             seed=self.seed + self.step,
-                             reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
-                             critic=self.critics.get(name), dp=self.dp,
-                             estimator_state=self.estimator_state.setdefault(name, {}))
+            m = self.learner.train(name, samples, opt, spec.optim.grad_clip, seed=self.seed + self.step,
+                                   reward_stats=self.reward_stats.setdefault(name, RunningMoments()),
+                                   critic=self.critics.get(name), dp=self.dp,
+                                   estimator_state=self.estimator_state.setdefault(name, {}))
         except RuntimeError as e:  # torch's OutOfMemoryError, or cuBLAS and cuDNN running out in their own words
             free, total = self._device_memory()
             if not isinstance(e, torch.OutOfMemoryError) and not memory.memory_failure(str(e), free, total):

@@ -118,7 +118,39 @@ def test_the_check_sees_a_climb_and_a_circle():
 def test_rooms_stay_small():
     loose = sorted(p.name for p in PKG.glob("*.py"))
     assert len(loose) <= 10, loose
-    for top in ("driver", "engines"):
+    for top in ("driver", "engines", "worker"):
         for folder in [PKG / top, *(p for p in (PKG / top).rglob("*") if p.is_dir() and p.name != "__pycache__")]:
             files = sorted(p.name for p in folder.glob("*.py"))
             assert len(files) <= 8, (folder, files)
+
+
+# names by which a module function would take one of the house's working objects as its first parameter
+HOLDER_NAMES = {"worker", "w", "host", "held", "trainer", "t", "tr", "controller", "rt", "runtime", "sampler",
+                "updater", "learner"}
+
+
+def exiled_functions(sources: dict[str, str]) -> list[str]:
+    """Module functions of worker/ and driver/ whose first parameter is an object of those rooms (by its
+    annotation, or by a name such objects go by): methods moved out of their class."""
+    classes = {n.name for src in sources.values() for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ClassDef)
+               and not any("dataclass" in ast.unparse(d) for d in n.decorator_list)}  # records (Sample) are data
+    found = []
+    for name, src in sources.items():
+        for node in ast.parse(src).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.args:
+                first = node.args.args[0]
+                ann = ast.unparse(first.annotation).strip("'\"").split(".")[-1] if first.annotation else ""
+                if first.arg in HOLDER_NAMES or ann in classes:
+                    found.append(f"{name}: {node.name}({first.arg})")
+    return found
+
+
+def test_no_module_function_takes_a_working_object_first():
+    sources = {str(p.relative_to(PKG)): p.read_text() for top in ("worker", "driver") for p in (PKG / top).rglob("*.py")}
+    assert exiled_functions(sources) == []
+
+
+def test_the_exile_check_sees_one():
+    made_up = {"a.py": "class Sampler:\n    pass\n\ndef fill(s: Sampler, n: int):\n    pass\n\ndef go(trainer):\n    pass\n",
+               "b.py": "def fine(cfg, trainer):\n    pass\n"}
+    assert exiled_functions(made_up) == ["a.py: fill(s)", "a.py: go(trainer)"]

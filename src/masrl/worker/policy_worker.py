@@ -24,7 +24,9 @@ from masrl.worker.interface import PolicyHost
 from masrl.worker.model import memory
 from masrl.worker.model.checkpoint import Checkpoint
 from masrl.worker.model.held import HeldModel
+from masrl.worker.model.offload import Parking
 from masrl.worker.model.precision import param_dtype
+from masrl.worker.parallel.data_parallel import free_port, init_ranks
 from masrl.worker.sampler.sampler import Sampler
 from masrl.worker.updater.updater import Updater
 
@@ -45,7 +47,7 @@ class PolicyWorker(PolicyHost):
         self.updater = Updater(self.held, algo, device=device, seed=seed, pad_id=self.held.tokenizer.pad_token_id)
         rollout_device = rollout_device if rollout_device and rollout_device != device else None
         copy = self.held.engine_copy(list(self.updater.optimizers), compute, fsdp=self.fsdp,
-                           overlap_update=overlap_update, device=rollout_device)
+                                     overlap_update=overlap_update, device=rollout_device)
         self.overlaps_update = overlap_update and copy is not None  # the engine samples while an update runs
         tok = self.held.tokenizer
         eng = make_engine(engine, copy.model if copy else self.held.model, tok, stop_token_ids(tok, self.held.core),
@@ -55,10 +57,7 @@ class PolicyWorker(PolicyHost):
         self.joins_batches = self.sampler.joins_batches
         self.checkpoint = Checkpoint(self.held, self.updater, self.sampler)
         memory.enroll({device, str(eng.device)}, self)
-        # offload_weights: between its generating and its update, the weights (and EMA copies) wait in
-        # pinned CPU memory; the engine drops its device buffers meanwhile
-        self.offload_weights = any(p.offload_weights for p in policies)
-        self._moved = (0.0, 0)  # (seconds, bytes) of offload trips already reported
+        self.parking = Parking(self.held, eng, self.updater.ema_tensors, any(p.offload_weights for p in policies))
 
     policy_names = property(lambda self: list(self.held.policies))
     specs = property(lambda self: dict(self.held.policies))
@@ -73,19 +72,10 @@ class PolicyWorker(PolicyHost):
     def build_critic(self, policy: str, name: str, model: str, optim, seed: int) -> None:
         self.updater.build_critic(policy, name, model, optim, seed)
 
-    @staticmethod
-    def free_port() -> int:
-        """A TCP port free on this worker's host (rank 0's rendezvous)."""
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+    free_port = staticmethod(free_port)  # (rank 0's rendezvous)
 
     def join_ranks(self, init_method: str, rank: int, world: int, backend: str = "gloo") -> None:
         """Become rank ``rank`` of ``world`` copies of this worker's policy (data parallel; fsdp: sharded)."""
-        from masrl.worker.parallel.data_parallel import init_ranks
-
         dp = init_ranks(init_method, rank, world, backend)
         if self.fsdp:
             from masrl.worker.parallel.sharding import ShardedPolicy
@@ -121,17 +111,10 @@ class PolicyWorker(PolicyHost):
             pass
 
     def park(self) -> None:
-        """With ``offload_weights``: the weights to CPU memory until this worker next generates, scores or updates."""
-        if self.offload_weights and not self.held.parked:
-            self.sampler.engine.release()
-            self.held.park(self.updater.ema_tensors())
-
-    def _resident(self) -> None:
-        if self.held.parked:
-            self.held.unpark(self.updater.ema_tensors())
+        self.parking.park()
 
     def generate(self, calls, on_result=None):
-        self._resident()
+        self.parking.resident()
         return self.sampler.generate(calls, on_result)
 
     def commit_rewards(self, rewards: dict[str, float]) -> int:
@@ -147,19 +130,14 @@ class PolicyWorker(PolicyHost):
         return dict(self.updater.last_advantages)
 
     def score(self, policy: str, samples):
-        self._resident()
+        self.parking.resident()
         return self.updater.score(policy, samples)
 
     def train_step(self, shared=None, keep_pending: bool = False) -> dict[str, dict[str, float]]:
         memory.give_back_freed()  # what the rollout freed (its KV caches) before the update allocates
-        self._resident()
+        self.parking.resident()
         metrics = self.updater.train_step(self.sampler, shared, keep_pending)
-        if self.offload_weights:
-            self.park()
-            s, b = self.held.stash.moved_s, self.held.stash.moved_bytes
-            for m in metrics.values():  # every trip since the last update: in for the rollout, out, in, out
-                m.update(weights_offload_s=s - self._moved[0], weights_offload_gb=(b - self._moved[1]) / 2**30)
-            self._moved = (s, b)
+        self.parking.after_update(metrics)
         memory.give_back_freed()
         return metrics
 
@@ -181,10 +159,4 @@ class PolicyWorker(PolicyHost):
         memory.give_back_freed()  # what the evaluation's batches freed
 
     def fingerprint(self, policy: str) -> list[float]:
-        """Sum and sum of squares of a policy's weights (on the CPU, so equal weights give equal numbers
-        wherever they are kept); sharded (fsdp): the engine's full copy, gathered at the last update."""
-        with torch.no_grad():
-            live = list(self.sampler.copy.model.parameters()) if self.held.sharded is not None else \
-                self.held.policy_parameters(policy)
-            params = [p.detach().to("cpu", torch.float64) for p in live]
-            return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]
+        return self.held.fingerprint(policy, self.sampler.copy)

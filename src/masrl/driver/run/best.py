@@ -50,36 +50,32 @@ class KeepBest:
         self.step, self.score = step, score
         return True
 
+    async def validate(self, trainer, loggers) -> None:
+        """Score ``trainer``'s validation split now; its weights are kept when they beat the best."""
+        summary = await trainer.evaluate(f"validation at step {trainer.step}", trainer.validation_tasks)
+        # evaluated, never resumed from: no optimizer state (most of a checkpoint's bytes with AdamW)
+        kept = self.consider(trainer.step, summary.get("outcome", 0.0),
+                             lambda tmp: trainer._fill_checkpoint(tmp, weights_only=True))
+        loggers.log_eval(trainer.step, "validation", {**summary, "kept": kept})
+        trainer.log(f"[masrl] validation at step {trainer.step}: {summary.get('outcome', 0.0):.3f}"
+                    + (" (best so far: kept as checkpoints/best)" if kept else
+                       f" (best: {self.score:.3f} at step {self.step})"))
 
-async def validate(trainer, loggers) -> None:
-    """Score ``trainer``'s validation split now; its weights are kept when they beat the best."""
-    best = trainer.best
-    summary = await trainer.evaluate(f"validation at step {trainer.step}", trainer.validation_tasks)
-    # evaluated, never resumed from: no optimizer state (most of a checkpoint's bytes with AdamW)
-    kept = best.consider(trainer.step, summary.get("outcome", 0.0),
-                         lambda tmp: trainer._fill_checkpoint(tmp, weights_only=True))
-    loggers.log_eval(trainer.step, "validation", {**summary, "kept": kept})
-    trainer.log(f"[masrl] validation at step {trainer.step}: {summary.get('outcome', 0.0):.3f}"
-                + (" (best so far: kept as checkpoints/best)" if kept else
-                   f" (best: {best.score:.3f} at step {best.step})"))
-
-
-async def eval_best(trainer, loggers, after: dict) -> dict:
-    """The held-out figures at the best-by-validation weights (the last step's when they are the best),
-    once the run is over."""
-    best = trainer.best
-    if best.step == trainer.step:
-        summary = dict(after)
-    else:
-        last = trainer.step
-        trainer.load_checkpoint(best.path, with_optimizer=False)  # the run is over: its state is saved
-        trainer.step = best.step
-        summary = await trainer.evaluate(f"eval at the best checkpoint (step {best.step})")
-        trainer.step = last  # the run trained `last` steps: what it reports after this says so
-    summary.update(best_step=best.step, validation=best.score)
-    trainer.write_eval_traces(trainer.run_dir / "eval_traces.jsonl", best.step, "best")
-    loggers.log_eval(best.step, "best", summary)
-    trainer._write_json("eval_best.json", summary)
-    trainer.log(f"[masrl] held-out at the best-by-validation checkpoint (step {best.step}, validation "
-                f"{best.score:.3f}): {eval_line(summary)}")
-    return summary
+    async def eval_best(self, trainer, loggers, after: dict) -> dict:
+        """The held-out figures at the best-by-validation weights (the last step's when they are the best),
+        once the run is over."""
+        if self.step == trainer.step:
+            summary = dict(after)
+        else:
+            last = trainer.step
+            trainer.load_checkpoint(self.path, with_optimizer=False)  # the run is over: its state is saved
+            trainer.step = self.step
+            summary = await trainer.evaluate(f"eval at the best checkpoint (step {self.step})")
+            trainer.step = last  # the run trained `last` steps: what it reports after this says so
+        summary.update(best_step=self.step, validation=self.score)
+        trainer.write_eval_traces(trainer.run_dir / "eval_traces.jsonl", self.step, "best")
+        loggers.log_eval(self.step, "best", summary)
+        trainer._write_json("eval_best.json", summary)
+        trainer.log(f"[masrl] held-out at the best-by-validation checkpoint (step {self.step}, validation "
+                    f"{self.score:.3f}): {eval_line(summary)}")
+        return summary

@@ -34,11 +34,11 @@ from masrl.driver.observe.progress import progress
 from masrl.driver.rollout import pools
 from masrl.driver.run import rundir as ckpt
 from masrl.driver.run.async_loop import AsyncRollouts
-from masrl.driver.run.best import KeepBest, eval_best, validate
+from masrl.driver.run.best import KeepBest
 from masrl.driver.run.budget import TimeBudget
 from masrl.driver.run.rundir import RunDir, make_run_dir, replace_file
 from masrl.driver.run.stream import TaskStream
-from masrl.driver.run.sync_step import sync_step
+from masrl.driver.run.sync_step import SyncStep
 from masrl.errors import MasrlError
 from masrl.families import build_tasks, more_tasks_hint
 from masrl.seeding import stable_seed
@@ -205,8 +205,8 @@ class Trainer:
         return summary
 
     async def train_step(self) -> dict:
-        """One synchronous step (``sync_step``): its record for metrics.jsonl."""
-        return await sync_step(self)
+        """One synchronous step (``SyncStep``): its record for metrics.jsonl."""
+        return await SyncStep(self).run()
 
     def async_rollouts(self) -> AsyncRollouts:
         """``rollout.mode: async``: episodes that keep running through updates, from this run's step on."""
@@ -272,7 +272,7 @@ class Trainer:
         if cfg.train.eval_after:
             results["after"] = await self._eval_and_log(loggers, "after", "eval after training")
             if self.best is not None and self.best.step is not None:
-                results["best"] = await eval_best(self, loggers, results["after"])
+                results["best"] = await self.best.eval_best(self, loggers, results["after"])
 
     async def _out_of_time(self, budget: TimeBudget, loggers) -> bool:
         """``train.time_limit_s``: stop before the next step would end past it; the weights reached are
@@ -284,7 +284,7 @@ class Trainer:
         loggers.log_step(self.step, {"step": self.step, "time_limited": why})
         self.log(f"[masrl] {why}")
         if self.best is not None and not self.best.due(self.step, self.cfg.train.steps):
-            await validate(self, loggers)
+            await self.best.validate(self, loggers)
         return True
 
     def _stuck(self, rec: dict, loggers) -> bool:
@@ -309,7 +309,7 @@ class Trainer:
             timing["checkpoint_s"] = time.perf_counter() - t0
         if self.best is not None and self.best.due(self.step, cfg.train.steps):
             t0 = time.perf_counter()
-            await validate(self, loggers)
+            await self.best.validate(self, loggers)
             timing["validation_s"] = time.perf_counter() - t0
         if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.steps:
             t0 = time.perf_counter()

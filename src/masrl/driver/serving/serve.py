@@ -50,12 +50,13 @@ def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0
             for w in rt.workers:
                 w.load(str(path), with_optimizer=False)
             log(f"[masrl] serving the weights of {path}")
-        asyncio.run(_serve(rt, cfg, host, sock, key, log, ready, limits))
+        asyncio.run(_gateway(cfg, rt, host, sock, key, log, ready, limits))
     finally:
         rt.close()
 
 
-async def _serve(rt, cfg: RunConfig, host: str, sock, key: str | None, log, ready, limits) -> None:
+async def _gateway(cfg: RunConfig, rt, host: str, sock, key: str | None, log, ready, limits) -> None:
+    """The gateway over the runtime `rt` built from `cfg`, answering until stopped."""
     def context():
         trace = Trace(trace_id=new_id("serve"), task_id="serve", sample_idx=0)
         return WorkflowContext(trace, rt.agents, rt.controller.submit, train=False,

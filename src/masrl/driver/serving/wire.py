@@ -133,11 +133,12 @@ def _message(m: Any, i: int) -> dict:
     return out
 
 
-def _tool(t: Any, where: str) -> dict:
+def _tool(offered: Any, where: str) -> dict:
     """One offered tool, checked: its function's name, description and parameter schema."""
-    if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+    if (not isinstance(offered, dict) or offered.get("type", "function") != "function"
+            or not isinstance(offered.get("function"), dict)):
         raise BadRequest(400, f"{where} must be {{type: function, function: {{name, description, parameters}}}}", where)
-    fn = t["function"]
+    fn = offered["function"]
     if not isinstance(fn.get("name"), str) or not TOOL_NAME.match(fn["name"]):
         raise BadRequest(400, f"{where}.function.name must be 1-64 letters, digits, _ or -", f"{where}.function.name")
     if not isinstance(fn.get("description", ""), str):

@@ -1,6 +1,6 @@
 """A run's checkpoint as folders other tools load: ``masrl export RUN --to DIR``.
 
-A checkpoint keeps each trained policy in its own folder (``worker/model/state.py``): a full model as a
+A checkpoint keeps each trained policy in its own folder (``worker/model/checkpoint.py``): a full model as a
 Hugging Face folder beside its optimizer state, a LoRA adapter as ``adapter.safetensors`` holding
 PEFT's own keys beside masrl's ``adapter.json``. Export writes, per policy:
 

@@ -179,6 +179,14 @@ class HeldModel:
             return WeightCopy(self.model, {n: self.policy_parameters(n) for n in trainable}, device=device)
         return None
 
+    def fingerprint(self, policy: str, copy=None) -> list[float]:
+        """Sum and sum of squares of ``policy``'s weights (on the CPU, so equal weights give equal numbers
+        wherever they are kept); sharded (fsdp): the engine's full ``copy``, gathered at the last update."""
+        with torch.no_grad():
+            live = list(copy.model.parameters()) if self.sharded is not None else self.policy_parameters(policy)
+            params = [p.detach().to("cpu", torch.float64) for p in live]
+            return [float(sum(p.sum() for p in params)), float(sum((p ** 2).sum() for p in params))]
+
     # -- offload_weights -----------------------------------------------------------------------
     def tensors(self) -> list[torch.Tensor]:
         """Every weight this model serves: the model (or the base with all its adapters) and value heads."""

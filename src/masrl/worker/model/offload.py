@@ -66,3 +66,32 @@ class PinnedStash:
 def module_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
     """A module's parameters and buffers (each once: tied weights are one tensor)."""
     return list(module.parameters()) + list(module.buffers())
+
+
+class Parking:
+    """``offload_weights``: between a worker's generating and its update, its weights (and EMA copies,
+    ``extra()``) wait in pinned CPU memory and the engine drops its device buffers; ``resident`` brings them
+    back before the next generate, score or update. Off (``on`` false), every call does nothing."""
+
+    def __init__(self, held, engine, extra, on: bool):
+        self.held, self.engine, self.extra, self.on = held, engine, extra, on
+        self._reported = (0.0, 0)  # (seconds, bytes) of trips already in an update's metrics
+
+    def park(self) -> None:
+        if self.on and not self.held.parked:
+            self.engine.release()
+            self.held.park(self.extra())
+
+    def resident(self) -> None:
+        if self.held.parked:
+            self.held.unpark(self.extra())
+
+    def after_update(self, metrics: dict[str, dict[str, float]]) -> None:
+        """Park, and add every trip since the last update (in for the rollout, out, in, out) to its metrics."""
+        if not self.on:
+            return
+        self.park()
+        s, b = self.held.stash.moved_s, self.held.stash.moved_bytes
+        for m in metrics.values():
+            m.update(weights_offload_s=s - self._reported[0], weights_offload_gb=(b - self._reported[1]) / 2**30)
+        self._reported = (s, b)

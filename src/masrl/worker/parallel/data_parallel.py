@@ -60,3 +60,12 @@ def init_ranks(init_method: str, rank: int, world: int, backend: str = "gloo") -
     if not dist.is_initialized():
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
     return DataParallel(rank, world)
+
+
+def free_port() -> int:
+    """A TCP port free on this host (rank 0's rendezvous)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

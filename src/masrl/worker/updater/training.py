@@ -1,12 +1,12 @@
 """One policy update: advantages, then PPO-clip over micro-batches with gradient accumulation.
 
-The worker calls ``train_policy`` with the samples (its own buffered calls) of one policy, so a
+The updater calls ``Learner.train`` with the samples (its own buffered calls) of one policy, so a
 policy only ever sees gradients from calls that it served to its own agents.
 
 Per micro-batch: the lean forward (``modeling.lean``) over the layout ``batching`` chose, the
 output head only at completion positions, the PPO loss, backward. ``algorithm.micro_batch_tokens``
 bounds the memory of a micro-batch (with a 150k vocabulary the fp32 log-probabilities of 16k tokens
-take 10 GB). The advantages come from ``worker.advantages``, the metrics from ``worker.update_metrics``.
+take 10 GB). The advantages come from ``updater.advantages``, the metrics from ``updater.update_metrics``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Ranks: data parallel over a process group, and FSDP2 sharding."""

@@ -1,0 +1,1 @@
+"""Serving calls: the engine, prompt rendering, the buffer of served calls, logprobs."""

@@ -1,0 +1,1 @@
+"""Learning: optimizers and the counters an update keeps, batch layouts, advantages, the PPO update, critics."""

@@ -336,3 +336,17 @@ def test_fp32_adapters_over_a_bf16_base_are_not_taken_for_stale(tiny):
     with torch.no_grad():
         pm.base_model.model.model.layers[0].self_attn.q_proj.lora_A["a"].weight.mul_(3.0)
     assert w.stale() == ["layer 0 qkv LoRA 'a'"]
+
+
+@pytest.mark.parametrize("kind", ["hf-lean", "paged"])
+def test_every_engine_tells_on_done_of_each_row(tiny, kind):
+    """``Engine.generate(requests, on_done)``: each row is told once, with the output the list returns (the eager
+    engine after its batch, the paged one as each row ends)."""
+    model, tok = tiny
+    told = {}
+    eng = make(kind, model, tok, stop_token_ids(tok, model))
+    reqs = [req([1, 5, 9], temperature=0.0, max_new_tokens=n) for n in (2, 7, 4)]
+    out = eng.generate(reqs, lambda i, o: told.setdefault(i, []).append(o))
+    assert sorted(told) == [0, 1, 2] and all(len(v) == 1 for v in told.values())
+    assert [told[i][0].completion_ids for i in range(3)] == [o.completion_ids for o in out]
+    assert [len(o.completion_ids) for o in out] == [2, 7, 4]

@@ -21,10 +21,13 @@ class Engine(Protocol):
     joins_running_decode: bool  # a generate called while another runs joins its decode steps (batches overlap)
     swaps_between_steps: bool  # at_boundary runs a weight change between two steps while calls go on
 
-    def generate(self, requests: list[GenRequest]) -> list[GenOutput | Exception]:
+    def generate(self, requests: list[GenRequest],
+                 on_done: Callable[[int, GenOutput], None] | None = None) -> list[GenOutput | Exception]:
         """Sample every row; rows may mix adapters, temperatures, top-p, limits and stop strings. A
         row the engine refuses on its own (a ``PromptError``: it cannot fit the KV budget) gets the
-        exception in its place; the others run."""
+        exception in its place; the others run. ``on_done(i, output)``: told of row ``i`` once it is
+        sampled (an engine that joins batches, as soon as it ends; one that runs a batch to its end,
+        then, for each row); the list still comes back whole."""
         ...
 
     def weights_updated(self, policies: list[str] | None = None) -> None:

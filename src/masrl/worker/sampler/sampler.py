@@ -74,8 +74,8 @@ class Sampler:
         with contextlib.nullcontext() if self.swaps_mid_call else self.lock:
             versions.update(self.published)
             outputs = []
-            if requests:  # (an engine that cannot tell calls one by one is never given on_done)
-                outputs = self.engine.generate(requests, early) if early else self.engine.generate(requests)
+            if requests:
+                outputs = self.engine.generate(requests, early)
         output_of = dict(zip(live, outputs))
         results: list[GenResult | Exception] = []
         for i, c in enumerate(calls):

@@ -16,8 +16,9 @@ from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
 from masrl.engines.paged import runner as paged_runner
 from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, block_hash
+from masrl.engines.paged.calls import Sequence
 from masrl.engines.paged.prefill import layout, token_rows
-from masrl.engines.paged.scheduler import Scheduler, Sequence
+from masrl.engines.paged.scheduler import Scheduler
 from masrl.errors import PromptError
 from masrl.messages import GenRequest
 

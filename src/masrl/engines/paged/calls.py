@@ -1,6 +1,7 @@
 """One call in the paged engine: what it carries beside its tokens, its random numbers, the tokens it keeps.
 
-A call is a scheduler ``Sequence`` whose ``payload`` is a ``Call``. Token ``t`` of a call with a seed
+A call runs as a ``Sequence`` (its tokens, KV blocks and finish, what the scheduler reads) whose ``call`` is a
+``Call`` (its request, random numbers and caller). Token ``t`` of a call with a seed
 uses ``counter_uniforms(seed)[t]`` whatever step, batch or pre-emption it lands in; ``keep_tokens``
 cuts a chunk's sampled tokens at the call's first stop (token or string) or its limit and tells the
 call's caller as soon as it finishes.
@@ -8,14 +9,13 @@ call's caller as soon as it finishes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from masrl.engines.paged.blocks import BlockPool, blocks_for
-from masrl.engines.paged.scheduler import Sequence
 from masrl.engines.sampling import stop_string_at
 from masrl.messages import GenOutput, GenRequest
 
@@ -34,10 +34,52 @@ class Call:
         self.told = self.on_done is None
 
 
+@dataclass(eq=False)
+class Sequence:
+    """One call as the engine runs it."""
+
+    prompt: list[int]
+    max_new: int
+    key: Hashable = None  # what its keys and values depend on besides the tokens (a LoRA adapter)
+    generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    table: list[int] = field(default_factory=list)  # its KV blocks
+    kv_len: int = 0  # tokens whose keys and values are in ``table``
+    cached: int = 0  # tokens of the last prefill taken from the prefix cache
+    preempted: int = 0
+    finish: str | None = None  # "stop" | "length" once done
+    error: BaseException | None = None
+    call: Call | None = None  # what the engine keeps of the request beside its tokens (sampling, random numbers)
+    fork_of: Sequence | None = None  # in a prefill step: the sequence with the same tokens it copies
+    epoch: int = 0  # the scheduler's weight epoch when its keys and values started being computed
+    _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.generated
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+    def hashes(self, pool: BlockPool, limit: int | None = None) -> list[bytes]:
+        """Hashes of its full blocks among its first ``limit`` tokens (default: all but the last, which
+        is always computed); each block is hashed once in the sequence's life."""
+        n = self.length - 1 if limit is None else limit
+        if len(self._chain) < n // pool.block_size:
+            pool.hashes(self.tokens, self.key, limit=n, known=self._chain)
+        return self._chain[: n // pool.block_size]
+
+
+
 def settled(s: Sequence) -> bool:
     """Done, and its ``on_done`` (if any) has run: a caller woken between the two must keep waiting,
     or it would make the call's result a second time."""
-    return s.error is not None or (s.finish is not None and s.payload.told)
+    return s.error is not None or (s.finish is not None and s.call.told)
 
 
 def chunk_uniforms(seqs: list[Sequence], k: int, rng: np.random.Generator, ahead: int = 0) -> np.ndarray:
@@ -45,7 +87,7 @@ def chunk_uniforms(seqs: list[Sequence], k: int, rng: np.random.Generator, ahead
     taken (a chunk still on the device) (by its seed's counter; a call without a seed draws from ``rng``)."""
     U = np.empty((len(seqs), k), dtype=np.float32)
     for b, s in enumerate(seqs):
-        u, g = s.payload.uniforms, len(s.generated) + ahead
+        u, g = s.call.uniforms, len(s.generated) + ahead
         if u is not None:
             row = u[g : g + k]
             U[b, : len(row)] = row
@@ -81,11 +123,11 @@ def keep_tokens(seqs: list[Sequence], sp: list, T: list[list[int]], L: list[list
         if s.finish is not None:
             sched.finished(s)
             any_done = True
-            if s.payload.on_done is not None:
+            if s.call.on_done is not None:
                 try:
-                    s.payload.on_done(s.payload.index, output(s))
+                    s.call.on_done(s.call.index, output(s))
                 finally:  # a failing callback fails the engine's calls (raised); none waits forever
-                    s.payload.told = True
+                    s.call.told = True
     return any_done
 
 

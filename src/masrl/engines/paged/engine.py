@@ -41,8 +41,9 @@ from masrl.engines.defaults import EngineDefaults
 from masrl.engines.paged import blocks
 from masrl.engines.paged import calls as paged_calls
 from masrl.engines.paged.blocks import BlockPool
+from masrl.engines.paged.calls import Sequence
 from masrl.engines.paged.runner import ModelRunner
-from masrl.engines.paged.scheduler import Scheduler, Sequence
+from masrl.engines.paged.scheduler import Scheduler
 from masrl.engines.sampling import counter_uniforms
 from masrl.errors import PromptError
 from masrl.messages import GenOutput, GenRequest
@@ -209,7 +210,7 @@ class PagedEngine(EngineDefaults):
         n = r.max_new_tokens
         u = None if r.seed is None else counter_uniforms([r.seed], n)[0]
         seq = Sequence(list(r.prompt_ids), n, key=(r.adapter if self.is_peft else None),
-                       payload=paged_calls.Call(r, u, index, on_done))
+                       call=paged_calls.Call(r, u, index, on_done))
         if not self.sched.fits(seq):
             seq.error = PromptError(
                 f"the call needs {len(seq.prompt) + n:,} tokens of KV cache; the engine's budget holds "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from masrl.engines.paged.scheduler import Sequence
+from masrl.engines.paged.calls import Sequence
 from masrl.modeling.lean import LlamaForward, causal_mask
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]

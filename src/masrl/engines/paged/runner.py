@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from masrl.engines.paged import blocks, calls
 from masrl.engines.paged import kernels as K
+from masrl.engines.paged.calls import Sequence
 from masrl.engines.paged.prefill import PoolPrefill, block_tables, rows_bucket, token_rows
-from masrl.engines.paged.scheduler import Sequence
 from masrl.engines.paged.weights import (
     DecodeWeights,
     base_linear,
@@ -213,7 +213,7 @@ class ModelRunner:
         key = tuple(map(id, seqs))
         if self._last_sampling is not None and self._last_sampling[0] == key:
             return self._last_sampling[1]
-        sp = [s.payload.request.sampling for s in seqs]
+        sp = [s.call.request.sampling for s in seqs]
         temps, top_ps = [p.temperature for p in sp], [p.top_p for p in sp]
         out = (sp, torch.tensor(temps, device=self.dev), torch.tensor(top_ps, device=self.dev),
                BatchFlags.of(temps, top_ps))

@@ -22,51 +22,10 @@ shared blocks from the prefix cache.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, blocks_for
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One call as the engine runs it."""
-
-    prompt: list[int]
-    max_new: int
-    key: Hashable = None  # what its keys and values depend on besides the tokens (a LoRA adapter)
-    generated: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    table: list[int] = field(default_factory=list)  # its KV blocks
-    kv_len: int = 0  # tokens whose keys and values are in ``table``
-    cached: int = 0  # tokens of the last prefill taken from the prefix cache
-    preempted: int = 0
-    finish: str | None = None  # "stop" | "length" once done
-    error: BaseException | None = None
-    payload: object = None  # the engine's own per-call state (sampling params, random numbers, ...)
-    fork_of: Sequence | None = None  # in a prefill step: the sequence with the same tokens it copies
-    epoch: int = 0  # the scheduler's weight epoch when its keys and values started being computed
-    _chain: list[bytes] = field(default_factory=list)  # hashes of its full blocks so far (tokens only grow)
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.generated
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.generated)
-
-    @property
-    def done(self) -> bool:
-        return self.finish is not None or self.error is not None
-
-    def hashes(self, pool: BlockPool, limit: int | None = None) -> list[bytes]:
-        """Hashes of its full blocks among its first ``limit`` tokens (default: all but the last, which
-        is always computed); each block is hashed once in the sequence's life."""
-        n = self.length - 1 if limit is None else limit
-        if len(self._chain) < n // pool.block_size:
-            pool.hashes(self.tokens, self.key, limit=n, known=self._chain)
-        return self._chain[: n // pool.block_size]
+from masrl.engines.paged.calls import Sequence
 
 
 @dataclass

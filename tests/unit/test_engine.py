@@ -350,3 +350,19 @@ def test_every_engine_tells_on_done_of_each_row(tiny, kind):
     assert sorted(told) == [0, 1, 2] and all(len(v) == 1 for v in told.values())
     assert [told[i][0].completion_ids for i in range(3)] == [o.completion_ids for o in out]
     assert [len(o.completion_ids) for o in out] == [2, 7, 4]
+
+
+def test_the_paged_engines_counters_survive_a_release(tiny):
+    """``release`` (offload_weights parks a worker every step) drops the pool and the scheduler; the engine's one
+    stats object keeps counting across it, so pre-emptions taken after a rebuild are never negative or lost."""
+    model, tok = tiny
+    eng = PagedEngine(model, tok, stop_token_ids(tok, model), device="cpu", seed=0, kv_blocks=9, block_size=4)
+    reqs = [req(list(range(10 + i, 16 + i)), max_new_tokens=12, ignore_eos=True) for i in range(4)]  # 18 slots each
+    eng.generate(reqs)
+    first = eng.stats["preemptions"]
+    assert first > 0 and eng.take_counters()["preemptions"] == first
+    eng.release()
+    eng.generate(reqs)
+    assert eng.stats["preemptions"] > first  # cumulative: the rebuilt scheduler's count adds to the engine's
+    assert eng.take_counters()["preemptions"] == eng.stats["preemptions"] - first > 0
+    assert eng.stats["prefill_tokens"] > 0 and eng.stats["hit_blocks"] + eng.stats["miss_blocks"] > 0

@@ -47,7 +47,7 @@ class OutOfBlocks(RuntimeError):
 class BlockPool:
     """``num_blocks`` blocks of ``block_size`` slots; block 0 is reserved (the scratch block)."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, stats: dict | None = None):
         if num_blocks < 2:
             raise ValueError(f"a KV block pool needs at least 2 blocks (one is scratch), got {num_blocks}")
         if block_size < 1:
@@ -58,7 +58,9 @@ class BlockPool:
         self.hash_of: list[bytes | None] = [None] * num_blocks
         self.cached: dict[bytes, int] = {}  # full-block hash -> block
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
-        self.stats = {"hit_blocks": 0, "miss_blocks": 0}
+        self.stats = {} if stats is None else stats  # the engine's one stats object, when it has one
+        self.stats.setdefault("hit_blocks", 0)
+        self.stats.setdefault("miss_blocks", 0)
 
     # -- counts -----------------------------------------------------------------------------------
     @property

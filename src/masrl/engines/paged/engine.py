@@ -70,8 +70,9 @@ class PagedEngine(EngineDefaults):
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.stop_set))
-        self.stats: dict = {"prefill_steps": 0, "preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                            "peak_blocks": 0, "joined": 0, "forks": 0, "swaps_mid_call": 0, "overlapped_chunks": 0}
+        # the engine's one stats object: the runner, the scheduler and the block pool count into it (they are
+        # rebuilt after a release; it is not)
+        self.stats: dict = {"peak_blocks": 0, "joined": 0, "swaps_mid_call": 0, "overlapped_chunks": 0}
         # graph_prefill (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
         # the rows save no launches there; docs/benchmarks.md has the GPU figures)
         self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, block_size=block_size,
@@ -264,9 +265,6 @@ class PagedEngine(EngineDefaults):
             finished = self._sample(step.seqs, logits)
         else:
             finished = self._decode_chunk(step.seqs)
-        st = self.sched.stats
-        for k in ("preemptions", "prefill_tokens", "cached_tokens", "forks"):
-            self.stats[k] = st[k]
         return finished
 
     # -- sampling and decode chunks: the runner's device work, the calls' tokens kept here -------------------
@@ -300,7 +298,7 @@ class PagedEngine(EngineDefaults):
         if k:
             self._inflight = self.runner.launch(c.seqs, k, lambda: self._uniforms(c.seqs, k, c.k), ahead=c.k)
             if self._inflight is not None:
-                self.sched.stats["decodes"] += 1
+                self.stats["decodes"] += 1
                 self.stats["overlapped_chunks"] += 1
         T, L = c.results()
         live = [i for i, s in enumerate(c.seqs) if s.finish is None and s.error is None]
@@ -324,6 +322,6 @@ class PagedEngine(EngineDefaults):
             self.runner.build(self.kv_blocks)
             if self.pool is not None:
                 return
-            self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size), max_seqs=self.max_batch_size,
-                                   prefill_tokens=self.prefill_tokens)
+            self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size, stats=self.stats),
+                                   max_seqs=self.max_batch_size, prefill_tokens=self.prefill_tokens, stats=self.stats)
             self.pool = self.sched.pool

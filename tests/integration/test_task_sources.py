@@ -99,3 +99,18 @@ def test_a_seating_given_to_a_workflow_that_seats_no_players_is_named_with_those
     data["data"]["train"]["options"] = {"seats": 2}
     with pytest.raises(ConfigError, match="source 'episodes' takes players, swap_seats.*not seats"):
         check_run(load_config(data=data))
+
+
+def test_a_row_kind_is_a_registered_one_the_framework_or_a_familys(tmp_path):
+    """``data.X.kind`` is read through the registry the families add to: a family's kind (qa) reads a file's rows,
+    beside it a misspelled kind is refused by the run's check, naming the key and the kinds there are."""
+    import json
+
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text("\n".join(json.dumps({"id": f"q{i}", "question": f"Who founded Vexora {i}?",
+                                          "answers": ["Ada Lin"], "supporting": ["doc-1"]}) for i in range(3)))
+    good = load_tasks(load_config(data=_data(tmp_path, {"source": "file", "path": str(rows), "kind": "qa"})).data.train)
+    assert [t.answer for t in good] == [["Ada Lin"]] * 3 and good[0].meta["supporting"] == ["doc-1"]
+    bad = load_config(data=_data(tmp_path, {"source": "file", "path": str(rows), "kind": "qaa"}))
+    with pytest.raises(ConfigError, match=r"data\.train\.kind: unknown row kind 'qaa'; use one of code, math, qa"):
+        check_run(bad)

@@ -3,9 +3,9 @@ import asyncio
 import pytest
 
 from masrl.data import checkers
-from masrl.data.code_tasks import humaneval_program, load_code_tasks, load_humaneval
 from masrl.data.test_spec import parse_spec
 from masrl.errors import DataError
+from masrl.families.code.tasks import humaneval_program, load_code_tasks, load_humaneval
 from masrl.tools.code_extract import extract_code
 from masrl.tools.code_tests import CodeVerifier, verify
 from masrl.tools.sandbox import Limits

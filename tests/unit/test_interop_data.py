@@ -5,9 +5,9 @@ import json
 import pytest
 from verl_rows import INSTRUCTION, gsm8k_row, math_row, nq_row, write
 
-from masrl.data.code_tasks import load_code_tasks
 from masrl.data.loader import load_math_tasks
 from masrl.errors import DataError
+from masrl.families.code.tasks import load_code_tasks
 
 
 def test_verl_math_rows_load_unchanged(tmp_path):

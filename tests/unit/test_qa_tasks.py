@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from masrl.data.qa_tasks import load_qa_tasks
 from masrl.errors import DataError
+from masrl.families.qa.tasks import load_qa_tasks
 from masrl.families.qa.world import ensure_world, world_tasks
 
 

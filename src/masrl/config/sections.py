@@ -59,9 +59,10 @@ class DataSourceConfig(Strict):
                                   "seeded multi-hop questions over `data.world`'s corpus; episodes: seeds for an "
                                   "environment's episodes (workflow env); file: JSONL or Parquet; or your own "
                                   "'module:function' (data/sources.py)")
-    kind: Literal["math", "code", "qa"] = Field(
-        "math", description="what rows hold, for source file and for rows your own source returns as dicts (code "
-                            "rows carry tests; qa rows answers and supporting facts)")
+    kind: str = Field(
+        "math", description="how rows are read, for source file and for rows your own source returns as dicts: "
+                            "math (a question and a numeric answer) or a task family's kind (code rows carry tests; "
+                            "qa rows answers and supporting facts); checked against the registered kinds")
     path: str | None = Field(None, description="JSONL or Parquet file (source: file)")
     n: int | None = Field(None, ge=1, description="number of tasks (generators) or first n rows (file, humaneval)")
     seed: int = 0

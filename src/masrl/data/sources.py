@@ -1,9 +1,10 @@
 """Task sources by name: ``data.train.source`` / ``data.eval.source`` pick one.
 
-The framework's: ``episodes`` (seeds for an environment), ``humaneval`` and ``file`` (JSONL or Parquet rows
-of ``kind`` math | code | qa); every task family adds its own (``masrl.families``: ``arithmetic``,
-``math_chain``, ``code_gen``, ``code_docs``, ``qa_world``, ``reasoning_gym``), and the driver looks names up
-in their union. Your own is ``source: 'module:function'``: a function ``f(spec: SourceSpec) ->
+The framework's: ``episodes`` (seeds for an environment) and ``file`` (JSONL or Parquet rows of a ``kind``:
+the framework's ``math`` rows, a question and a numeric answer, or a family's: ``code``, ``qa``); every task
+family adds its own sources and row kinds (``masrl.families``: ``arithmetic``, ``math_chain``, ``code_gen``,
+``code_docs``, ``humaneval``, ``qa_world``, ``reasoning_gym``), and the driver looks names up in their union.
+Your own is ``source: 'module:function'``: a function ``f(spec: SourceSpec) ->
 Iterable[Task | dict]``. Rows it returns as dicts are read like a file's rows of ``kind`` (the same field
 aliases, the same errors naming the row), so a source that only fetches rows needs no parsing of its own;
 ``options`` are yours (``data.train.options``; a source that takes options checks them itself). Every
@@ -48,13 +49,6 @@ class Source:
     options: Callable[[dict, str], Any] | None = None  # checks ``options`` (raising ConfigError); None: takes none
 
 
-def _row_kinds() -> dict[str, RowTask]:
-    from masrl.data.code_tasks import code_task
-    from masrl.data.qa_tasks import qa_task
-
-    return {"math": math_task, "code": code_task, "qa": qa_task}
-
-
 def _episodes(s: SourceSpec) -> list[Task]:
     """Seeds for an environment's episodes (the environment and game workflows); ``options`` (the seating of a split's
     games, e.g. held-out games against the random player) go to every task's ``meta``."""
@@ -91,12 +85,6 @@ def _episode_options(options: dict, key: str) -> None:
         raise ConfigError(f"{key}.options.swap_seats: true or false")
 
 
-def _humaneval(s: SourceSpec) -> list[Task]:
-    from masrl.data.code_tasks import load_humaneval
-
-    return load_humaneval()[: s.n]
-
-
 def _file(s: SourceSpec) -> list[dict]:
     return read_rows(s.path)  # type: ignore[arg-type]
 
@@ -104,10 +92,11 @@ def _file(s: SourceSpec) -> list[dict]:
 # the framework's own sources; each task family adds its generators (masrl.families.SOURCES has them all)
 SOURCES: dict[str, Source] = {
     "episodes": Source(_episodes, options=_episode_options),
-    "humaneval": Source(_humaneval, more="HumanEval has 164 problems"),
     "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }
 Sources = dict[str, Source]
+# the framework's own row kind (``data.X.kind``); each family adds its rows' (masrl.families.ROW_KINDS)
+ROW_KINDS: dict[str, RowTask] = {"math": math_task}
 
 
 def more_tasks_hint(src: DataSourceConfig, sources: Sources) -> str:
@@ -116,8 +105,13 @@ def more_tasks_hint(src: DataSourceConfig, sources: Sources) -> str:
     return builtin.more if builtin is not None else ""
 
 
-def check_source(src: DataSourceConfig, key: str, sources: Sources) -> Source:
-    """The source ``src`` names (among ``sources``), with its settings checked; errors name ``key`` and the fix."""
+def check_source(src: DataSourceConfig, key: str, sources: Sources, kinds: dict[str, RowTask] | None = None) -> Source:
+    """The source ``src`` names (among ``sources``), with its settings checked (its ``kind`` among ``kinds``, by
+    default the framework's); errors name ``key`` and the fix."""
+    kinds = ROW_KINDS if kinds is None else kinds
+    if src.kind not in kinds:
+        raise ConfigError(f"{key}.kind: unknown row kind '{src.kind}'; use one of {', '.join(sorted(kinds))} (how a "
+                          f"row's fields are read: a task family adds its own)")
     builtin = sources.get(src.source)
     if builtin is None:
         if ":" not in src.source:
@@ -145,15 +139,15 @@ def check_source(src: DataSourceConfig, key: str, sources: Sources) -> Source:
     return builtin
 
 
-def load_tasks(src: DataSourceConfig, *, sources: Sources, exclude: set[str] | None = None,
-               world: WorldConfig | None = None, key: str = "data") -> list[Task]:
+def load_tasks(src: DataSourceConfig, *, sources: Sources, kinds: dict[str, RowTask] | None = None,
+               exclude: set[str] | None = None, world: WorldConfig | None = None, key: str = "data") -> list[Task]:
     """The tasks of one split: the source's tasks, its dict rows read as ``src.kind`` rows, the
     first ``n`` kept, ``exclude``'s questions left out."""
-    source = check_source(src, key, sources)
+    source = check_source(src, key, sources, kinds)
     spec = SourceSpec(src.n, src.seed, tuple(src.levels), src.kind, src.path, dict(src.options),
                       world or WorldConfig(), frozenset(exclude or ()))
     origin = src.path if src.source == "file" else f"{key}.source '{src.source}'"
-    row_task = _row_kinds()[src.kind]
+    row_task = (ROW_KINDS if kinds is None else kinds)[src.kind]
 
     def read(row, where, i):
         return row if isinstance(row, Task) else row_task(row, where, i)
@@ -178,10 +172,11 @@ def _as_rows(items: Iterable, origin: str) -> Iterable:
         yield x
 
 
-def build_tasks(cfg: RunConfig, sources: Sources) -> tuple[list[Task], list[Task]]:
+def build_tasks(cfg: RunConfig, sources: Sources, kinds: dict[str, RowTask] | None = None
+                ) -> tuple[list[Task], list[Task]]:
     """Train and held-out tasks; train tasks never repeat an eval question."""
-    eval_tasks = load_tasks(cfg.data.eval, sources=sources, world=cfg.data.world, key="data.eval")
-    train_tasks = load_tasks(cfg.data.train, sources=sources, exclude={t.question for t in eval_tasks},
+    eval_tasks = load_tasks(cfg.data.eval, sources=sources, kinds=kinds, world=cfg.data.world, key="data.eval")
+    train_tasks = load_tasks(cfg.data.train, sources=sources, kinds=kinds, exclude={t.question for t in eval_tasks},
                              world=cfg.data.world, key="data.train")
     if not train_tasks and cfg.train.steps > 0:
         raise ConfigError("data.train: no training tasks are left once the questions of data.eval are removed (every "

@@ -1,6 +1,7 @@
 """Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
 and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``,
-``ENVS`` and ``DATA_COMMANDS`` (``masrl data NAME``); ``configs/*.yaml`` its runs). The framework (workflows'
+``ENVS``, ``ROW_KINDS`` (``data.X.kind``: how a file's rows are read) and ``DATA_COMMANDS`` (``masrl data NAME``);
+``configs/*.yaml`` its runs). The framework (workflows'
 base, graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built
 here, from the families and the framework's own.
 
@@ -16,6 +17,7 @@ from typing import Any
 from masrl.config.loading import load_object
 from masrl.data import sources
 from masrl.data.commands import DataCommand
+from masrl.data.sources import ROW_KINDS as FRAMEWORK_ROW_KINDS
 from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
 from masrl.data.sources import Source
 from masrl.errors import ConfigError
@@ -42,6 +44,7 @@ WORKFLOWS: dict[str, Any] = _merged("WORKFLOWS", FRAMEWORK_WORKFLOWS)
 SOURCES: dict[str, Source] = _merged("SOURCES", {**FRAMEWORK_SOURCES, **WORKFLOW_SOURCES})
 ENVS: dict[str, Any] = _merged("ENVS", {})
 DATA_COMMANDS: dict[str, DataCommand] = _merged("DATA_COMMANDS", {})  # ``masrl data NAME``
+ROW_KINDS: dict[str, Any] = _merged("ROW_KINDS", FRAMEWORK_ROW_KINDS)  # ``data.X.kind``: how a row is read
 
 
 def build_workflow(name: str, options: dict):
@@ -119,15 +122,15 @@ def config_path(arg: str) -> Path:
 
 # the data loop over every registered source (data/sources.py's, with the families' generators)
 def check_source(src, key: str) -> Source:
-    return sources.check_source(src, key, SOURCES)
+    return sources.check_source(src, key, SOURCES, ROW_KINDS)
 
 
 def load_tasks(src, **kwargs):
-    return sources.load_tasks(src, sources=SOURCES, **kwargs)
+    return sources.load_tasks(src, sources=SOURCES, kinds=ROW_KINDS, **kwargs)
 
 
 def build_tasks(cfg):
-    return sources.build_tasks(cfg, SOURCES)
+    return sources.build_tasks(cfg, SOURCES, ROW_KINDS)
 
 
 def more_tasks_hint(src) -> str:

@@ -8,6 +8,7 @@ from masrl.data.sources import Source, SourceSpec
 from masrl.errors import ConfigError
 from masrl.families.code import code_gen, docs_tasks
 from masrl.families.code.docs import CodeDocsAgent, CodeDocsTeam
+from masrl.families.code.tasks import code_task, load_humaneval
 from masrl.families.code.team import CodeSolver, CodeTeam
 
 
@@ -24,9 +25,15 @@ def _code_docs(s: SourceSpec):
                                exclude=set(s.exclude))
 
 
+def _humaneval(s: SourceSpec):
+    return load_humaneval()[: s.n]
+
+
 WORKFLOWS = {"code_team": CodeTeam, "code_solver": CodeSolver, "code_docs_team": CodeDocsTeam,
              "code_docs_agent": CodeDocsAgent}
 SOURCES = {"code_gen": Source(_code_gen, levels=(1, 2), more="code_gen's function families hold about 440 distinct "
                                                              "tasks at levels 1-2"),
            "code_docs": Source(_code_docs, levels=(1, 2), more="code_docs invents a new function name for every "
-                                                               "task: raise n")}
+                                                               "task: raise n"),
+           "humaneval": Source(_humaneval, more="HumanEval has 164 problems")}
+ROW_KINDS = {"code": code_task}  # a file's code rows: a prompt and its tests

@@ -10,6 +10,7 @@ from masrl.families.qa.rag import RAG
 from masrl.families.qa.reading import ReadingAgent, ReadingTeam
 from masrl.families.qa.reading_hops import ReadingHops, ReadingHopsAgent
 from masrl.families.qa.search import SearchAgent, SearchTeam
+from masrl.families.qa.tasks import qa_task
 from masrl.families.qa.world import world_tasks
 
 
@@ -22,6 +23,7 @@ WORKFLOWS = {"search_team": SearchTeam, "search_agent": SearchAgent, "reading_te
              "reading_agent": ReadingAgent, "reading_hops": ReadingHops, "reading_hops_agent": ReadingHopsAgent,
              "rag": RAG}
 SOURCES = {"qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world (data.world.docs) holds more questions")}
+ROW_KINDS = {"qa": qa_task}  # a file's QA rows: a question, its answers, its supporting documents
 
 
 

@@ -43,7 +43,7 @@ def _xy(seed, max_value=20):
 
 def test_relay_and_correct_sum_pay_both_agents():
     x, y = _xy(5)
-    tr, engine = _episode(build_workflow("env", {}), 5, {"scout": [f"<message>It is {x}.</message>"],
+    tr, engine = _episode(build_workflow("env", {"env": "hidden_sum"}), 5, {"scout": [f"<message>It is {x}.</message>"],
                                               "solver": [f"<answer>{x + y}</answer>"]})
     scout, solver = tr.calls
     assert [(c.agent, c.turn) for c in tr.calls] == [("scout", 0), ("solver", 1)]
@@ -54,7 +54,7 @@ def test_relay_and_correct_sum_pay_both_agents():
 
 def test_no_relay_no_bonus_and_a_wrong_sum_pays_nothing():
     x, y = _xy(6)
-    tr, _ = _episode(build_workflow("env", {}), 6,
+    tr, _ = _episode(build_workflow("env", {"env": "hidden_sum"}), 6,
                      {"scout": ["<message>hello</message>"], "solver": [f"<answer>{x + y + 1}</answer>"]})
     assert [c.credit for c in tr.calls] == [0.0, 0.0] and tr.metrics["outcome"] == 0.0
     assert "solver/accuracy" not in tr.metrics  # judged only when the number reached it
@@ -76,3 +76,6 @@ def test_seeded_reset_and_custom_env_errors():
     assert a.reset(3) == b.reset(3) and a.reset(3) != a.reset(4)
     with pytest.raises(Exception, match="workflow.options.env"):
         build_workflow("env", {"env": "nowhere"})
+    with pytest.raises(Exception, match=r"workflow.options.env: the env workflow runs an environment; name one: "
+                                        r"a family's \(hidden_sum\)"):
+        build_workflow("env", {"rounds": 1})  # no default environment: the framework names no family

@@ -52,8 +52,11 @@ def build_workflow(name: str, options: dict):
     environment and a shipped graph file are found by name (``env: hidden_sum``, ``path: qa/graphs/rag.yaml``)."""
     cls = WORKFLOWS.get(name) or load_object(name, "workflow")
     options = dict(options)
-    if name == "env" and isinstance(options.get("env", "hidden_sum"), str) and options.get("env", "hidden_sum") in ENVS:
-        options["env"] = ENVS[options.get("env", "hidden_sum")]
+    if name == "env" and "env" not in options:
+        raise ConfigError(f"workflow.options.env: the env workflow runs an environment; name one: a family's "
+                          f"({', '.join(sorted(ENVS))}) or your own 'module:Class'")
+    if name == "env" and isinstance(options["env"], str) and options["env"] in ENVS:
+        options["env"] = ENVS[options["env"]]
     if name == "graph" and isinstance(options.get("path"), str):
         options["path"] = str(graph_path(options["path"]))
     _check_options(name, cls, options)

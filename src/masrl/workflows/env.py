@@ -19,7 +19,7 @@ from masrl.trace import Trace
 class EnvWorkflow:
     name = "env"
 
-    def __init__(self, env: "str | type" = "hidden_sum", max_steps: int = 64, **options):
+    def __init__(self, env: "str | type", max_steps: int = 64, **options):
         if isinstance(env, str):  # a family's environment by name reaches here as its class (masrl.families)
             from masrl.config.loading import load_object
 

@@ -256,21 +256,16 @@ def yardstick_lines(data: dict) -> list[str]:
 
 
 def head_to_head_of(run_dirs: list[str | Path], games: int, overrides: list[str] | None = None, log=None) -> dict:
-    """Game runs' latest checkpoints (the first seat's policy) and the untrained model against each other on the
-    first run's config (``families.games.head_to_head``)."""
+    """The runs' latest checkpoints against each other (the ``head_to_head`` comparison a task family adds: the games
+    family's, on the first run's config)."""
     from masrl.driver.run.rundir import RunDir
-    from masrl.families.games.head_to_head import UNTRAINED, head_to_head, seat_policies
+    from masrl.families import COMPARISONS
 
+    if "head_to_head" not in COMPARISONS:
+        raise MasrlError("masrl compare --head-to-head: no task family adds a head-to-head comparison")
     runs = [RunDir(d) for d in run_dirs]
-    config = runs[0].config_file
-    players = {UNTRAINED: UNTRAINED}
-    for run in runs:
-        _, policy, _ = seat_policies(run.config_file)
-        folder = run.checkpoint() / policy
-        if not folder.is_dir():
-            raise MasrlError(f"{run.path}: its latest checkpoint has no policy folder {policy} (the first seat's)")
-        players[run.path.name] = str(folder)
-    return head_to_head(config, players, games, overrides, log=log)
+    return COMPARISONS["head_to_head"].run([(r.path.name, r.config_file, r.checkpoint()) for r in runs], games,
+                                           list(overrides or []), log)
 
 
 def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None, head_to_head_games: int = 0,
@@ -281,10 +276,10 @@ def build_compare(run_dirs: list[str | Path], out: str | Path, print_table=None,
         raise MasrlError("masrl compare: give one or more run directories")
     data = collect_runs(run_dirs)
     if head_to_head_games:
-        from masrl.families.games.head_to_head import table_lines
+        from masrl.families import COMPARISONS
 
         data["head_to_head"] = head_to_head_of(run_dirs, head_to_head_games, overrides, log=print_table)
-        data["notes"] = [*data.get("notes", []), *table_lines(data["head_to_head"])]
+        data["notes"] = [*data.get("notes", []), *COMPARISONS["head_to_head"].lines(data["head_to_head"])]
     if print_table is not None:
         for line in compare_table(data):
             print_table(line)

@@ -1,5 +1,6 @@
-"""Data commands a task family adds to ``masrl data`` (its ``DATA_COMMANDS``): ``masrl data NAME --out ...`` writes
-that family's generated tasks or world to files, without the CLI knowing the family."""
+"""Commands a task family adds to the CLI without the CLI knowing the family: data commands (its ``DATA_COMMANDS``:
+``masrl data NAME --out ...`` writes that family's generated tasks or world to files) and comparisons (its
+``COMPARISONS``: ``masrl compare RUN... --head-to-head N`` has the runs' checkpoints play each other)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,16 @@ class DataCommand:
     help: str
     arguments: Callable[[argparse.ArgumentParser], None]  # adds the command's options to its parser
     run: Callable[[argparse.Namespace], int]  # does it; the command's exit status
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A table ``masrl compare`` adds over the runs it compares: ``run(runs, n, overrides, log)``, ``runs`` each run's
+    ``(name, config file, latest checkpoint folder)``, gives its data (kept in the page); ``lines(data)`` its text
+    table (the page's notes and the terminal's)."""
+
+    run: Callable[[list[tuple[str, Path, Path]], int, list[str], Callable | None], dict]
+    lines: Callable[[dict], list[str]]
 
 
 def output_file(path: str, what: str) -> Path:

@@ -1,6 +1,7 @@
 """Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
 and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``,
-``ENVS``, ``ROW_KINDS`` (``data.X.kind``: how a file's rows are read) and ``DATA_COMMANDS`` (``masrl data NAME``);
+``ENVS``, ``ROW_KINDS`` (``data.X.kind``: how a file's rows are read), ``DATA_COMMANDS`` (``masrl data NAME``) and
+``COMPARISONS`` (tables ``masrl compare`` adds);
 ``configs/*.yaml`` its runs). The framework (workflows'
 base, graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built
 here, from the families and the framework's own.
@@ -16,7 +17,7 @@ from typing import Any
 
 from masrl.config.loading import load_object
 from masrl.data import sources
-from masrl.data.commands import DataCommand
+from masrl.data.commands import Comparison, DataCommand
 from masrl.data.sources import ROW_KINDS as FRAMEWORK_ROW_KINDS
 from masrl.data.sources import SOURCES as FRAMEWORK_SOURCES
 from masrl.data.sources import Source
@@ -44,6 +45,7 @@ WORKFLOWS: dict[str, Any] = _merged("WORKFLOWS", FRAMEWORK_WORKFLOWS)
 SOURCES: dict[str, Source] = _merged("SOURCES", {**FRAMEWORK_SOURCES, **WORKFLOW_SOURCES})
 ENVS: dict[str, Any] = _merged("ENVS", {})
 DATA_COMMANDS: dict[str, DataCommand] = _merged("DATA_COMMANDS", {})  # ``masrl data NAME``
+COMPARISONS: dict[str, Comparison] = _merged("COMPARISONS", {})  # ``masrl compare RUN... --head-to-head N``
 ROW_KINDS: dict[str, Any] = _merged("ROW_KINDS", FRAMEWORK_ROW_KINDS)  # ``data.X.kind``: how a row is read
 
 

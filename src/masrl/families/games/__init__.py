@@ -4,6 +4,9 @@ each other, one against a frozen copy of the untrained model or a random-legal-m
 
 from __future__ import annotations
 
+from masrl.data.commands import Comparison
+from masrl.families.games.head_to_head import runs_head_to_head, table_lines
 from masrl.families.games.workflow import OpenSpielGame, PettingZooGame, TextArenaGame
 
 WORKFLOWS = {"textarena": TextArenaGame, "openspiel": OpenSpielGame, "pettingzoo": PettingZooGame}
+COMPARISONS = {"head_to_head": Comparison(runs_head_to_head, table_lines)}  # masrl compare --head-to-head N

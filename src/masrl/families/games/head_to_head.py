@@ -90,6 +90,20 @@ def head_to_head(config_file: Path, players: dict[str, str], games: int, overrid
             "elo": elo(names, table) if len(names) > 1 else {names[0]: 1000.0}}
 
 
+def runs_head_to_head(runs: list[tuple[str, Path, Path]], games: int, overrides: list[str] | None = None,
+                      log=None) -> dict:
+    """Game runs' latest checkpoints (each run's first seat's policy) and the untrained model against each other,
+    on the first run's config (``masrl compare RUN... --head-to-head N``)."""
+    players = {UNTRAINED: UNTRAINED}
+    for name, config_file, checkpoint in runs:
+        _, policy, _ = seat_policies(config_file)
+        folder = Path(checkpoint) / policy
+        if not folder.is_dir():
+            raise MasrlError(f"{name}: its latest checkpoint has no policy folder {policy} (the first seat's)")
+        players[name] = str(folder)
+    return head_to_head(runs[0][1], players, games, overrides, log=log)
+
+
 def table_lines(h2h: dict) -> list[str]:
     names = h2h["names"]
     out = [f"head-to-head: row's score against column (win 1, draw 0.5), {h2h['games']} held-out games, both seats",

@@ -117,7 +117,8 @@ def test_checkpoints_play_each_other_in_a_head_to_head_table(tmp_path):
     cmd = [sys.executable, str(root / "scripts" / "head_to_head.py"), "games/tictactoe_vs_frozen",
            *(f"{k}={v}" for k, v in folders.items()), "U=untrained", "--games", "4", "model=tiny-random",
            "workflow.options.examples=0"]
-    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    # 9 evaluations in child processes: ~2 min alone on 2 cores, several times that on a busy machine
+    out = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = dict(re.findall(r"^\| (A|B|U) \| ([\d. |]+) \|$", out.stdout, re.M))
     assert set(rows) == {"A", "B", "U"}, out.stdout

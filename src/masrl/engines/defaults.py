@@ -9,10 +9,17 @@ from typing import Callable
 
 
 class EngineDefaults:
-    """The capabilities an engine without them declares: no joined batches, no mid-call weight swaps, no counters."""
+    """The capabilities an engine without them declares: no joined batches, no mid-call weight swaps, no counters.
+    Such an engine runs a batch to its end (its ``_generate``) and then tells ``on_done`` of each row."""
 
     joins_running_decode = False
     swaps_between_steps = False
+
+    def generate(self, requests: list, on_done: Callable | None = None) -> list:
+        outputs = self._generate(requests)
+        for i, o in enumerate(outputs if on_done is not None else []):
+            on_done(i, o)
+        return outputs
 
     def at_boundary(self, fn: Callable[[], None]) -> None:
         fn()

@@ -146,13 +146,6 @@ class VLLMEngine(EngineDefaults):
         return None
 
     # -- generation ------------------------------------------------------------------------------
-    def generate(self, requests: list[GenRequest], on_done=None) -> list[GenOutput]:
-        """The batch run to its end (``on_done``: then told of each row, as ``Engine.generate`` says)."""
-        outputs = self._generate(requests)
-        for i, o in enumerate(outputs if on_done is not None else []):
-            on_done(i, o)
-        return outputs
-
     def _generate(self, requests: list[GenRequest]) -> list[GenOutput]:
         if not requests:
             return []

@@ -54,14 +54,14 @@ class PolicyWorker(PolicyHost):
                           device=rollout_device or device, seed=seed, **(engine_options or {}))
         self.sampler = Sampler(self.held, eng, copy, overlaps_update=self.overlaps_update, fsdp=self.fsdp,
                                versions=self.updater.updates)
-        self.joins_batches = self.sampler.joins_batches
         self.checkpoint = Checkpoint(self.held, self.updater, self.sampler)
         memory.enroll({device, str(eng.device)}, self)
         self.parking = Parking(self.held, eng, self.updater.ema_tensors, any(p.offload_weights for p in policies))
 
     policy_names = property(lambda self: list(self.held.policies))
     specs = property(lambda self: dict(self.held.policies))
-    trainable_names = property(lambda self: [n for n, p in self.held.policies.items() if p.trainable])
+    trainable_names = property(lambda self: self.held.trainable)
+    joins_batches = property(lambda self: self.sampler.joins_batches)
 
     def get_tokenizer(self):
         return self.held.tokenizer

@@ -126,9 +126,6 @@ class Checkpoint:
     def _counters_file(self, d: Path) -> Path:
         return d / f"worker_{'_'.join(self.held.policies)}.json"
 
-    def _trainable(self) -> list[str]:
-        return [n for n, p in self.held.policies.items() if p.trainable]
-
     def _snapshots(self) -> list[str]:
         """Frozen policies that hold snapshots of another (an opponent pool): saved with the checkpoint, as
         their weights change during the run."""
@@ -150,7 +147,7 @@ class Checkpoint:
                     (d / name).mkdir(parents=True, exist_ok=True)
                     torch.save(opt.state_dict(), d / name / opt.file_name)
             return
-        for name in self._trainable():
+        for name in self.held.trainable:
             self.files.save(name, None if weights_only else up.optimizers.get(name), d / name)
         for name in self._snapshots():  # frozen, but not fixed: an opponent pool's member
             self.files.save(name, None, d / name)
@@ -178,7 +175,7 @@ class Checkpoint:
         ``weights_only``); rank 0 also writes the full weights from the engine's gathered copy
         (``NAME/model.safetensors``, what ``serve`` and ``eval --checkpoint`` load) and the worker's counters."""
         held, up = self.held, self.updater
-        for name in self._trainable():
+        for name in self.held.trainable:
             if not weights_only:
                 held.sharded.save(up.optimizers[name].opt, d / name / "fsdp")
             if up.dp.rank == 0:
@@ -210,7 +207,7 @@ class Checkpoint:
     def load(self, d: Path, *, with_optimizer: bool = True) -> None:
         """What ``save`` wrote; the engine gets the loaded weights before this returns."""
         held, up = self.held, self.updater
-        for name in self._trainable():
+        for name in self.held.trainable:
             if held.sharded is not None:
                 self._load_sharded(name, d, with_optimizer)
                 continue

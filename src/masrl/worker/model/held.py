@@ -116,6 +116,11 @@ class HeldModel:
             heads[name] = head
         return heads
 
+    @property
+    def trainable(self) -> list[str]:
+        """The names of the policies an optimizer updates (frozen ones serve only)."""
+        return [n for n, p in self.policies.items() if p.trainable]
+
     # -- parameters ----------------------------------------------------------------------------
     def policy_parameters(self, policy: str) -> list[nn.Parameter]:
         """The parameters that ``policy``'s optimizer updates, and no others."""

@@ -7,3 +7,12 @@ host_wheels() {
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d "$dir" "$@" 2>&1 | grep -v "^WARNING" || true
 }
+
+# `start_wheels FOLDER`: the preamble every prepare_*.sh shares: FOLDER (.gpu-NAME, where the parts go) kept out of
+# git, a scratch folder $work/wheels removed on exit, and `get SPEC...` (host_wheels into it).
+start_wheels() {
+  grep -qx "/$1/" .git/info/exclude 2>/dev/null || echo "/$1/" >> .git/info/exclude
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  mkdir -p "$work/wheels"
+}
+get() { host_wheels "$work/wheels" "$@"; }

@@ -16,11 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 PART_MB=${PART_MB:-40}
-grep -qx "/.gpu-verl/" .git/info/exclude 2>/dev/null || echo "/.gpu-verl/" >> .git/info/exclude
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/wheels"
 source scripts/gpu/host_wheels.sh
-get() { host_wheels "$work/wheels" "$@"; }
+start_wheels .gpu-verl
 get verl==0.9.1
 # hydra's antlr4 runtime 4.9.3 is published as a source archive only: built here into a (pure-Python) wheel
 "$PY" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$work/wheels" 2>&1 | grep -v "^WARNING" || true

@@ -13,11 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 PART_MB=${PART_MB:-40}
-grep -qx "/.gpu-vllm/" .git/info/exclude 2>/dev/null || echo "/.gpu-vllm/" >> .git/info/exclude
-work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
-mkdir -p "$work/wheels"
 source scripts/gpu/host_wheels.sh
-get() { host_wheels "$work/wheels" "$@"; }
+start_wheels .gpu-vllm
 get vllm==0.24.0
 for p in cbor2 pyzmq openai-harmony msgspec pybase64 cachetools "llguidance<1.8" xgrammar==0.2.2 \
          apache-tvm-ffi==0.1.9 "fastapi>=0.133,<0.137" "starlette>=1.0.1" partial-json-parser "openai>=2,<3" jiter \

@@ -32,6 +32,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VERL_PATH = "/tmp/site-verl:/tmp/site-vllm:/tmp/site-ray"  # scripts/gpu's installs
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
+VERL_DATA = ROOT / "src/masrl/driver/serving/verl_data.py"  # the config's own rewards (row 4)
+COIN = ROOT / "benchmarks/verl_coin.py"  # a hash of the reply (row 1: random weights)
+
+
+def random_model_folder(dest: Path) -> str:
+    """Qwen2.5-0.5B's shape (masrl's ``random-qwen2.5-0.5b``) with SmolLM2's tokenizer and its 49,152-token
+    vocabulary (so that every sampled id decodes on both sides), random bf16 weights, saved as a Hugging Face folder
+    both sides load."""
+    if (dest / "config.json").is_file():
+        return str(dest)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from masrl.models import load_tokenizer, qwen25_05b_shape_config, SMOLLM2
+
+    tok = load_tokenizer(SMOLLM2)
+    cfg = qwen25_05b_shape_config(len(tok))
+    cfg.vocab_size = len(tok)
+    cfg.torch_dtype = "bfloat16"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(dest)
+    tok.save_pretrained(dest)
+    return str(dest)
 
 
 def verl_overrides(a, data: Path, model: str, seed: int, out: Path) -> list[str]:
@@ -41,8 +65,13 @@ def verl_overrides(a, data: Path, model: str, seed: int, out: Path) -> list[str]
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'eval.parquet'}",
         f"data.train_batch_size={a.tasks}", f"data.max_prompt_length={a.prompt_tokens}",
         f"data.max_response_length={a.new_tokens}", "data.filter_overlong_prompts=True", "data.truncation=error",
-        f"data.seed={seed}",
-        f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.model.use_remove_padding=True",
+        f"data.seed={seed}", "trainer.resume_mode=disable",
+        f"actor_rollout_ref.model.path={model}",
+        # flash-attn has no wheel for the image's torch 2.11 + CUDA 13 (PyPI holds its source only): the actor runs
+        # SDPA, which reads packed rows as one sequence, so verl's remove-padding path is off (padded micro-batches)
+        *(["actor_rollout_ref.model.use_remove_padding=True"] if a.verl_attn == "flash_attention_2" else
+          ["actor_rollout_ref.model.use_remove_padding=False",
+           f"+actor_rollout_ref.model.override_config.attn_implementation={a.verl_attn}"]),
         f"actor_rollout_ref.actor.optim.lr={a.lr}", f"actor_rollout_ref.actor.ppo_mini_batch_size={a.tasks}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={a.micro}", "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.clip_ratio=0.2",
@@ -53,9 +82,9 @@ def verl_overrides(a, data: Path, model: str, seed: int, out: Path) -> list[str]
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={a.micro}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={a.micro}",
         "trainer.logger=[console]", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.save_freq=-1",
-        f"trainer.test_freq={a.eval_every}", f"trainer.total_training_steps={a.steps}", "trainer.val_before_train=True",
-        f"trainer.default_local_dir={out / 'ckpt'}",
-        f"custom_reward_function.path={ROOT / 'src/masrl/driver/serving/verl_data.py'}",
+        f"trainer.test_freq={a.eval_every or -1}", f"trainer.total_training_steps={a.steps}",
+        f"trainer.val_before_train={bool(a.eval_every)}", f"trainer.default_local_dir={out / 'ckpt'}",
+        f"custom_reward_function.path={COIN if a.reward == 'coin' else VERL_DATA}",
         "custom_reward_function.name=compute_score",
     ]
 
@@ -68,7 +97,9 @@ def masrl_overrides(a, model: str, seed: int, out: Path, policy: str, agent: str
         f"agents.{agent}.max_new_tokens={a.new_tokens}", f"agents.{agent}.temperature=1.0",
         f"policies.{policy}.optim.lr={a.lr}", "algorithm.advantage=grpo", "algorithm.clip_eps=0.2",
         "algorithm.kl_coef=0", "algorithm.mini_batches=1", "algorithm.ppo_epochs=1", f"train.steps={a.steps}",
-        f"train.eval_every={a.eval_every}", "train.save_every=0", "train.eval_before=true",
+        f"train.eval_every={a.eval_every}", "train.save_every=0", f"train.eval_before={str(bool(a.eval_every)).lower()}",
+        f"algorithm.micro_batch_size={a.micro}",
+        *(['rewards=[{type: "verl_coin:CoinReward"}]', "rollout.reward_isolation=thread"] if a.reward == "coin" else []),
     ]
 
 
@@ -124,7 +155,8 @@ def parse_verl(log: str) -> dict:
 
 def parse_masrl(run: Path) -> dict:
     """masrl's metrics.jsonl: each step's rollout and update seconds and GPU peak, each evaluation's outcome."""
-    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    path = run / "metrics.jsonl"
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
     steps = [{"step": r["step"], "s": (r.get("rollout_s") or 0.0) + (r.get("update_s") or 0.0),
               "rollout_s": r.get("rollout_s"), "update_s": r.get("update_s"), "peak_gib": r.get("gpu_peak_gib")}
              for r in recs if "rollout" in r]
@@ -135,7 +167,13 @@ def parse_masrl(run: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="reasoning_gym/solver")
-    ap.add_argument("--model", default=None, help="a Hugging Face folder (default: masrl's converted SmolLM2)")
+    ap.add_argument("--model", default=None, help="a Hugging Face folder, or random-qwen2.5-0.5b (default: masrl's "
+                                                  "converted SmolLM2)")
+    ap.add_argument("--reward", choices=["config", "coin"], default="config",
+                    help="config: the config's own rewards (verl through verl_data.compute_score); coin: a hash of "
+                         "the reply on both sides (random weights: the step's cost, not its learning)")
+    ap.add_argument("--verl-attn", default="sdpa", help="verl's actor attention (flash_attention_2 needs flash-attn)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds one side's run may take")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -163,13 +201,15 @@ def main() -> None:
     cfg_file = config_path(a.config)
     raw = yaml.safe_load(cfg_file.read_text())
     policy, agent = next(iter(raw["policies"])), next(iter(raw["agents"]))
+    out = Path(a.out or tempfile.mkdtemp(prefix="bench-verl-"))
     if a.model is None:
         from masrl.models import smollm2_model_dir
 
         model = str(smollm2_model_dir())
+    elif a.model == "random-qwen2.5-0.5b":
+        model = random_model_folder(out / "model-qwen2.5-0.5b-shape")
     else:
         model = a.model
-    out = Path(a.out or tempfile.mkdtemp(prefix="bench-verl-"))
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     base = [f"data.train.n={a.train_n}", f"data.eval.n={a.eval_n}",
@@ -178,6 +218,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "masrl.cli", "data", "export", str(cfg_file), *base, "--split", split,
                         "--out", str(data / f"{split}.parquet")], check=True, cwd=ROOT)
     verl_env = dict(os.environ, PYTHONPATH=os.pathsep.join([a.verl_path, str(ROOT / "src")]))
+    bench_path = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "benchmarks")]))
     rows = []
     for seed in a.seeds:
         for side in a.sides:
@@ -188,7 +229,7 @@ def main() -> None:
             else:
                 cmd = [sys.executable, "-m", "masrl.cli", "train", str(cfg_file), *base,
                        *masrl_overrides(a, model, seed, run, policy, agent)]
-                env = dict(os.environ)
+                env = dict(os.environ, PYTHONPATH=bench_path)
             if a.dry:
                 print(" ".join(cmd))
                 if side == "verl":
@@ -206,14 +247,23 @@ def main() -> None:
                 continue
             run.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
-            with DeviceMemory() as mem:  # the whole card's, whichever of the side's processes holds it
-                proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-            (run / "console.log").write_text(proc.stdout + proc.stderr)
-            got = parse_verl(proc.stdout + proc.stderr) if side == "verl" else parse_masrl(run)
-            rows.append({"side": side, "seed": seed, "rc": proc.returncode, "wall_s": time.time() - t0,
+            log = run / "console.log"
+            with DeviceMemory() as mem, log.open("w") as sink:  # the whole card's, whichever process holds it
+                proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                        start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=a.timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+                    rc = "timeout"
+            text = log.read_text(errors="replace")
+            got = parse_verl(text) if side == "verl" else parse_masrl(run)
+            rows.append({"side": side, "seed": seed, "rc": rc, "wall_s": time.time() - t0,
                          "card_peak_gib": mem.peak_gib, **got})
-            print(f"  {side} seed {seed}: exit {proc.returncode}, {time.time() - t0:.0f} s, "
+            print(f"  {side} seed {seed}: exit {rc}, {time.time() - t0:.0f} s, "
                   f"{len(got['steps'])} steps, held-out {got['evals']}", flush=True)
+            if rc != 0:
+                print(text[-3000:], flush=True)
     if a.dry:
         return
     (out / "bench_verl.json").write_text(json.dumps(rows, indent=1))

@@ -45,7 +45,7 @@ def random_model_folder(dest: Path) -> str:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from masrl.models import load_tokenizer, qwen25_05b_shape_config, SMOLLM2
+    from masrl.models import SMOLLM2, load_tokenizer, qwen25_05b_shape_config
 
     tok = load_tokenizer(SMOLLM2)
     cfg = qwen25_05b_shape_config(len(tok))
@@ -101,6 +101,30 @@ def masrl_overrides(a, model: str, seed: int, out: Path, policy: str, agent: str
         f"algorithm.micro_batch_size={a.micro}",
         *(['rewards=[{type: "verl_coin:CoinReward"}]', "rollout.reward_isolation=thread"] if a.reward == "coin" else []),
     ]
+
+
+def model_folder(name: str | None, out: Path) -> str:
+    if name is None:
+        from masrl.models import smollm2_model_dir
+
+        return str(smollm2_model_dir())
+    if name == "random-qwen2.5-0.5b":
+        return random_model_folder(out / "model-qwen2.5-0.5b-shape")
+    return name
+
+
+def run_logged(cmd: list[str], env: dict, log: Path, timeout: float):
+    """``cmd`` in its own process group, its output in ``log``, killed past ``timeout`` seconds: (exit status or
+    "timeout", the log's text, the card's peak memory)."""
+    with DeviceMemory() as mem, log.open("w") as sink:  # the whole card's, whichever process holds it
+        proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            rc = "timeout"
+    return rc, log.read_text(errors="replace"), mem
 
 
 class DeviceMemory:
@@ -202,14 +226,7 @@ def main() -> None:
     raw = yaml.safe_load(cfg_file.read_text())
     policy, agent = next(iter(raw["policies"])), next(iter(raw["agents"]))
     out = Path(a.out or tempfile.mkdtemp(prefix="bench-verl-"))
-    if a.model is None:
-        from masrl.models import smollm2_model_dir
-
-        model = str(smollm2_model_dir())
-    elif a.model == "random-qwen2.5-0.5b":
-        model = random_model_folder(out / "model-qwen2.5-0.5b-shape")
-    else:
-        model = a.model
+    model = model_folder(a.model, out)
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     base = [f"data.train.n={a.train_n}", f"data.eval.n={a.eval_n}",
@@ -247,16 +264,7 @@ def main() -> None:
                 continue
             run.mkdir(parents=True, exist_ok=True)
             t0 = time.time()
-            log = run / "console.log"
-            with DeviceMemory() as mem, log.open("w") as sink:  # the whole card's, whichever process holds it
-                proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, text=True,
-                                        start_new_session=True)
-                try:
-                    rc = proc.wait(timeout=a.timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
-                    rc = "timeout"
-            text = log.read_text(errors="replace")
+            rc, text, mem = run_logged(cmd, env, run / "console.log", a.timeout)
             got = parse_verl(text) if side == "verl" else parse_masrl(run)
             rows.append({"side": side, "seed": seed, "rc": rc, "wall_s": time.time() - t0,
                          "card_peak_gib": mem.peak_gib, **got})

@@ -84,8 +84,8 @@ def verl_overrides(a, data: Path, model: str, seed: int, out: Path) -> list[str]
         "trainer.logger=[console]", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.save_freq=-1",
         f"trainer.test_freq={a.eval_every or -1}", f"trainer.total_training_steps={a.steps}",
         f"trainer.val_before_train={bool(a.eval_every)}", f"trainer.default_local_dir={out / 'ckpt'}",
-        f"custom_reward_function.path={COIN if a.reward == 'coin' else VERL_DATA}",
-        "custom_reward_function.name=compute_score",
+        f"reward.custom_reward_function.path={COIN if a.reward == 'coin' else VERL_DATA}",
+        "reward.custom_reward_function.name=compute_score",
     ]
 
 

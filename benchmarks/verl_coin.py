@@ -8,7 +8,6 @@ with benchmarks/ on the path).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 
@@ -21,10 +20,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     return coin(solution_str)
 
 
-@dataclass
-class CoinReward:
-    weight: float = 1.0
-    name: str = "coin"
+class CoinReward:  # no dataclass: verl loads this file by path, outside sys.modules, where dataclasses fail
+    name = "coin"
+
+    def __init__(self, weight: float = 1.0):
+        self.weight = weight
 
     def allocate(self, trace, task) -> list:
         from masrl.trace import RewardAssignment

@@ -12,6 +12,8 @@
 # swapped for their 3.11 builds): `from verl.trainer import main_ppo` and `verl.trainer.ppo.ray_trainer` import,
 # and `python -m verl.trainer.main_ppo --cfg job algorithm.adv_estimator=grpo` composes verl's GRPO config.
 # vLLM (scripts/gpu/prepare_vllm.sh) brings fastapi and pydantic; verl's own uvicorn and cachetools travel here.
+# TransferQueue: verl's v1 trainer (the default, trainer.use_v1) imports it in its task runner.
+# Run on an H100 (2026-12-07): bench_verl.py's row 1 reached its first step with this set, vLLM's and trimmed Ray's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -23,10 +25,10 @@ get verl==0.9.1
 "$PY" -m pip wheel -q --no-deps antlr4-python3-runtime==4.9.3 -w "$work/wheels" 2>&1 | grep -v "^WARNING" || true
 for p in "transformers>=5.5.3,<5.11,!=5.6.0" hydra-core==1.3.2 omegaconf==2.3.0 \
          "tokenizers>=0.22.0,<=0.23.0" "huggingface-hub>=1.5.0,<2.0" codetiming dill pylatexenc torchdata pyvers cachetools uvicorn "tensordict>=0.8.0,<=0.10.0,!=0.9.0" "datasets" multiprocess \
-         cloudpickle orjson importlib-metadata; do
+         cloudpickle orjson importlib-metadata "TransferQueue>=0.1.10"; do
   get "$p"
 done
-for w in verl-0.9.1- transformers-5.10 hydra_core- omegaconf- antlr4_python3_runtime- tensordict- torchdata-; do
+for w in verl-0.9.1- transferqueue- transformers-5.10 hydra_core- omegaconf- antlr4_python3_runtime- tensordict- torchdata-; do
   ls "$work/wheels" | grep -q "^$w" || { echo "prepare_verl: no wheel for $w" >&2; ls "$work/wheels" >&2; exit 1; }
 done
 ls "$work/wheels"

@@ -173,7 +173,9 @@ def parse_verl(log: str) -> dict:
         if "timing_s/step" in kv:
             steps.append({"step": step, "s": kv["timing_s/step"], "rollout_s": kv.get("timing_s/gen"),
                           "update_s": kv.get("timing_s/update_actor"), "sync_s": kv.get("timing_s/update_weights"),
-                          "peak_gib": kv.get("perf/max_memory_allocated_gb")})  # the actor's; vLLM's is apart
+                          "old_logprob_s": kv.get("timing_s/old_log_prob"),
+                          "peak_gib": next((v for k, v in kv.items() if k.endswith("perf/max_memory_allocated_gb")),
+                                           None)})  # the actor's; vLLM's is apart
     return {"steps": steps, "evals": evals}
 
 

@@ -93,7 +93,8 @@ def test_bench_verl_reads_verls_console_lines_and_masrls_metrics(tmp_path, monke
            "(TaskRunner pid=1) step:2 - timing_s/step:4.5 - timing_s/gen:3.0 - val-core/arithmetic/reward/mean@1:0.25\n")
     got = bench_verl.parse_verl(log)
     assert got["evals"] == {0: 0.125, 2: 0.25}
-    assert got["steps"][0] == {"step": 1, "s": 5.5, "rollout_s": 3.5, "update_s": 1.25, "sync_s": 0.5, "peak_gib": 7.25}
+    assert got["steps"][0] == {"step": 1, "s": 5.5, "rollout_s": 3.5, "update_s": 1.25, "sync_s": 0.5,
+                               "old_logprob_s": None, "peak_gib": 7.25}
     (tmp_path / "metrics.jsonl").write_text("\n".join(_json.dumps(r) for r in [
         {"step": 0, "eval": "before", "outcome": 0.1},
         {"step": 1, "rollout": {}, "rollout_s": 2.0, "update_s": 0.5, "gpu_peak_gib": 6.0},
@@ -104,3 +105,29 @@ def test_bench_verl_reads_verls_console_lines_and_masrls_metrics(tmp_path, monke
     rows = [{"side": "verl", "seed": 0, "card_peak_gib": 30.0, **got}, {"side": "masrl", "seed": 0, "card_peak_gib": 9.0, **m}]
     table = bench_verl.table(rows)
     assert "| verl | 0 | 2 | 4.50 | 3.00 |" in table and "| masrl | 0 | 1 | 2.50 |" in table
+
+
+def test_verl_coin_loads_as_verl_loads_it_and_both_sides_pay_the_same():
+    """verl imports a custom reward file by path without putting it in sys.modules (where a dataclass fails to build:
+    the H100 run of 2026-12-07 died of it); masrl's CoinReward and verl's compute_score give a reply the same reward."""
+    spec = importlib.util.spec_from_file_location("custom_module", BENCH / "verl_coin.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # not registered in sys.modules, as verl's load_extern_object does
+    texts = [("solver", f"reply {i}") for i in range(32)]
+    paid = mod.CoinReward().allocate(_trace("t1", texts), Task("t1", "q", None, {}))
+    assert [r.reward for r in paid] == [mod.compute_score("arithmetic", t, "7") for _, t in texts]
+    assert {r.reward for r in paid} == {0.0, 1.0}
+
+
+def test_bench_verl_reads_verl_0_9_1_s_step_line_as_it_printed_it_on_the_h100():
+    spec = importlib.util.spec_from_file_location("bench_verl", BENCH / "bench_verl.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    line = ("\x1b[36m(TaskRunnerV1 pid=17333)\x1b[0m step:1 - actor/pg_loss:0.001 - "
+            "actor/perf/max_memory_allocated_gb:7.55 - timing_s/gen:12.1 - timing_s/old_log_prob:20.8 - "
+            "timing_s/update_actor:70.0 - timing_s/update_weights:0.25 - timing_s/step:131.5 - "
+            "val-core/arithmetic/reward/mean@1:0.25 - num_turns/min:np.int32(2)")
+    got = mod.parse_verl("noise\n" + line + "\n")
+    assert got["steps"] == [{"step": 1, "s": 131.5, "rollout_s": 12.1, "update_s": 70.0, "sync_s": 0.25,
+                             "old_logprob_s": 20.8, "peak_gib": 7.55}]
+    assert got["evals"] == {1: 0.25}

@@ -115,6 +115,20 @@ def test_the_check_sees_a_climb_and_a_circle():
     assert any(a == "masrl.errors" for a, ts in graph.items() for b in ts if FLOOR[_floor_name(b)] < FLOOR["errors"])
 
 
+def family_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of one family's modules (``masrl.families.<name>...``) from outside the families: the framework reaches
+    families only through the registries ``masrl.families`` builds."""
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() if not a.startswith("masrl.families")
+                  for b in targets if b.startswith("masrl.families."))
+
+
+def test_no_framework_module_imports_a_family():
+    assert family_imports(import_graph()) == []
+    graph = import_graph()  # the check can fail: a made-up import of the QA world from the driver's services
+    graph["masrl.driver.rollout.services"].add("masrl.families.qa.world")
+    assert family_imports(graph) == ["masrl.driver.rollout.services -> masrl.families.qa.world"]
+
+
 def test_rooms_stay_small():
     loose = sorted(p.name for p in PKG.glob("*.py"))
     assert len(loose) <= 10, loose

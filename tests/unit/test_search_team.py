@@ -1,6 +1,7 @@
 """The iterative search team and the single search agent: parsers, credit by hand, tools, failures."""
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import run_scripted
@@ -149,3 +150,19 @@ def test_two_hop_example_shows_two_searches_before_the_question_and_only_when_as
                for m in added if m["content"].startswith("<tool_call>")]
     assert len(queries) == 2 and queries[0] != queries[1]
     assert added[-1]["content"] == "<answer>Tavesso</answer>" and "Tavesso" in added[-2]["content"]
+
+
+def test_the_default_corpus_comes_from_a_family_declaration_and_its_absence_is_named(world, monkeypatch):
+    """The driver's services name no family: the QA family declares the default corpus (``SERVICES['corpus']``);
+    without any such declaration a run that searches is told to set retriever.corpus."""
+    import masrl.families as families
+    from masrl.errors import ConfigError
+
+    w, _ = world
+    got = Services(world=w).retriever()
+    corpus = families.SERVICES["corpus"](w)
+    lines = Path(corpus).read_text().splitlines()
+    assert corpus.endswith("corpus.jsonl") and len(got.index.ids) == len(lines) == w.docs
+    monkeypatch.setattr(families, "SERVICES", {})
+    with pytest.raises(ConfigError, match="retriever.corpus"):
+        Services(world=w).retriever()

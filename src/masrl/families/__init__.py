@@ -1,7 +1,8 @@
 """Task families: each one's tasks, roles and prompts, its team and the single agents it is measured against,
 and its shipped configs, in one folder (``families/<name>/``: ``__init__`` names its ``WORKFLOWS``, ``SOURCES``,
-``ENVS``, ``ROW_KINDS`` (``data.X.kind``: how a file's rows are read), ``DATA_COMMANDS`` (``masrl data NAME``) and
-``COMPARISONS`` (tables ``masrl compare`` adds);
+``ENVS``, ``ROW_KINDS`` (``data.X.kind``: how a file's rows are read), ``DATA_COMMANDS`` (``masrl data NAME``),
+``COMPARISONS`` (tables ``masrl compare`` adds) and ``SERVICES`` (defaults a run's tools are built on: ``corpus``, the
+retriever's when ``retriever.corpus`` names none);
 ``configs/*.yaml`` its runs). The framework (workflows'
 base, graphs, engines, worker, driver) knows none of them; the registries the driver looks names up in are built
 here, from the families and the framework's own.
@@ -47,6 +48,7 @@ ENVS: dict[str, Any] = _merged("ENVS", {})
 DATA_COMMANDS: dict[str, DataCommand] = _merged("DATA_COMMANDS", {})  # ``masrl data NAME``
 COMPARISONS: dict[str, Comparison] = _merged("COMPARISONS", {})  # ``masrl compare RUN... --head-to-head N``
 ROW_KINDS: dict[str, Any] = _merged("ROW_KINDS", FRAMEWORK_ROW_KINDS)  # ``data.X.kind``: how a row is read
+SERVICES: dict[str, Any] = _merged("SERVICES", {})  # ``corpus(data.world) -> path``: the default search corpus
 
 
 def build_workflow(name: str, options: dict):

@@ -43,8 +43,8 @@ class Services:
         return self._verifier
 
     def retriever(self):
-        """The configured retriever: a local BM25 index (the QA world's corpus by default) or HTTP
-        servers with failover. Both answer ``aretrieve(queries, topk)``."""
+        """The configured retriever: a local BM25 index (by default over the corpus a family provides: the QA
+        world's) or HTTP servers with failover. Both answer ``aretrieve(queries, topk)``."""
         if self._retriever is None:
             from masrl.tools.retrieval import LocalRetriever, RetrieverClient
 
@@ -56,14 +56,16 @@ class Services:
                 self._retriever = RetrieverClient(c.endpoints, timeout_s=c.timeout_s, retries=c.retries,
                                                   dead_for_s=c.dead_for_s, api_key=key)
             else:
-                corpus = c.corpus
-                if corpus is None:
-                    from masrl.families.qa.world import ensure_world
-
-                    w = self.world_cfg
-                    corpus = str(ensure_world(w.docs, w.seed, w.dir) / "corpus.jsonl")
-                self._retriever = LocalRetriever(corpus)
+                self._retriever = LocalRetriever(c.corpus or self._default_corpus())
         return self._retriever
+
+    def _default_corpus(self) -> str:
+        from masrl.families import SERVICES
+
+        if "corpus" not in SERVICES:
+            raise ConfigError("retriever.corpus: the search tool needs a corpus and no task family provides a "
+                              "default one; set retriever.corpus to a JSONL file of {id, title?, text}")
+        return SERVICES["corpus"](self.world_cfg)
 
     def gateway(self, *, port: int = 0, api_key: str | None = None, host: str = "127.0.0.1"):
         """A new OpenAI-compatible gateway (not started) for a workflow whose agents live in an outside

@@ -26,6 +26,15 @@ SOURCES = {"qa_world": Source(_qa_world, levels=(1, 2, 3), more="A larger world 
 ROW_KINDS = {"qa": qa_task}  # a file's QA rows: a question, its answers, its supporting documents
 
 
+def _world_corpus(world) -> str:
+    """The search tools' default corpus: the seeded world's (``data.world``), written once."""
+    from masrl.families.qa.world import ensure_world
+
+    return str(ensure_world(world.docs, world.seed, world.dir) / "corpus.jsonl")
+
+
+SERVICES = {"corpus": _world_corpus}  # what a run's tools are built on when the config names none
+
 
 def _world_arguments(p) -> None:
     p.add_argument("--out", required=True, help="output directory")

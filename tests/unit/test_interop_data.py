@@ -107,3 +107,24 @@ def test_chat_template_kwargs_reach_the_template_per_agent(tmp_path):
     traces = asyncio.run(rt.controller.rollout([Task("t", "1+1?", "2")], 1, train=False))
     asyncio.run(rt.controller.aclose())
     assert not traces[0].failed and seen and "[thinking=False style=x]" in seen[0]
+
+
+def test_the_plan_finds_the_workflow_s_optional_parts_once_and_the_run_reads_them_from_it():
+    """check_run resolves a workflow's hooks into the plan; the runtime's controller reads the plan's (not its own
+    lookup): a workflow with tools (the solver) has them, one without (the team) has none."""
+    from masrl.config import load_config
+    from masrl.driver.builder import build_runtime
+    from masrl.driver.checks import check_run
+
+    from masrl.families import config_path
+
+    small = ["model=tiny-random", "device=cpu", "data.train.n=8", "data.eval.n=4"]
+    with_tools = check_run(load_config(config_path("math/solver"), small))
+    without = check_run(load_config(config_path("math/team_shared"), small))
+    assert with_tools.hooks.tools is not None and without.hooks.tools is None
+    assert without.hooks.check_split is None and without.hooks.aclose is None
+    rt = build_runtime(without.cfg, log=lambda *_: None, plan=without)
+    try:
+        assert rt.controller.hooks is without.hooks
+    finally:
+        rt.close()

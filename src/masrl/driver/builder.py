@@ -21,7 +21,6 @@ from masrl.engines.base import auto_kind
 from masrl.errors import ConfigError
 from masrl.policies import PolicySpec
 from masrl.worker.interface import PolicyHost
-from masrl.workflows.base import hooks_of
 
 
 def group_hosts(policies: list[PolicySpec]) -> list[tuple[str, list[PolicySpec]]]:
@@ -102,11 +101,12 @@ def build_runtime(cfg: RunConfig, *, log=print, plan: RunPlan | None = None) -> 
     workers, placement = build_hosts(cfg, plan.policies, log)
     batchers = _batchers(cfg, workers, placement is not None)
     workflow = plan.workflow
-    make_tools = hooks_of(workflow).tools
+    make_tools = plan.hooks.tools
     tools = make_tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world)) if make_tools else {}
     _check_sharing(plan.policies, workers)
     critics = build_critics(cfg, plan.policies, workers, log)
-    controller = Controller(workflow, plan.agents, workers, batchers, plan.allocators, cfg.rollout, tools=tools)
+    controller = Controller(workflow, plan.agents, workers, batchers, plan.allocators, cfg.rollout, tools=tools,
+                            hooks=plan.hooks)
     return Runtime(workflow, plan.agents, workers, controller, critics, placement)
 
 

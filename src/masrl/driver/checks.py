@@ -21,7 +21,7 @@ from masrl.families import WORKFLOWS, build_workflow, check_source
 from masrl.models import resolve_model
 from masrl.policies import PolicySpec
 from masrl.rewards import REGISTRY as REWARDS
-from masrl.workflows.base import Workflow, hooks_of
+from masrl.workflows.base import Hooks, Workflow, hooks_of
 
 
 @dataclass
@@ -33,6 +33,7 @@ class RunPlan:
     agents: dict[str, AgentSpec]
     policies: list[PolicySpec]
     allocators: list
+    hooks: Hooks  # the workflow's optional parts, found once here
 
 
 def check_run(cfg: RunConfig) -> RunPlan:
@@ -41,7 +42,8 @@ def check_run(cfg: RunConfig) -> RunPlan:
     for split in ("train", "eval"):
         check_source(getattr(cfg.data, split), f"data.{split}")
     workflow = build_workflow(cfg.workflow.name, cfg.workflow.options)
-    check_split = hooks_of(workflow).check_split
+    hooks = hooks_of(workflow)
+    check_split = hooks.check_split
     for split in ("train", "eval"):  # a split's options that the workflow reads (a game's seating)
         src = getattr(cfg.data, split)
         if check_split is not None:
@@ -55,7 +57,7 @@ def check_run(cfg: RunConfig) -> RunPlan:
     check_critics(cfg)
     policies = check_policies(cfg)
     allocators = check_rewards(cfg)
-    return RunPlan(cfg, workflow, agents, policies, allocators)
+    return RunPlan(cfg, workflow, agents, policies, allocators, hooks)
 
 
 def check_agents(cfg: RunConfig, workflow) -> dict[str, AgentSpec]:

@@ -23,13 +23,15 @@ from masrl.rewards import combine_all
 from masrl.seeding import stable_seed
 from masrl.trace import Trace, new_id
 from masrl.worker.interface import PolicyHost
-from masrl.workflows.base import Workflow, hooks_of
+from masrl.workflows.base import Hooks, Workflow, hooks_of
 
 
 class Controller:
     def __init__(self, workflow: Workflow, agents: dict[str, AgentSpec], workers: list[PolicyHost], batchers: list[Batcher],
-                 allocators: list, settings: RolloutConfig, tools: dict[str, Callable] | None = None):
+                 allocators: list, settings: RolloutConfig, tools: dict[str, Callable] | None = None,
+                 hooks: Hooks | None = None):
         self.workflow = workflow
+        self.hooks = hooks or hooks_of(workflow)  # the plan's, where a run built it
         self.agents = agents
         self.workers = workers
         self.batchers = batchers
@@ -274,6 +276,6 @@ class Controller:
             close_alloc = getattr(alloc, "close", None)
             if close_alloc is not None:
                 close_alloc()
-        close = hooks_of(self.workflow).aclose  # a workflow that serves (the external one's gateway)
+        close = self.hooks.aclose  # a workflow that serves (the external one's gateway)
         if close is not None:
             await close()

@@ -42,7 +42,6 @@ from masrl.driver.run.sync_step import SyncStep
 from masrl.errors import MasrlError
 from masrl.families import build_tasks, more_tasks_hint
 from masrl.seeding import stable_seed
-from masrl.workflows.base import hooks_of
 
 
 class Trainer:
@@ -385,7 +384,7 @@ def evaluate(cfg: RunConfig, *, checkpoint: str | Path | None = None, console: C
     async def go():
         try:
             summary = await trainer.evaluate()
-            hook = hooks_of(trainer.rt.workflow).yardsticks  # a game's exact measures
+            hook = trainer.rt.controller.hooks.yardsticks  # a game's exact measures
             if hook is not None:
                 summary["yardsticks"] = await hook(trainer)
             return summary

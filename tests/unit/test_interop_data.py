@@ -115,7 +115,6 @@ def test_the_plan_finds_the_workflow_s_optional_parts_once_and_the_run_reads_the
     from masrl.config import load_config
     from masrl.driver.builder import build_runtime
     from masrl.driver.checks import check_run
-
     from masrl.families import config_path
 
     small = ["model=tiny-random", "device=cpu", "data.train.n=8", "data.eval.n=4"]

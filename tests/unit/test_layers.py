@@ -21,10 +21,10 @@ FLOORS = [
     ("engines",),
     ("modeling",),
     ("tools",),
-    ("models",),
+    ("models", "sandbox"),
     ("data",),
     ("algorithms",),
-    ("agents", "policies", "messages", "trace", "parsing", "seeding", "http_client"),
+    ("agents", "policies", "messages", "trace", "parsing", "seeding", "web"),
     ("config",),
     ("errors",),
 ]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from masrl.tools.sandbox import Limits, Sandbox, isolation, run_python, slot_uid
+from masrl.sandbox import Limits, Sandbox, isolation, run_python, slot_uid
 
 FAST = Limits(cpu_s=2, wall_s=4, memory_mb=256, output_bytes=10_000, max_procs=16)
 NS = isolation() == "namespaces"
@@ -216,7 +216,7 @@ def test_nothing_carries_over_from_one_run_to_the_next():
 
 @pytest.mark.parametrize("backend", ["zygote", "fresh-process"])
 def test_works_when_the_cache_dir_is_under_tmp(backend, monkeypatch, tmp_path):
-    from masrl.tools.zygote_client import shutdown_zygotes
+    from masrl.sandbox.zygote_client import shutdown_zygotes
 
     monkeypatch.setenv("MASRL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("MASRL_SANDBOX_ZYGOTE", "1" if backend == "zygote" else "0")

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from masrl.data.test_spec import parse_spec
-from masrl.tools import cgroups
+from masrl.sandbox import Limits, SandboxUnavailable, cgroups, check_isolation, isolation, run_python
 from masrl.tools.code_tests import verify
-from masrl.tools.sandbox import Limits, SandboxUnavailable, check_isolation, isolation, run_python
 
 FAST = Limits(cpu_s=2, wall_s=6, memory_mb=256, output_bytes=10_000, max_procs=16)
 NS = isolation() == "namespaces"
@@ -173,7 +172,7 @@ def test_memory_bound_is_described():
 
 SLEEPER = textwrap.dedent("""
     import sys
-    from masrl.tools.sandbox import Limits, run_python
+    from masrl.sandbox import Limits, run_python
     r = run_python("import time\\ntime.sleep(2.5)\\nprint('alive')", limits=Limits(wall_s=8, cpu_s=4), slot=0)
     print(r.status, r.stdout.strip())
 """)
@@ -197,7 +196,7 @@ def test_a_segfault_is_a_runtime_error_with_the_signal(backend):
 
 
 def test_weak_isolation_warns_and_can_be_refused(monkeypatch, caplog):
-    import masrl.tools.sandbox as sb
+    import masrl.sandbox.runner as sb
 
     monkeypatch.setattr(sb, "isolation", lambda: "rlimits-only")
     with pytest.warns(UserWarning, match="rlimits-only"):

@@ -206,7 +206,7 @@ def _serve(args) -> int:
     from pathlib import Path
 
     from masrl.driver.serving.serve import serve
-    from masrl.tools.web import ServerLimits
+    from masrl.web.server import ServerLimits
 
     cfg, run = _target(args.config, args.overrides)
     if run is not None:
@@ -237,7 +237,7 @@ def _compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from masrl.tools.web import bounded
+    from masrl.web.server import bounded
 
     p = argparse.ArgumentParser(prog="masrl", description="Train LLM multi-agent systems with RL.")
     sub = p.add_subparsers(dest="command", required=True)

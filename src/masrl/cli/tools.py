@@ -19,9 +19,9 @@ def existing_file(path: str, what: str) -> Path:
 
 
 def _serve(args) -> int:
-    from masrl.tools import web
     from masrl.tools.retrieval.index import BM25Index
     from masrl.tools.retrieval.server import RetrieverServer
+    from masrl.web import server as web
 
     existing_file(args.corpus, "--corpus")
     t0 = time.time()
@@ -100,7 +100,7 @@ def _export(args) -> int:
 
 
 def add_commands(sub) -> None:
-    from masrl.tools.web import bounded
+    from masrl.web.server import bounded
 
     r = sub.add_parser("retriever", help="BM25 retrieval service").add_subparsers(dest="retriever_cmd", required=True)
     s = r.add_parser("serve", help="serve POST /retrieve over a JSONL corpus")

@@ -29,7 +29,7 @@ class JudgeReward:
                  prompt: str | None = None, show_reference: bool = True, scale: float = 10.0,
                  agents: list[str] | None = None, max_tokens: int = 8, timeout_s: float = 60.0, retries: int = 3,
                  backoff_s: float = 0.5):
-        from masrl.http_client import auth_headers
+        from masrl.web.client import auth_headers
 
         self.weight, self.model, self.scale = weight, model, scale
         self.url = base_url.rstrip("/") + "/chat/completions"
@@ -42,7 +42,7 @@ class JudgeReward:
 
     def score(self, question: str, answer: str, reference) -> float:
         from masrl.errors import InfraError
-        from masrl.http_client import post_chat
+        from masrl.web.client import post_chat
 
         text = self.prompt.format(question=question, answer=answer, reference=reference, scale=f"{self.scale:g}")
         out = post_chat(self.url, self.headers, {"model": self.model, "messages": [{"role": "user", "content": text}],

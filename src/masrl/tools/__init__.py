@@ -1,1 +1,2 @@
-"""Tools that workflows act on: a code sandbox and verifier, a retrieval service and client."""
+"""Tools that workflows act on (the seam: ``base``), the code verifier over the sandbox (``masrl.sandbox``), a retrieval
+service and client, the calculator and search tools."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from masrl.data.checkers import CHECKERS
 from masrl.data.test_spec import TestSpec
-from masrl.tools.sandbox import Limits, RunResult, Sandbox, run_python
+from masrl.sandbox import Limits, RunResult, Sandbox, run_python
 
 OK, WA, TLE, RE, MLE, CE, OLE = "OK", "WA", "TLE", "RE", "MLE", "CE", "OLE"
 _FROM_STATUS = {"timeout": TLE, "memory": MLE, "output_limit": OLE, "compile_error": CE, "runtime_error": RE}

@@ -16,8 +16,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from masrl.errors import InfraError, MasrlError
-from masrl.http_client import auth_headers, post_chat
 from masrl.messages import GenCall, GenResult
+from masrl.web.client import auth_headers, post_chat
 from masrl.worker.interface import PolicyHost
 
 

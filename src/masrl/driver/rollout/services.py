@@ -31,8 +31,8 @@ class Services:
 
     def code_verifier(self):
         if self._verifier is None:
+            from masrl.sandbox import Limits, SandboxUnavailable, check_isolation
             from masrl.tools.code_tests import CodeVerifier
-            from masrl.tools.sandbox import Limits, SandboxUnavailable, check_isolation
 
             c = self.sandbox_cfg
             try:
@@ -50,7 +50,7 @@ class Services:
 
             c = self.retriever_cfg
             if c.kind == "http":
-                from masrl.http_client import auth_headers
+                from masrl.web.client import auth_headers
 
                 key = auth_headers(c.api_key_env, "retriever").get("Authorization", "")[len("Bearer "):] or None
                 self._retriever = RetrieverClient(c.endpoints, timeout_s=c.timeout_s, retries=c.retries,

@@ -17,7 +17,7 @@ answers with the whole completion as server-sent events once it is sampled),
 Every request is checked on its own (``wire.parse_request``) and becomes its own call: a request
 that fails (bad JSON, a bad field, a prompt that does not tokenise or fit) gets a 4xx naming the
 problem and never touches another request, even one in the same engine batch. The server runs on
-``tools.web`` (read timeouts, a connection cap, a body cap, no version header); it binds 127.0.0.1
+``masrl.web.server`` (read timeouts, a connection cap, a body cap, no version header); it binds 127.0.0.1
 unless told otherwise; with ``api_key`` every request needs ``Authorization: Bearer`` (compared in
 constant time), and without one only requests addressed to a loopback name are answered (a web
 page cannot reach it through DNS rebinding). A client that disconnects has its call cancelled (it
@@ -41,8 +41,8 @@ from masrl.driver.serving.wire import (
     stream_events,
 )
 from masrl.errors import ContextOverflow, InfraError, PromptError
-from masrl.tools import web
 from masrl.trace import new_id
+from masrl.web import server as web
 
 BIG_BODY = 256 * 1024  # bodies past this are parsed and checked off the event loop
 
@@ -111,7 +111,7 @@ class Gateway:
     # -- HTTP --------------------------------------------------------------------------------
     async def _guard(self, app, handler):
         """Who may ask (the key, or a loopback Host without one), and the OpenAI error shape for a request's
-        own failure (a 4xx); anything else reaches ``tools.web``'s JSON answer (a 500 without internals)."""
+        own failure (a 4xx); anything else reaches ``masrl.web.server``'s JSON answer (a 500 without internals)."""
 
         async def guarded(request):
             try:

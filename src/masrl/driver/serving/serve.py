@@ -19,8 +19,8 @@ from masrl.driver.rollout.context import WorkflowContext
 from masrl.driver.run import rundir as ckpt
 from masrl.driver.serving.gateway import Gateway
 from masrl.errors import ConfigError
-from masrl.tools import web
 from masrl.trace import Trace, new_id
+from masrl.web import server as web
 
 
 def serve(cfg: RunConfig, *, checkpoint: str | None = None, host: str = "127.0.0.1", port: int = 8000,

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from masrl.messages import RAW_ROLE
-from masrl.tools import web
+from masrl.web import server as web
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop", "temperature",

@@ -8,7 +8,7 @@ Bad requests get a 4xx with ``{"error": "..."}`` that says what to fix; every an
 request included. Without an API key it answers only requests addressed to a loopback name (``Host:
 127.0.0.1``, ``localhost``, ``[::1]``), so a web page cannot read the corpus through DNS rebinding; with
 one (``api_key``, ``masrl retriever serve --api-key-env``) every request must send ``Authorization:
-Bearer <key>`` and any host may ask. It runs on the same HTTP stack as the gateway (``tools.web``:
+Bearer <key>`` and any host may ask. It runs on the same HTTP stack as the gateway (``masrl.web.server``:
 aiohttp in an event loop, no thread per connection): a connection that sends nothing, or half a
 request, for ``idle_timeout_s`` is closed; past ``max_connections`` open ones a new connection gets a
 503 at once; idle connections cost a socket, not a thread, so a few hundred of them do not shut out new
@@ -23,9 +23,9 @@ import threading
 import time
 from http import HTTPStatus
 
-from masrl.tools import web
 from masrl.tools.retrieval.index import BM25Index
 from masrl.tools.retrieval.wire import to_wire
+from masrl.web import server as web
 
 MAX_BODY = 1 << 20
 MAX_QUERIES = 256

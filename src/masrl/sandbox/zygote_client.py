@@ -10,8 +10,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from masrl.tools.isolation import isolation, sandbox_python, sandbox_root, slot_uid
-from masrl.tools.sandbox_result import Limits, RunResult, signal_detail, status_from_exit
+from masrl.sandbox.isolation import isolation, sandbox_python, sandbox_root, slot_uid
+from masrl.sandbox.result import Limits, RunResult, signal_detail, status_from_exit
 
 HARNESS = Path(__file__).with_name("harness.py")
 ZYGOTE = Path(__file__).with_name("zygote.py")

@@ -33,9 +33,9 @@ import time
 import warnings
 from pathlib import Path
 
-from masrl.tools import cgroups
-from masrl.tools.harness import apply_limits, kill_uid_processes
-from masrl.tools.isolation import (
+from masrl.sandbox import cgroups
+from masrl.sandbox.harness import apply_limits, kill_uid_processes
+from masrl.sandbox.isolation import (
     UID_BASE,
     drop_to,
     isolation,
@@ -44,7 +44,7 @@ from masrl.tools.isolation import (
     slot_uid,
     user_process_count,
 )
-from masrl.tools.sandbox_result import (
+from masrl.sandbox.result import (
     CODE_COMPILE,
     CODE_IMPORT,
     CODE_MEMORY,
@@ -53,7 +53,7 @@ from masrl.tools.sandbox_result import (
     signal_detail,
     status_from_exit,
 )
-from masrl.tools.zygote_client import HARNESS, ZYGOTE, use_zygote, zygote_for
+from masrl.sandbox.zygote_client import HARNESS, ZYGOTE, use_zygote, zygote_for
 
 __all__ = ["Limits", "RunResult", "Sandbox", "run_python", "isolation", "UID_BASE", "CODE_COMPILE", "CODE_IMPORT",
            "CODE_MEMORY", "SandboxUnavailable", "check_isolation", "slot_uid"]

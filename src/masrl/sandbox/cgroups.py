@@ -15,7 +15,7 @@ import functools
 import os
 from pathlib import Path
 
-from masrl.tools.sandbox_result import Limits
+from masrl.sandbox.result import Limits
 
 V2_ROOT = Path("/sys/fs/cgroup")
 V1_ROOT = Path("/sys/fs/cgroup/memory")

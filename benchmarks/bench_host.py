@@ -45,7 +45,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from masrl import models
 from masrl.engines.paged import PagedEngine
 from masrl.engines.paged import prefill as paged_prefill
-from masrl.engines.paged import runner as paged_runner
 from masrl.engines.paged import scheduler as scheduler_mod
 from masrl.engines.paged.runner import ModelRunner
 from masrl.messages import GenCall, GenRequest, SamplingParams
@@ -163,7 +162,7 @@ def rows_prefill_ms(model, tok, rows: int, count: bool = False, new: int = 15) -
     ready tensor of final hidden states (on a GPU it is one graph launch), so the keys and values are not
     computed: host work only."""
     eng, nxt = next_turn(model, tok, rows, new, graph_prefill=True)
-    ready = torch.zeros((paged_runner.ROWS_PREFILL_BATCH, model.config.hidden_size))  # final hidden states
+    ready = torch.zeros((eng.runner.rows_batch, model.config.hidden_size))  # final hidden states
     replays = [0]
     eng.runner.decode = lambda B, S, count=True: replays.__setitem__(0, replays[0] + 1) or ready[:B]
     t = Timers()

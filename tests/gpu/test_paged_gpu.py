@@ -79,12 +79,11 @@ def test_a_prefill_as_token_rows_equals_the_lean_forward_prefill(monkeypatch):
     token rows of the decode graphs (16 rows a replay here, so calls span replays), against the lean
     forward's prefill (fp32): the same greedy tokens, each path's logprobs within 1e-3 of a full forward."""
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.paged import runner as paged_runner
     from masrl.models import load_model
 
-    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_BATCH", 16)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
-    rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=True)
+    rows = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=True,
+                       prefill_rows=16)
     fwd = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, graph_prefill=False)
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     firsts = [req(p, temperature=0.0, max_new_tokens=6 + 3 * i) for i, p in enumerate(ps)]

@@ -14,7 +14,6 @@ from helpers import full_logprobs
 from masrl.config import SamplingParams
 from masrl.engines.hf import HFEngine
 from masrl.engines.paged import PagedEngine
-from masrl.engines.paged import runner as paged_runner
 from masrl.engines.paged.blocks import BlockPool, OutOfBlocks, block_hash
 from masrl.engines.paged.calls import Sequence
 from masrl.engines.paged.prefill import layout, token_rows
@@ -309,10 +308,9 @@ def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny
     each over its call's blocks, 8 rows a replay here so one call's tokens span replays and one replay
     holds several calls. First turns, a sampled group that forks from one prefill, then next turns over
     their cached past: the eager engine's greedy tokens and a full forward's logprobs, no lean forward run."""
-    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_BATCH", 8)
     model, tok = tiny
     assert not PagedEngine(model, tok, [2], device="cpu", kv_blocks=8).runner.graph_prefill  # the default: no graphs on a CPU
-    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, graph_prefill=True)
+    eng = PagedEngine(model, tok, [2], device="cpu", kv_blocks=512, block_size=4, graph_prefill=True, prefill_rows=8)
     forward, real = [], eng.runner.prefill_pool.rows
     monkeypatch.setattr(eng.runner.prefill_pool, "rows", lambda *a: forward.append(len(a[0])) or real(*a))
     firsts = [req(p, max_new_tokens=6) for p in prompts(tok)]
@@ -329,7 +327,7 @@ def test_a_prefill_as_token_rows_of_the_decode_step_equals_the_eager_engine(tiny
     assert eng.stats["forks"] >= 3 and eng.stats["cached_tokens"] > 0
     assert eng.stats["row_prefills"] > 0 and eng.stats["forward_prefills"] == 0 and not forward
     # rows that would read too many keys take the lean forward
-    monkeypatch.setattr(paged_runner, "ROWS_PREFILL_KEYS", 0)
+    eng.runner.rows_keys = 0
     eng.generate(firsts[:2])
     assert eng.stats["forward_prefills"] > 0 and forward
 

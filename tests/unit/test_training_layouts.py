@@ -68,9 +68,7 @@ def test_no_grad_head_chunks_and_sampled_entropy_agree_with_the_full_computation
     batch = make_batch(samples, host.tokenizer.pad_token_id, layout="prefix")
     with torch.no_grad():
         lp_full, ent_full, _ = training.Learner(host).completion_forward(host.core, batch, want_entropy=True)
-        monkeypatch.setattr(training, "HEAD_CHUNK", 5)
-        monkeypatch.setattr(training, "ENTROPY_ROWS", 3)
-        lp, ent, _ = training.Learner(host).completion_forward(host.core, batch)
+        lp, ent, _ = training.Learner(host, head_chunk=5, entropy_rows=3).completion_forward(host.core, batch)
     m = batch.token_mask > 0
     assert torch.allclose(lp[m], lp_full[m], atol=1e-5)
     measured = ~torch.isnan(ent)

@@ -65,7 +65,8 @@ class PagedEngine(EngineDefaults):
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None):
+                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None, prefill_rows: int = 512,
+                 prefill_rows_keys: int = 1 << 21):
         self.model = model
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
@@ -77,7 +78,8 @@ class PagedEngine(EngineDefaults):
         # the rows save no launches there; docs/benchmarks.md has the GPU figures)
         self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, block_size=block_size,
                                   prefill_tokens=prefill_tokens, cuda_graphs=cuda_graphs, fused_kernels=fused_kernels,
-                                  graph_prefill=graph_prefill, stats=self.stats)
+                                  graph_prefill=graph_prefill, stats=self.stats, rows_batch=prefill_rows,
+                                  rows_keys=prefill_rows_keys)
         self.dev = self.runner.dev
         self.device = str(self.dev)
         self.is_peft = self.runner.is_peft

@@ -34,16 +34,16 @@ from masrl.engines.sampling import BatchFlags, sample_tokens
 from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
 
-# A prefill whose calls' new tokens read at most ROWS_PREFILL_KEYS keys in all (new tokens x their past, each
-# row reading its own) runs as token rows through the decode graphs, ROWS_PREFILL_BATCH rows a replay
-ROWS_PREFILL_KEYS = 1 << 21
-ROWS_PREFILL_BATCH = 512
+# A prefill whose calls' new tokens read at most ``rows_keys`` keys in all (new tokens x their past, each row reading
+# its own; the engine's ``prefill_rows_keys``, 2**21) runs as token rows through the decode graphs, ``rows_batch``
+# rows a replay (the engine's ``prefill_rows``, 512)
 BUFFERS = ("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index")
 
 
 class ModelRunner:
     def __init__(self, model, *, device: str, seed: int, pad_id: int, block_size: int, prefill_tokens: int,
-                 cuda_graphs: bool, fused_kernels: bool, graph_prefill: bool | None, stats: dict):
+                 cuda_graphs: bool, fused_kernels: bool, graph_prefill: bool | None, stats: dict, rows_batch: int,
+                 rows_keys: int):
         self.model = model
         self.fwd = LlamaForward(model)
         self.core = self.fwd.core
@@ -53,6 +53,8 @@ class ModelRunner:
         self.adapters = list(model.peft_config) if self.is_peft else []
         self.slot_of = {name: i for i, name in enumerate(self.adapters)}
         self.block_size = block_size
+        self.rows_batch = rows_batch  # token rows a replay of a prefill as decode rows (graph_prefill)
+        self.rows_keys = rows_keys  # past it, a prefill's keys read in all, it takes the lean forward instead
         self.w: DecodeWeights | None = DecodeWeights(model, self.adapters)
         self.use_graphs = cuda_graphs and self.dev.type == "cuda"
         # token rows of the decode graphs for a prefill (rollout.graph_prefill): None = where the graphs replay
@@ -161,7 +163,7 @@ class ModelRunner:
         lead = [s for s in seqs if s.fork_of is None]
         n = np.array([s.length - s.cached for s in lead], dtype=np.int64)
         c = np.array([s.cached for s in lead], dtype=np.int64)
-        if not self.graph_prefill or int((n * c + n * (n + 1) // 2).sum()) > ROWS_PREFILL_KEYS:
+        if not self.graph_prefill or int((n * c + n * (n + 1) // 2).sum()) > self.rows_keys:
             self.stats["forward_prefills"] += 1
             return self.prefill_pool.run(seqs, self.kv)
         self.stats["row_prefills"] += 1
@@ -171,7 +173,7 @@ class ModelRunner:
         """A prefill as decode steps whose rows are tokens: row ``t`` of call ``s`` is the token at position
         ``cached + t`` over ``s``'s block table. Every layer writes all rows' keys and values into their
         slots before any row attends, so a row sees its call's earlier new tokens as it would its cached
-        past: one replay of a captured decode graph computes up to ``ROWS_PREFILL_BATCH`` new tokens of any
+        past: one replay of a captured decode graph computes up to ``rows_batch`` new tokens of any
         number of calls, where the lean forward pads every call to the longest and launches each kernel
         from Python. The graph stops before the output head (variant "rows"); the head runs on each leader's
         last row; forks copy its logits (``PoolPrefill``)."""
@@ -187,8 +189,8 @@ class ModelRunner:
         keys = [s.key for s in lead]
         self.variant = "rows"
         try:
-            for a in range(0, T, ROWS_PREFILL_BATCH):
-                b = min(T, a + ROWS_PREFILL_BATCH)
+            for a in range(0, T, self.rows_batch):
+                b = min(T, a + self.rows_batch)
                 Bb = rows_bucket(b - a)
                 top = int(pos[a:b].max()) + 1
                 S = K.paged.paged_length_class(top) if self.fused.get("paged_attention") else slot_bucket(top)

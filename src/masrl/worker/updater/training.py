@@ -29,8 +29,6 @@ from masrl.worker.updater.update_metrics import UpdateStats, update_metrics
 
 __all__ = ["Sample", "Learner", "prefix_pays"]
 
-HEAD_CHUNK = 16384  # completion tokens per output-head chunk in no-grad passes
-ENTROPY_ROWS = 1024  # tokens whose entropy is measured (for metrics) when the loss does not need it
 
 
 # the measured point (benchmarks/bench_shared_prompt.py, one H200, SmolLM2-135M shape): 8 samples of
@@ -70,10 +68,14 @@ def _head_logprobs(h, weight, bias, tokens, inv_temps, entropy_rows: torch.Tenso
 
 class Learner:
     """How policies on one held model (``HeldModel``) learn: the batch layout, the completion forward, and
-    one policy's update (``train``); ``algo``: the run's ``AlgorithmConfig``; ``pad_id``: the tokenizer's."""
+    one policy's update (``train``); ``algo``: the run's ``AlgorithmConfig``; ``pad_id``: the tokenizer's;
+    ``head_chunk``: completion tokens per output-head chunk in passes without gradients; ``entropy_rows``: the
+    tokens whose entropy is measured (a metric) when the loss does not need it."""
 
-    def __init__(self, held: HeldModel, algo=None, pad_id: int = 0):
+    def __init__(self, held: HeldModel, algo=None, pad_id: int = 0, *, head_chunk: int = 16384,
+                 entropy_rows: int = 1024):
         self.held, self.algo, self.pad_id = held, algo, pad_id
+        self.head_chunk, self.entropy_rows = head_chunk, entropy_rows
 
     def packing_available(self) -> bool:
         held = self.held
@@ -133,7 +135,7 @@ class Learner:
 
         The output head runs only on completion positions. With gradients it runs over the whole
         micro-batch at once (``micro_batch_tokens`` bounds its memory); without, in chunks. Unless the
-        loss needs it (``want_entropy``), entropy is measured on an even sample of ``ENTROPY_ROWS``
+        loss needs it (``want_entropy``), entropy is measured on an even sample of ``entropy_rows``
         tokens: ``entropy`` is then NaN on the others (``torch.isnan`` tells which were measured).
         """
         hidden = self._suffix_hidden(module, batch, checkpoint)
@@ -141,14 +143,14 @@ class Learner:
         head = module.lm_head
         N = h.shape[0]
         dev = h.device
-        chunk = N if torch.is_grad_enabled() else HEAD_CHUNK
+        chunk = N if torch.is_grad_enabled() else self.head_chunk
         inv_t = 1.0 / batch.token_temps
         logps, ents, ent_idx = [], [], []
         for i in range(0, N, chunk):
             n = min(chunk, N - i)
             rows = None
             if not want_entropy:
-                rows = torch.linspace(0, n - 1, min(n, ENTROPY_ROWS), device=dev).long()
+                rows = torch.linspace(0, n - 1, min(n, self.entropy_rows), device=dev).long()
             lp, ent = _head_logprobs(h[i : i + n], head.weight, head.bias, batch.tokens[i : i + n], inv_t[i : i + n], rows)
             logps.append(lp)
             ents.append(ent if want_entropy else ent.detach())

@@ -96,9 +96,10 @@ def test_a_seating_given_to_a_workflow_that_seats_no_players_is_named_with_those
     with pytest.raises(ConfigError, match=r"data.train.options: the seating of source 'episodes' is read by the "
                                           r"workflows that seat players \(openspiel, pettingzoo, textarena\), not 'env'"):
         check_run(load_config(data=data))
-    data["data"]["train"]["options"] = {"seats": 2}
+    game = tiny_config("games/spiel_kuhn_poker_selfplay", tmp_path / "game", steps=1)
+    game["data"]["train"]["options"] = {"seats": 2}  # the games family checks its seating's keys
     with pytest.raises(ConfigError, match="source 'episodes' takes players, swap_seats.*not seats"):
-        check_run(load_config(data=data))
+        check_run(load_config(data=game))
 
 
 def test_a_row_kind_is_a_registered_one_the_framework_or_a_familys(tmp_path):

@@ -155,7 +155,7 @@ def test_a_split_plays_its_games_with_its_own_seating_and_bad_seatings_are_named
         with pytest.raises(ConfigError, match=match):
             wf.check_split(DataSourceConfig(source="episodes", options=options), "data.eval")
     with pytest.raises(ConfigError, match="takes players, swap_seats .*, opening_moves and explore_moves, not seats"):
-        check_source(DataSourceConfig(source="episodes", options={"seats": ["a"]}), "data.eval", SOURCES)
+        wf.check_split(DataSourceConfig(source="episodes", options={"seats": ["a"]}), "data.eval")
 
 
 def test_a_split_with_random_openings_starts_each_game_after_its_seeds_moves_and_trains_no_call_on_them():
@@ -180,14 +180,14 @@ def test_a_split_with_random_openings_starts_each_game_after_its_seeds_moves_and
     plain, _ = run_scripted(wf, _task(tasks[0].meta["seed"]), {a: [f"[{i}]" for i in range(9)]
                                                              for a in ("player_0", "player_1")})
     assert all(m["agent"] != "opening" for m in plain.state["moves"])  # a split without the option: none
+    wf.check_split(split, "data.train")
     for bad in (-1, 21, "2", True):
         with pytest.raises(ConfigError, match="opening_moves"):
-            check_source(DataSourceConfig(source="episodes", options={"opening_moves": bad}), "data.train", SOURCES)
+            wf.check_split(DataSourceConfig(source="episodes", options={"opening_moves": bad}), "data.train")
 
 
 def test_explore_moves_play_some_of_an_agents_moves_at_random_differently_in_each_sample_and_train_none():
     from masrl.config import DataSourceConfig
-    from masrl.data.sources import SOURCES, check_source
     from masrl.trace import Trace
 
     wf = TextArenaGame(GAME, ["player_0", "player_1"], examples=0)
@@ -205,10 +205,10 @@ def test_explore_moves_play_some_of_an_agents_moves_at_random_differently_in_eac
     assert explored > 0 and len(games) >= 3
     plain, _ = run_scripted(wf, _task(9), script)
     assert all(m["agent"] != "explore" for m in plain.state["moves"])  # a split without the option: none
-    check_source(DataSourceConfig(source="episodes", options={"explore_moves": 0.1}), "data.train", SOURCES)
+    wf.check_split(DataSourceConfig(source="episodes", options={"explore_moves": 0.1}), "data.train")
     for bad in (-0.1, 1, 1.5, "0.1", True):
         with pytest.raises(ConfigError, match="explore_moves"):
-            check_source(DataSourceConfig(source="episodes", options={"explore_moves": bad}), "data.train", SOURCES)
+            wf.check_split(DataSourceConfig(source="episodes", options={"explore_moves": bad}), "data.train")
 
 
 def test_the_outcome_of_a_pooled_first_seat_is_the_score_of_the_agent_that_played():

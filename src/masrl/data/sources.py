@@ -59,30 +59,9 @@ def _episodes(s: SourceSpec) -> list[Task]:
             for i, x in enumerate(seeds)]
 
 
-def _episode_options(options: dict, key: str) -> None:
-    """``players`` (the agent in each seat, for this split's games) and ``swap_seats``: the seating a game workflow
-    reads, checked against its agents by that workflow (its ``check_split``); ``opening_moves``: each game starts
-    after 0 to that many random legal moves, as many and which drawn by its seed (self-play that meets new
-    positions, docs/games.md);
-    ``explore_moves``: the chance that a move of an agent is played at random in its place (drawn by each sample)."""
-    unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
-    if unknown:
-        raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating, read by "
-                          f"the workflows that seat players), opening_moves and explore_moves, not {', '.join(unknown)}")
-    rate = options.get("explore_moves", 0)
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
-        raise ConfigError(f"{key}.options.explore_moves: a chance from 0 up to (not including) 1 that an agent's "
-                          f"move is played at random in its place (e.g. 0.1), not {rate!r}")
-    opening = options.get("opening_moves", 0)
-    if not isinstance(opening, int) or isinstance(opening, bool) or not 0 <= opening <= 20:
-        raise ConfigError(f"{key}.options.opening_moves: a whole number of moves, 0-20 (each game of the split "
-                          f"starts with up to that many random legal moves, drawn by its seed), not {opening!r}")
-    players = options.get("players")
-    if players is not None and (not isinstance(players, list) or len(players) < 1
-                                or not all(isinstance(p, str) and p for p in players)):
-        raise ConfigError(f"{key}.options.players: a list of agent names, one per seat (e.g. [player_0, random])")
-    if not isinstance(options.get("swap_seats", False), bool):
-        raise ConfigError(f"{key}.options.swap_seats: true or false")
+def _seating(options: dict, key: str) -> None:
+    """Any ``options``: the seating of a split's games, read and checked by the workflow that seats players (its
+    ``check_split``; the games family's); the run's check refuses them for a workflow without one."""
 
 
 def _file(s: SourceSpec) -> list[dict]:
@@ -91,7 +70,7 @@ def _file(s: SourceSpec) -> list[dict]:
 
 # the framework's own sources; each task family adds its generators (masrl.families.SOURCES has them all)
 SOURCES: dict[str, Source] = {
-    "episodes": Source(_episodes, options=_episode_options),
+    "episodes": Source(_episodes, options=_seating),
     "file": Source(_file, needs_path=True, more="The file holds no more rows"),
 }
 Sources = dict[str, Source]

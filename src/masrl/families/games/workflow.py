@@ -73,6 +73,33 @@ def _builtin(agent: str) -> bool:
     return agent == RANDOM or spiel.parse_builtin(agent) is not None
 
 
+def check_seating(options: dict, key: str) -> None:
+    """A split's seating (source ``episodes``' ``options``), each key's type: ``players`` (the agent in each seat,
+    for this split's games) and ``swap_seats``, checked against the game's agents by ``check_split``;
+    ``opening_moves``: each game starts after 0 to that many random legal moves, as many and which drawn by its seed
+    (self-play that meets new positions, docs/games.md); ``explore_moves``: the chance that a move of an agent is
+    played at random in its place (drawn by each sample)."""
+    unknown = sorted(set(options) - {"players", "swap_seats", "opening_moves", "explore_moves"})
+    if unknown:
+        raise ConfigError(f"{key}.options: source 'episodes' takes players, swap_seats (a split's seating, read by "
+                          f"the workflows that seat players), opening_moves and explore_moves, not {', '.join(unknown)}")
+    rate = options.get("explore_moves", 0)
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise ConfigError(f"{key}.options.explore_moves: a chance from 0 up to (not including) 1 that an agent's "
+                          f"move is played at random in its place (e.g. 0.1), not {rate!r}")
+    opening = options.get("opening_moves", 0)
+    if not isinstance(opening, int) or isinstance(opening, bool) or not 0 <= opening <= 20:
+        raise ConfigError(f"{key}.options.opening_moves: a whole number of moves, 0-20 (each game of the split "
+                          f"starts with up to that many random legal moves, drawn by its seed), not {opening!r}")
+    players = options.get("players")
+    if players is not None and (not isinstance(players, list) or len(players) < 1
+                                or not all(isinstance(p, str) and p for p in players)):
+        raise ConfigError(f"{key}.options.players: a list of agent names, one per seat (e.g. [player_0, random])")
+    if not isinstance(options.get("swap_seats", False), bool):
+        raise ConfigError(f"{key}.options.swap_seats: true or false")
+
+
+
 class TextArenaGame:
     name = "textarena"
     lib = arena  # the game library: start an episode, observe, move, legal moves (arena, spiel, zoo share the face)
@@ -174,6 +201,7 @@ class TextArenaGame:
         this workflow's agents (or ``random``) in them, so that every seat's agent has a policy; random moves
         (the random player, openings, ``explore_moves``) only in a game whose legal moves are known."""
         opts = (split.options or {}) if split.source == "episodes" else {}
+        check_seating(opts, key)
         for name in ("opening_moves", "explore_moves"):
             if opts.get(name) and not self.moves_known:
                 raise ConfigError(self._no_moves(f"{key}.options.{name}", "plays random moves", "remove it"))

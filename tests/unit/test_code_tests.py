@@ -5,9 +5,9 @@ import pytest
 from masrl.data import checkers
 from masrl.data.test_spec import parse_spec
 from masrl.errors import DataError
+from masrl.families.code.extract import extract_code
 from masrl.families.code.tasks import humaneval_program, load_code_tasks, load_humaneval
 from masrl.sandbox import Limits
-from masrl.tools.code_extract import extract_code
 from masrl.tools.code_tests import CodeVerifier, verify
 
 L = Limits(wall_s=6, cpu_s=4, case_timeout_s=1.0)

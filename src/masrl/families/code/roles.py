@@ -7,8 +7,8 @@ import ast
 
 from masrl.data.tasks import Task
 from masrl.data.test_spec import TestSpec
+from masrl.families.code.extract import extract_code
 from masrl.parsing import ParseResult, TagSpec, nonempty, parse_tags
-from masrl.tools.code_extract import extract_code
 
 PLANNER_SYSTEM = "You plan how to write a small Python function. Reply with one sentence in <plan></plan>."
 PLANNER_EXAMPLES = [

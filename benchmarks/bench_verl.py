@@ -49,8 +49,7 @@ def random_model_folder(dest: Path) -> str:
 
     tok = load_tokenizer(SMOLLM2)
     cfg = qwen25_05b_shape_config(len(tok))
-    cfg.vocab_size = len(tok)
-    cfg.torch_dtype = "bfloat16"
+    cfg.vocab_size = len(tok)  # the shape's own is Qwen's 151,936
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(dest)

@@ -1,22 +1,8 @@
 """The sandbox: model-written Python run in a subprocess with walls around it (``runner``: ``run_python`` and the
 ``Sandbox`` pool; ``isolation``: which walls this machine allows; ``cgroups``: how memory is bounded; ``zygote``: a
 pre-started process per pool slot that forks each run; ``harness``: what runs inside the walls). Nothing here runs
-generated code in the caller's process. Its users: the code family's test runner and tools, and ``masrl doctor``."""
+generated code in the caller's process. Its users: the code verifier (``tools/code_tests.py``) and the run's
+services, which check ``sandbox.require`` against ``check_isolation``. The public names are ``runner``'s."""
 
-from masrl.sandbox.runner import (
-    CODE_COMPILE,
-    CODE_IMPORT,
-    CODE_MEMORY,
-    UID_BASE,
-    Limits,
-    RunResult,
-    Sandbox,
-    SandboxUnavailable,
-    check_isolation,
-    isolation,
-    run_python,
-    slot_uid,
-)
-
-__all__ = ["Limits", "RunResult", "Sandbox", "run_python", "isolation", "UID_BASE", "CODE_COMPILE", "CODE_IMPORT",
-           "CODE_MEMORY", "SandboxUnavailable", "check_isolation", "slot_uid"]
+from masrl.sandbox.runner import *  # noqa: F403 (its __all__)
+from masrl.sandbox.runner import __all__  # noqa: F401

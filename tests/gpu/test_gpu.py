@@ -475,6 +475,56 @@ def test_overlap_update_on_cuda_samples_the_copy_and_publishes_exact_weights(tmp
     tr.rt.close()
 
 
+def lora_async_samples_the_version_it_claims(tmp_path, engine: str, **rollout):
+    """math/team_lora (four adapters on one frozen base) in async mode on ``engine``: after three updates every
+    adapter's published version is its update count and the engine holds nothing stale; the trained calls carry
+    versions past 0 (sampled after a publish); fresh calls' engine logprobs match the live adapters and not the
+    starting ones (a sampler kept on the old policy fails here); an adapter changed without a publish is named stale."""
+    from tinycfg import prepared_trainer, run_async, tiny_config
+
+    data = tiny_config("math/team_lora", tmp_path, steps=3, model="random-smollm2-135m", device="cuda",
+                       precision="bf16")
+    for p in data["policies"].values():
+        p["optim"] = {"lr": 1e-2}  # each update moves the adapters far enough for the logprobs to tell versions apart
+    data["rollout"].update(mode="async", engine=engine, tasks_per_step=4, samples_per_task=4, **rollout)
+    data["algorithm"]["skip_zero_advantage"] = False
+    tr, workers, _ = prepared_trainer(data, tmp_path)
+    w = next(iter(workers.values()))
+    eng = w.sampler.engine
+    assert type(eng).__name__ == {"paged": "PagedEngine", "vllm": "VLLMEngine"}[engine] and len(workers) == 4
+    recs, traces = run_async(tr, 3)
+    versions = sorted({c.policy_version for t in traces for c in t.calls})
+    print(f"[gpu] {engine} LoRA async: versions of the trained calls {versions}, published {w.sampler.published}, "
+          f"updates {w.updater.updates}")
+    assert all(w.sampler.published[p] == w.updater.updates[p] >= 1 for p in workers)
+    assert eng.stale_weights() == [] and max(versions) >= 1
+
+    tok = w.held.tokenizer
+    reqs = [req(ids, temperature=1.0, max_new_tokens=16, adapter=p, seed=i)
+            for i, (ids, p) in enumerate(zip(prompts(tok, 8), list(workers) * 2))]
+    outs = eng.generate(reqs)
+    live, start = [], []
+    for r, o in zip(reqs, outs):
+        got = torch.tensor(o.logprobs)
+        live += (adapter_logprobs(w.held.model, r.adapter, r.prompt_ids, o.completion_ids, 1.0) - got).abs().tolist()
+        start += (adapter_logprobs(w.held.model, None, r.prompt_ids, o.completion_ids, 1.0) - got).abs().tolist()
+    live, start = report(f"{engine} vs the live adapters", live), report(f"{engine} vs the starting adapters", start)
+    assert live.mean() < 0.05 and start.mean() > 3 * live.mean()
+
+    with torch.no_grad():  # the solver's adapter changes and is not published
+        for n, prm in w.held.model.named_parameters():
+            if "lora_B" in n and ".solver." in n:
+                prm.add_(0.01)
+    assert any("solver" in s for s in eng.stale_weights())
+    w.sampler.publish(["solver"], {"solver": w.updater.updates["solver"]})
+    assert eng.stale_weights() == []
+    tr.rt.close()
+
+
+def test_lora_async_on_the_paged_engine_samples_the_version_it_claims(tmp_path):
+    lora_async_samples_the_version_it_claims(tmp_path, "paged")
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_rollout_device_samples_on_the_second_gpu_and_trains_on_the_first(tmp_path):
     """policies.X.rollout_device: the engine and its copy of the weights live on cuda:1, the model and

@@ -15,7 +15,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/gpu/vllm_inst
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from helpers import adapter_logprobs, full_logprobs  # noqa: E402
-from test_gpu import prompts, report, req, two_adapter_model  # noqa: E402
+from test_gpu import lora_async_samples_the_version_it_claims, prompts, report, req, two_adapter_model  # noqa: E402
 
 KV = 0.02  # each engine's KV cache: 2% of the card, so that the engines of this file fit side by side
 
@@ -56,6 +56,16 @@ def test_vllm_bf16_logprobs_match_the_forward_as_the_paged_engines_do_and_a_weig
     print(f"[gpu] vLLM start {start:.1f} s; full-weight sync of {sum(x.numel() for x in model.parameters()) / 1e6:.0f}M "
           f"parameters: {sync_s * 1e3:.0f} ms; paged mean gap {p.mean():.2e}")
     assert after.mean() < 0.05 and after.max() < 0.5 and eng.stats["weight_syncs"] == 1
+    assert eng.stale_weights() == []
+    with torch.no_grad():  # a change vLLM is not told of is read back as stale
+        model.model.layers[5].self_attn.o_proj.weight.mul_(1.25)
+    assert eng.stale_weights() == ["model.layers.5.self_attn.o_proj.weight"]
+    eng.weights_updated()
+    assert eng.stale_weights() == []
+
+
+def test_lora_async_on_vllm_samples_the_version_it_claims(tmp_path):
+    lora_async_samples_the_version_it_claims(tmp_path, "vllm", gpu_memory_utilization=KV)
 
 
 def test_vllm_serves_two_adapters_and_the_base_in_one_batch_and_takes_a_new_adapter():

@@ -28,6 +28,5 @@ class EngineDefaults:
         return {}
 
     def stale_weights(self) -> list[str]:
-        """An engine that reads the live parameters (or names each weight version, as vLLM's adapters) holds no copy
-        that can go stale."""
+        """An engine that reads the live parameters holds no copy that can go stale."""
         return []

@@ -12,6 +12,9 @@ a restart or a copy through a socket:
   update the changed adapters are written to new directories under new ids, so vLLM loads the new
   weights and never serves a cached old copy.
 
+After each update ``stale_weights`` reads back what vLLM will sample from (each adapter's new directory; a full
+model's unfused weights from vLLM's own copy) and names what differs from the trainer's, which fails the step.
+
 Logprobs are vLLM's ``processed_logprobs``: the sampled token's log-probability after temperature
 (masrl's convention) and after top-p when ``top_p < 1`` (vLLM renormalises over the nucleus; masrl's
 own engines report it before top-p); greedy rows under softmax(logits), as masrl's engines. Sampling
@@ -54,6 +57,14 @@ def vllm_memory(model, device: str, kv_fraction: float) -> dict:
 def _seed(seed: int | None) -> int | None:
     """A call's seed as vLLM takes it (a C long: the trainer's 64-bit call seeds overflowed it)."""
     return None if seed is None else seed % 2**63
+
+
+def _read_back(name: str, device: str) -> bool:
+    """The parameters ``stale_weights`` reads back from a full model in vLLM: those it keeps under the trainer's names
+    and as loaded. The norms everywhere; on a GPU also the unfused output projections (attention's o_proj, the MLP's
+    down_proj), which vLLM's CPU backend repacks."""
+    return name.endswith("norm.weight") or (device.startswith("cuda") and name.endswith(("o_proj.weight",
+                                                                                         "down_proj.weight")))
 
 
 def _core(model):
@@ -135,6 +146,36 @@ class VLLMEngine(EngineDefaults):
         self.llm.collective_rpc(load)
         self.llm.reset_prefix_cache()
         self.stats["weight_syncs"] += 1
+
+    def stale_weights(self) -> list[str]:
+        """What vLLM would sample from that is not the live model. LoRA: each adapter's directory that the next
+        ``LoRARequest`` names, read back from disk and compared exactly with the live adapter; a full model: the
+        parameters vLLM keeps as loaded (``_read_back``), every 61st row of a matrix, read from vLLM's own copy."""
+        if self.is_peft:
+            from peft import get_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            stale = []
+            for name in self._adapters:
+                saved = load_file(os.path.join(self._paths[name], "adapter_model.safetensors"))
+                live = get_peft_model_state_dict(self.model, adapter_name=name)
+                if saved.keys() != live.keys() or not all(
+                        torch.equal(saved[k], live[k].detach().to("cpu", saved[k].dtype)) for k in saved):
+                    stale.append(f"adapter '{name}' at {self._paths[name]}")
+            return stale
+
+        dev = self.device
+
+        def rows(worker):
+            return {n: (p[::61] if p.dim() == 2 else p).detach().cpu()
+                    for n, p in worker.model_runner.model.named_parameters() if _read_back(n, dev)}
+
+        served = self.llm.collective_rpc(rows)[0]
+        live = {n: p for n, p in _core(self.model).named_parameters() if _read_back(n, dev)}
+        if not served or served.keys() != live.keys():
+            return [f"vLLM's weights were not read back (it holds {sorted(served)[:3]}, the model {sorted(live)[:3]})"]
+        return [n for n, p in live.items()
+                if not torch.equal(served[n], (p[::61] if p.dim() == 2 else p).detach().to("cpu", served[n].dtype))]
 
     def adapters(self) -> list[str]:
         return list(self._adapters)

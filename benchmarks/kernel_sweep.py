@@ -4,8 +4,8 @@
   block, warps, pipeline stages) from batch 256 x ~192 keys a row to batch 16 x ~8,192, each checked
   against ``paged_attention_ref``; "shipped" is what ``paged_kernels.paged_launch`` picks for the case's length
   class, the fastest settings per length tell ``PAGED_LAUNCH`` and ``PAGED_LONG_KEYS`` what to be.
-* ``fused``: ``paged_kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; off until
-  this says it is faster: ``paged_kernels.PAGED_FUSED_ROPE``) against the two kernels it replaces.
+* ``fused``: ``paged_kernels.paged_rope_attention`` (rope, the pool write and attention in one launch; the paged
+  engine's ``fused_rope``, for the short length class) against the two kernels it replaces.
 * ``split``: split attention (``paged_attention(..., splits=n)``) for few long rows, 1 to 128 runs a row, from
   batch 64 x ~1,024 keys to batch 1 x ~16,000; "shipped" is ``paged_kernels.paged_splits``'s choice.
 * ``gemm``: the decode step's matmuls at the 0.5B shape (Qwen2.5-0.5B: hidden 896, 14 query and 2 key/value

@@ -25,15 +25,13 @@ def forward_gaps(model, reqs, outs) -> list[float]:
 
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
-def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monkeypatch):
+def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope):
     from masrl.engines.hf import HFEngine
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.models import load_model
 
-    monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.float32, device="cuda")
-    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512)
+    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=512, fused_rope=fused_rope)
     assert {"paged_attention", "rope_and_cache_paged"} <= set(eng.stats["fused_kernels"])
     assert ("paged_rope_attention" in eng.stats["fused_kernels"]) == fused_rope
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
@@ -42,7 +40,7 @@ def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monk
     b = HFEngine(model, tok, [tok.eos_token_id]).generate(greedy)
     assert [o.completion_ids for o in a] == [o.completion_ids for o in b]
     assert eng.stats["graphs_captured"] >= 1 and all(k[1] == 0 for k in eng.runner.graphs)  # short rows: one graph a bucket
-    tight = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=12)
+    tight = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", kv_blocks=12, fused_rope=fused_rope)
     c = tight.generate(greedy)
     assert tight.stats["preemptions"] > 0
     assert [o.completion_ids for o in c] == [o.completion_ids for o in b]
@@ -50,14 +48,12 @@ def test_paged_kernels_agree_and_greedy_equals_the_eager_engine(fused_rope, monk
 
 
 @pytest.mark.parametrize("fused_rope", [False, True], ids=["two_kernels", "fused_rope"])
-def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
+def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope):
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.paged.kernels import paged as paged_kernels
     from masrl.models import load_model
 
-    monkeypatch.setattr(paged_kernels, "PAGED_FUSED_ROPE", fused_rope)
     model, tok = load_model("random-smollm2-135m", seed=0, dtype=torch.bfloat16, device="cuda")
-    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0")
+    eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", fused_rope=fused_rope)
     ps = prompts(tok, 6) + prompts(tok, 3, shared=False)
     reqs = [req(p, temperature=t, max_new_tokens=n) for p, t, n in zip(ps, [1.0, 0.7, 0.0] * 3, [5, 17, 9, 33, 3, 12, 8, 40, 2])]
     g = report("paged engine vs HF forward, bf16", forward_gaps(model, reqs, eng.generate(reqs)))
@@ -66,7 +62,7 @@ def test_paged_bf16_logprobs_and_a_lora_batch(fused_rope, monkeypatch):
     pm, tok = two_adapter_model()
     adapters = ["a", "b", None, "a", "b", "b", "a", None]
     reqs = [req(p, temperature=0.0, max_new_tokens=12, adapter=a) for p, a in zip(prompts(tok, 8), adapters)]
-    mixed = PagedEngine(pm, tok, [tok.eos_token_id], device="cuda:0").generate(reqs)
+    mixed = PagedEngine(pm, tok, [tok.eos_token_id], device="cuda:0", fused_rope=fused_rope).generate(reqs)
     gaps = []
     for r, m in zip(reqs, mixed):
         ref = adapter_logprobs(pm, r.adapter, r.prompt_ids, m.completion_ids)
@@ -137,15 +133,14 @@ def test_split_attention_over_long_rows_keeps_tokens_and_logprobs(monkeypatch):
                 assert gap.mean() < 0.05 and gap.max() < 0.5
 
 
-def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_logprobs(monkeypatch):
+def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_logprobs():
     """A 3,000-token prompt prefilled 512 tokens at a time (each chunk over its past), bf16: flash attention with no
-    mask (``paged_prefill.FLASH_ONE_ROW``) against the masked kernel it replaces: its logprobs as close to a full
+    mask (the engine's ``flash_one_row``) against the masked kernel it replaces: its logprobs as close to a full
     forward (random weights' near-flat logits make greedy tokens flip on either path's rounding); and the time of a
     16,000-token prefill on each path."""
     import time
 
     from masrl.engines.paged import PagedEngine
-    from masrl.engines.paged import prefill as paged_prefill
     from masrl.models import load_model
 
     model, tok = load_model("random-qwen2.5-0.5b", seed=0, dtype=torch.bfloat16, device="cuda")
@@ -156,10 +151,9 @@ def test_a_long_prompt_prefilled_in_chunks_by_flash_attention_keeps_tokens_and_l
     long = [req(torch.randint(100, 40000, (16000,), generator=g).tolist(), temperature=0.0, max_new_tokens=1)]
     got, secs, gaps = {}, {}, {}
     for flash in (False, True):
-        monkeypatch.setattr(paged_prefill, "FLASH_ONE_ROW", flash)
-        eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", prefill_tokens=512)
+        eng = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", prefill_tokens=512, flash_one_row=flash)
         got[flash] = [eng.generate([r])[0] for r in reqs]  # one row a prefill: each chunk over its past
-        big = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0")
+        big = PagedEngine(model, tok, [tok.eos_token_id], device="cuda:0", flash_one_row=flash)
         big.generate(long)  # one-time costs
         torch.cuda.synchronize()
         t0 = time.perf_counter()

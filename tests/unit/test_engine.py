@@ -244,15 +244,18 @@ def test_bf16_decode_on_a_cpu_runs_attention_as_matmuls_and_keeps_the_logprobs(t
     real = lean.few_query_attention
     monkeypatch.setattr(lean, "few_query_attention", lambda *a: calls.append(a[0].shape) or real(*a))
 
-    def errors():  # each call's largest logprob gap to a plain bf16 forward of its own tokens
-        outs = HFEngine(m16, tok, stop_token_ids(tok, m16)).generate(reqs)
+    def errors(few_queries: int):  # each call's largest logprob gap to a plain bf16 forward of its own tokens
+        eng = HFEngine(m16, tok, stop_token_ids(tok, m16))
+        eng.stepper.few_queries = few_queries
+        outs = eng.generate(reqs)
         return [(full_logprobs(m16, r.prompt_ids, o.completion_ids, r.sampling.temperature)
                  - torch.tensor(o.logprobs)).abs().max().item() for r, o in zip(reqs, outs)]
 
-    errs = errors()
-    assert calls and all(shape[2] <= lean.FEW_QUERIES for shape in calls)  # decode steps only
-    monkeypatch.setattr(lean, "FEW_QUERIES", 0)  # the SDPA path, for the scale of bf16 error
-    sdpa_errs = errors()
+    errs = errors(lean.LlamaForward.few_queries)
+    assert calls and all(shape[2] <= lean.LlamaForward.few_queries for shape in calls)  # decode steps only
+    n = len(calls)
+    sdpa_errs = errors(0)  # the SDPA path, for the scale of bf16 error
+    assert len(calls) == n  # no decode step took the matmul path
     assert max(errs) < 0.1 and max(errs) <= 2 * max(sdpa_errs) + 1e-3, (errs, sdpa_errs)
 
 

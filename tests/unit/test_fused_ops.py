@@ -39,7 +39,6 @@ def test_fused_kernels_agree_with_torch_in_the_interpreter():
 PAGED = """
 import torch
 from masrl.engines.paged.kernels import paged as paged_kernels
-paged_kernels.PAGED_FUSED_ROPE = True
 cpu = torch.device("cpu")
 for dtype in (torch.float32, torch.float16):  # the interpreter's 16-bit dots work in fp16, not in bf16
     v = paged_kernels.check(cpu, dtype, 14, 2, 64)

@@ -113,12 +113,6 @@ def causal_mask(key_valid: torch.Tensor, start: int, length: int) -> torch.Tenso
     return ((causal[None] & key_valid[:, None, :end]) | own[None])[:, None]
 
 
-# decode steps (a few query rows over a long cache) on a CPU in bf16: PyTorch's SDPA runs its math kernel
-# there, 8 ms against 0.6 ms for two bf16 matmuls at 24 rows x 700 keys (fp32 SDPA: 1.0 ms); from ~128
-# query rows on (prefill, training) SDPA is as fast or faster, so only decode takes this path
-FEW_QUERIES = 4
-
-
 def few_query_attention(q, keys, vals, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """``softmax(q k^T * scale, mask) v`` for ``q [B, H, S, D]`` over ``keys/vals [B, KV, K, D]`` (grouped
     query heads: query head h reads key head h // (H / KV)), ``mask [B, 1, S, K]`` bool; the scores and
@@ -178,6 +172,12 @@ def packed_attention(q, k, v, packed: Packed, scale: float) -> torch.Tensor:
 
 
 class LlamaForward:
+    # decode steps (a few query rows over a long cache) on a CPU in bf16 take ``few_query_attention``: PyTorch's SDPA
+    # runs its math kernel there, 8 ms against 0.6 ms for two bf16 matmuls at 24 rows x 700 keys (fp32 SDPA: 1.0
+    # ms); from ~128 query rows on (prefill, training) SDPA is as fast or faster. Up to this many query rows (0: SDPA
+    # always; an instance may set its own)
+    few_queries = 4
+
     def __init__(self, model):
         self.peft = hasattr(model, "peft_config")
         core = core_model(model)
@@ -303,7 +303,7 @@ class LlamaForward:
                 keys, vals = torch.cat([pk, k], dim=2), torch.cat([pv, v], dim=2)
             else:
                 keys, vals = k, v
-            if (mask is not None and mask.dtype == torch.bool and S <= FEW_QUERIES and q.device.type == "cpu"
+            if (mask is not None and mask.dtype == torch.bool and S <= self.few_queries and q.device.type == "cpu"
                     and q.dtype == torch.bfloat16):
                 o = few_query_attention(q, keys, vals, mask, self.scale)
             elif mask is None:

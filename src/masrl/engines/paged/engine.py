@@ -66,7 +66,10 @@ class PagedEngine(EngineDefaults):
                  gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
                  prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
                  graph_prefill: bool | None = None, overlap_chunks: bool | None = None, prefill_rows: int = 512,
-                 prefill_rows_keys: int = 1 << 21):
+                 prefill_rows_keys: int = 1 << 21, fused_rope: bool = True, flash_one_row: bool = True):
+        """``fused_rope``: a decode step of the short length class ropes, caches and attends in one kernel;
+        ``flash_one_row``: a one-row prefill in half precision on a GPU runs flash attention without a mask;
+        ``prefill_rows`` / ``prefill_rows_keys``: a prefill as token rows through the decode graphs (runner.py)."""
         self.model = model
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
@@ -79,7 +82,7 @@ class PagedEngine(EngineDefaults):
         self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, block_size=block_size,
                                   prefill_tokens=prefill_tokens, cuda_graphs=cuda_graphs, fused_kernels=fused_kernels,
                                   graph_prefill=graph_prefill, stats=self.stats, rows_batch=prefill_rows,
-                                  rows_keys=prefill_rows_keys)
+                                  rows_keys=prefill_rows_keys, fused_rope=fused_rope, flash_one_row=flash_one_row)
         self.dev = self.runner.dev
         self.device = str(self.dev)
         self.is_peft = self.runner.is_peft

@@ -21,7 +21,6 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 HALF = (torch.bfloat16, torch.float16)
-FLASH_ONE_ROW = True  # a one-row prefill (a long prompt's chunks) by flash attention, without a mask
 
 KEYS_PER_TOKEN = 4  # keys a forward may attend per token of the prefill budget
 
@@ -110,9 +109,11 @@ class _PastGather:
 
 class PoolPrefill:
     def __init__(self, fwd: LlamaForward, *, block_size: int, budget: int, pad_id: int, dtype: torch.dtype,
-                 dev: torch.device, is_peft: bool):
+                 dev: torch.device, is_peft: bool, flash_one_row: bool = True):
+        """``flash_one_row``: a one-row prefill (a long prompt's chunks) on a GPU in half precision runs flash
+        attention without a mask (causal after the row's past) instead of the masked kernel."""
         self.fwd, self.block_size, self.budget, self.pad_id = fwd, block_size, budget, pad_id
-        self.dtype, self.dev, self.is_peft = dtype, dev, is_peft
+        self.dtype, self.dev, self.is_peft, self.flash_one_row = dtype, dev, is_peft, flash_one_row
 
     def run(self, seqs: list[Sequence], kv: KV) -> torch.Tensor:
         """Logits after each sequence's last token. Rows are batched while ``_fits`` (new tokens, keys
@@ -185,7 +186,7 @@ class PoolPrefill:
         adapters = [s.key or "__base__" for s, _, _ in spans] if self.is_peft else None
         # one row on a GPU in half precision: no mask (flash attention, causal after the row's past); else a mask
         # of each row's own past and new tokens
-        mask = None if B == 1 and FLASH_ONE_ROW and self.dev.type == "cuda" and self.dtype in HALF else causal_mask(
+        mask = None if B == 1 and self.flash_one_row and self.dev.type == "cuda" and self.dtype in HALF else causal_mask(
             valid, C, N)
         h, new_kv = self.fwd.hidden(ids, pos, mask, past=past, adapters=adapters, return_kv=True)
         slots = torch.from_numpy(lay.slots).to(dev)

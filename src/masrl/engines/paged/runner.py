@@ -43,7 +43,7 @@ BUFFERS = ("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter",
 class ModelRunner:
     def __init__(self, model, *, device: str, seed: int, pad_id: int, block_size: int, prefill_tokens: int,
                  cuda_graphs: bool, fused_kernels: bool, graph_prefill: bool | None, stats: dict, rows_batch: int,
-                 rows_keys: int):
+                 rows_keys: int, fused_rope: bool, flash_one_row: bool):
         self.model = model
         self.fwd = LlamaForward(model)
         self.core = self.fwd.core
@@ -65,6 +65,7 @@ class ModelRunner:
             verdict = K.check_all(self.dev, self.dtype, fwd.n_heads, fwd.n_kv, fwd.head_dim, cfg.hidden_size,
                                   cfg.intermediate_size)
             self.fused = {name: why is None for name, why in verdict.items()}
+            self.fused["paged_rope_attention"] &= fused_rope
             bad = {name: why for name, why in verdict.items() if why is not None}
             if bad:
                 warnings.warn(f"masrl paged engine: torch ops instead of fused kernels for {bad}", stacklevel=3)
@@ -73,7 +74,8 @@ class ModelRunner:
         self.inv_freq = rot.inv_freq
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self.prefill_pool = PoolPrefill(self.fwd, block_size=block_size, budget=prefill_tokens, pad_id=pad_id,
-                                        dtype=self.dtype, dev=self.dev, is_peft=self.is_peft)
+                                        dtype=self.dtype, dev=self.dev, is_peft=self.is_peft,
+                                        flash_one_row=flash_one_row)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = None
@@ -390,7 +392,7 @@ class ModelRunner:
         f, fwd, pk = self.fused, self.fwd, K.paged
         kf, vf = self.kv[li]
         if f.get("paged_rope_attention") and S < pk.PAGED_LONG_KEYS and self.variant != "rows":
-            # pk.PAGED_FUSED_ROPE: the two below as one (slower than the two kernels at long lengths;
+            # the engine's fused_rope: the two below as one (slower than the two kernels at long lengths;
             # benchmarks/kernel_sweep.py). Not for a prefill's token rows: a row reads keys that other rows of
             # its call write in the same launch, so every row's keys must be written before any row attends
             return pk.paged_rope_attention(qkv, cos, sin, kf, vf, self.slot_buf[:B], self.bt_buf[:B], self.len_buf[:B],

@@ -6,7 +6,7 @@ holds the ones that know nothing of pages).
 * ``paged_attention``: one query position against each row's own tokens, looked up through its block
   table, each row stopping at its own length read from device memory (so a CUDA graph replays any length);
   launch settings by input kind and length class (``PAGED_LAUNCH``, ``paged_length_class``);
-* ``paged_rope_attention``: the two as one launch, for the short length class (``PAGED_FUSED_ROPE``);
+* ``paged_rope_attention``: the two as one launch, for the short length class (the engine's ``fused_rope``);
 * split attention (``paged_attention(..., splits=n)``, ``paged_splits``): a long row's keys in runs, one
   program each, added up by a second kernel, so that a few long rows fill the GPU.
 
@@ -301,12 +301,9 @@ def paged_attention(q, kf, vf, tables, lens, S: int, block_size: int, scale: flo
 
 
 # one kernel for rope_and_cache_paged + paged_attention in the paged engine's decode step (one launch a layer
-# fewer). kernel_sweep.py on an H200 (2026-12-02): 11.36 against 13.48 us at batch 256 x ~192 keys (0.84x), 43.30
-# against 39.31 at batch 64 x 2,048 (1.10x), so the engine uses it for the short length class only. On since the
-# GPU tests passed with it (2026-12-02, fourth session: tests/gpu/test_paged_gpu.py runs the engine both ways)
-PAGED_FUSED_ROPE = True
-
-
+# fewer). kernel_sweep.py on an H200: 11.36 against 13.48 us at batch 256 x ~192 keys (0.84x), 43.30 against 39.31
+# at batch 64 x 2,048 (1.10x), so the engine uses it for the short length class only (its ``fused_rope`` option;
+# tests/gpu/test_paged_gpu.py runs the engine both ways)
 def paged_rope_attention(qkv, cos, sin, kf, vf, slots, tables, lens, H: int, Hkv: int, D: int, S: int,
                          block_size: int, scale: float, launch: dict | None = None):
     """``paged_rope_attention_ref`` as one kernel (launch settings as ``paged_attention``'s)."""
@@ -348,11 +345,10 @@ def check(device: torch.device, dtype: torch.dtype, H: int, Hkv: int, D: int) ->
     def attention_split():  # runs of 64 keys ([0, 64), [64, 128), [128, 160)), empty runs included
         return attention_paged(launch={"BLOCK": 64}, splits=3)
 
-    checks = {"rope_and_cache_paged": rope_paged, "paged_attention": attention_paged,
-              "paged_attention_split": attention_split}
-    if PAGED_FUSED_ROPE:
-        checks["paged_rope_attention"] = lambda: _check_rope_attention_paged(rnd, close, g, device, dtype, H, Hkv, D)
-    return verdicts(checks)
+    return verdicts({"rope_and_cache_paged": rope_paged, "paged_attention": attention_paged,
+                     "paged_attention_split": attention_split,
+                     "paged_rope_attention": lambda: _check_rope_attention_paged(rnd, close, g, device, dtype, H, Hkv,
+                                                                                  D)})
 
 
 def _pool_case(rnd, g, device, Hkv: int, D: int):

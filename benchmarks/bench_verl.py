@@ -36,19 +36,19 @@ VERL_DATA = ROOT / "src/masrl/driver/serving/verl_data.py"  # the config's own r
 COIN = ROOT / "benchmarks/verl_coin.py"  # a hash of the reply (row 1: random weights)
 
 
-def random_model_folder(dest: Path) -> str:
-    """Qwen2.5-0.5B's shape (masrl's ``random-qwen2.5-0.5b``) with SmolLM2's tokenizer and its 49,152-token
-    vocabulary (so that every sampled id decodes on both sides), random bf16 weights, saved as a Hugging Face folder
-    both sides load."""
+def random_model_folder(dest: Path, shape: str = "0.5b") -> str:
+    """Qwen2.5-0.5B's or 7B's shape (masrl's ``random-qwen2.5-0.5b`` / ``-7b``) with SmolLM2's tokenizer and its
+    49,152-token vocabulary (so that every sampled id decodes on both sides), random bf16 weights, saved as a Hugging
+    Face folder both sides load."""
     if (dest / "config.json").is_file():
         return str(dest)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from masrl.models import SMOLLM2, load_tokenizer, qwen25_05b_shape_config
+    from masrl.models import SMOLLM2, load_tokenizer, qwen25_05b_shape_config, qwen25_7b_shape_config
 
     tok = load_tokenizer(SMOLLM2)
-    cfg = qwen25_05b_shape_config(len(tok))
+    cfg = {"0.5b": qwen25_05b_shape_config, "7b": qwen25_7b_shape_config}[shape](len(tok))
     cfg.vocab_size = len(tok)  # the shape's own is Qwen's 151,936
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
@@ -85,6 +85,10 @@ def verl_overrides(a, data: Path, model: str, seed: int, out: Path) -> list[str]
         f"trainer.val_before_train={bool(a.eval_every)}", f"trainer.default_local_dir={out / 'ckpt'}",
         f"reward.custom_reward_function.path={COIN if a.reward == 'coin' else VERL_DATA}",
         "reward.custom_reward_function.name=compute_score",
+        # verl's LoRA path (FSDP + PEFT, vLLM loading the base from safetensors and taking the adapter natively)
+        *([f"actor_rollout_ref.model.lora_rank={a.lora}", f"actor_rollout_ref.model.lora_alpha={2 * a.lora}",
+           "actor_rollout_ref.model.target_modules=all-linear", "actor_rollout_ref.rollout.load_format=safetensors"]
+          if a.lora else []),
     ]
 
 
@@ -99,6 +103,7 @@ def masrl_overrides(a, model: str, seed: int, out: Path, policy: str, agent: str
         f"train.eval_every={a.eval_every}", "train.save_every=0", f"train.eval_before={str(bool(a.eval_every)).lower()}",
         f"algorithm.micro_batch_size={a.micro}",
         *(['rewards=[{type: "verl_coin:CoinReward"}]', "rollout.reward_isolation=thread"] if a.reward == "coin" else []),
+        *([f"policies.{policy}.lora={{r: {a.lora}, alpha: {2 * a.lora}}}"] if a.lora else []),  # every linear layer
     ]
 
 
@@ -107,8 +112,9 @@ def model_folder(name: str | None, out: Path) -> str:
         from masrl.models import smollm2_model_dir
 
         return str(smollm2_model_dir())
-    if name == "random-qwen2.5-0.5b":
-        return random_model_folder(out / "model-qwen2.5-0.5b-shape")
+    if name in ("random-qwen2.5-0.5b", "random-qwen2.5-7b"):
+        shape = name.rsplit("-", 1)[1]
+        return random_model_folder(out / f"model-qwen2.5-{shape}-shape", shape)
     return name
 
 
@@ -208,6 +214,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--micro", type=int, default=16)
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank on every linear layer, alpha twice it (0: full)")
     ap.add_argument("--verl-kv", type=float, default=0.4, help="verl's rollout.gpu_memory_utilization")
     ap.add_argument("--train-n", type=int, default=2000)
     ap.add_argument("--eval-n", type=int, default=128)

@@ -106,8 +106,11 @@ def _taken(engine_cls, kind: str, options: dict) -> dict:
     """``options``, each one ``engine_cls`` takes: a key it does not is an error naming the key (not dropped)."""
     import inspect
 
-    params = inspect.signature(engine_cls.__init__).parameters
-    known = {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY} - {"device", "seed"}
+    if hasattr(engine_cls, "option_names"):  # an engine whose settings are one typed object
+        known = set(engine_cls.option_names())
+    else:
+        params = inspect.signature(engine_cls.__init__).parameters
+        known = {n for n, p in params.items() if p.kind == p.KEYWORD_ONLY} - {"device", "seed"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"the {kind} engine takes no option {', '.join(map(repr, unknown))} (it takes: "

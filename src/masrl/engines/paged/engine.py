@@ -42,6 +42,7 @@ from masrl.engines.paged import blocks
 from masrl.engines.paged import calls as paged_calls
 from masrl.engines.paged.blocks import BlockPool
 from masrl.engines.paged.calls import Sequence
+from masrl.engines.paged.options import PagedOptions
 from masrl.engines.paged.runner import ModelRunner
 from masrl.engines.paged.scheduler import Scheduler
 from masrl.engines.sampling import counter_uniforms
@@ -62,14 +63,13 @@ class PagedEngine(EngineDefaults):
     joins_running_decode = True  # a second generate's calls join the running decode (the driver overlaps batches)
     swaps_between_steps = True  # at_boundary: a weight change between two steps, running calls going on
 
-    def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, block_size: int = 16,
-                 gpu_memory_utilization: float = 0.04, kv_blocks: int | None = None, max_batch_size: int = 256,
-                 prefill_tokens: int = 8192, sync_every: int = 8, cuda_graphs: bool = True, fused_kernels: bool = True,
-                 graph_prefill: bool | None = None, overlap_chunks: bool | None = None, prefill_rows: int = 512,
-                 prefill_rows_keys: int = 1 << 21, fused_rope: bool = True, flash_one_row: bool = True):
-        """``fused_rope``: a decode step of the short length class ropes, caches and attends in one kernel;
-        ``flash_one_row``: a one-row prefill in half precision on a GPU runs flash attention without a mask;
-        ``prefill_rows`` / ``prefill_rows_keys``: a prefill as token rows through the decode graphs (runner.py)."""
+    @staticmethod
+    def option_names() -> list[str]:
+        return PagedOptions.names()
+
+    def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, **options):
+        """``options``: the engine's settings (``PagedOptions``, options.py: a key it does not hold is an error)."""
+        self.options = o = PagedOptions.of(options)
         self.model = model
         self.tok = tokenizer
         self.stop_set = set(int(s) for s in stop_ids)
@@ -77,25 +77,16 @@ class PagedEngine(EngineDefaults):
         # the engine's one stats object: the runner, the scheduler and the block pool count into it (they are
         # rebuilt after a release; it is not)
         self.stats: dict = {"peak_blocks": 0, "joined": 0, "swaps_mid_call": 0, "overlapped_chunks": 0}
-        # graph_prefill (rollout.graph_prefill): None = where the decode step replays CUDA graphs (eager on a CPU,
-        # the rows save no launches there; docs/benchmarks.md has the GPU figures)
-        self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, block_size=block_size,
-                                  prefill_tokens=prefill_tokens, cuda_graphs=cuda_graphs, fused_kernels=fused_kernels,
-                                  graph_prefill=graph_prefill, stats=self.stats, rows_batch=prefill_rows,
-                                  rows_keys=prefill_rows_keys, fused_rope=fused_rope, flash_one_row=flash_one_row)
+        self.runner = ModelRunner(model, device=device, seed=seed, pad_id=pad_id, stats=self.stats, options=o)
         self.dev = self.runner.dev
         self.device = str(self.dev)
         self.is_peft = self.runner.is_peft
-        # rollout.overlap_chunks: the next decode chunk is queued before the host takes the last one's tokens
-        # (None: on a GPU, where the host's bookkeeping then runs while the device decodes)
-        self.overlap_chunks = self.dev.type == "cuda" if overlap_chunks is None else overlap_chunks
+        self.overlap_chunks = self.dev.type == "cuda" if o.overlap_chunks is None else o.overlap_chunks
         self._inflight: paged_calls.Chunk | None = None  # a chunk on the device whose tokens are not taken yet
-        self.block_size = block_size
-        self.kv_blocks = blocks.pool_blocks(model, self.runner.dtype, self.dev, block_size, gpu_memory_utilization,
-                                            kv_blocks)
-        self.max_batch_size = max_batch_size
-        self.prefill_tokens = prefill_tokens
-        self.sync_every = sync_every
+        self.block_size = o.block_size
+        self.kv_blocks = blocks.pool_blocks(model, self.runner.dtype, self.dev, o.block_size, o.gpu_memory_utilization,
+                                            o.kv_blocks)
+        self.sync_every = o.sync_every
         self.host_rng = np.random.default_rng(seed)
         self.pool: BlockPool | None = None
         self.sched: Scheduler | None = None
@@ -328,5 +319,6 @@ class PagedEngine(EngineDefaults):
             if self.pool is not None:
                 return
             self.sched = Scheduler(BlockPool(self.kv_blocks, self.block_size, stats=self.stats),
-                                   max_seqs=self.max_batch_size, prefill_tokens=self.prefill_tokens, stats=self.stats)
+                                   max_seqs=self.options.max_batch_size, prefill_tokens=self.options.prefill_tokens,
+                                   stats=self.stats)
             self.pool = self.sched.pool

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from masrl.engines.paged import blocks, calls
 from masrl.engines.paged import kernels as K
 from masrl.engines.paged.calls import Sequence
+from masrl.engines.paged.options import PagedOptions
 from masrl.engines.paged.prefill import PoolPrefill, block_tables, rows_bucket, token_rows
 from masrl.engines.paged.weights import (
     DecodeWeights,
@@ -41,9 +42,7 @@ BUFFERS = ("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter",
 
 
 class ModelRunner:
-    def __init__(self, model, *, device: str, seed: int, pad_id: int, block_size: int, prefill_tokens: int,
-                 cuda_graphs: bool, fused_kernels: bool, graph_prefill: bool | None, stats: dict, rows_batch: int,
-                 rows_keys: int, fused_rope: bool, flash_one_row: bool):
+    def __init__(self, model, *, device: str, seed: int, pad_id: int, stats: dict, options: PagedOptions):
         self.model = model
         self.fwd = LlamaForward(model)
         self.core = self.fwd.core
@@ -52,20 +51,20 @@ class ModelRunner:
         self.is_peft = hasattr(model, "peft_config")
         self.adapters = list(model.peft_config) if self.is_peft else []
         self.slot_of = {name: i for i, name in enumerate(self.adapters)}
-        self.block_size = block_size
-        self.rows_batch = rows_batch  # token rows a replay of a prefill as decode rows (graph_prefill)
-        self.rows_keys = rows_keys  # past it, a prefill's keys read in all, it takes the lean forward instead
+        self.block_size = block_size = options.block_size
+        self.rows_batch = options.prefill_rows  # token rows a replay of a prefill as decode rows (graph_prefill)
+        self.rows_keys = options.prefill_rows_keys  # past it, a prefill's keys read in all, it takes the lean forward instead
         self.w: DecodeWeights | None = DecodeWeights(model, self.adapters)
-        self.use_graphs = cuda_graphs and self.dev.type == "cuda"
+        self.use_graphs = options.cuda_graphs and self.dev.type == "cuda"
         # token rows of the decode graphs for a prefill (rollout.graph_prefill): None = where the graphs replay
-        self.graph_prefill = self.use_graphs if graph_prefill is None else graph_prefill
+        self.graph_prefill = self.use_graphs if options.graph_prefill is None else options.graph_prefill
         self.fused: dict[str, bool] = {}  # op name -> use the fused Triton version
-        if fused_kernels and K.available(self.dev):
+        if options.fused_kernels and K.available(self.dev):
             cfg, fwd = self.core.config, self.fwd
             verdict = K.check_all(self.dev, self.dtype, fwd.n_heads, fwd.n_kv, fwd.head_dim, cfg.hidden_size,
                                   cfg.intermediate_size)
             self.fused = {name: why is None for name, why in verdict.items()}
-            self.fused["paged_rope_attention"] &= fused_rope
+            self.fused["paged_rope_attention"] &= options.fused_rope
             bad = {name: why for name, why in verdict.items() if why is not None}
             if bad:
                 warnings.warn(f"masrl paged engine: torch ops instead of fused kernels for {bad}", stacklevel=3)
@@ -73,9 +72,9 @@ class ModelRunner:
         rot = self.core.model.rotary_emb
         self.inv_freq = rot.inv_freq
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self.prefill_pool = PoolPrefill(self.fwd, block_size=block_size, budget=prefill_tokens, pad_id=pad_id,
+        self.prefill_pool = PoolPrefill(self.fwd, block_size=block_size, budget=options.prefill_tokens, pad_id=pad_id,
                                         dtype=self.dtype, dev=self.dev, is_peft=self.is_peft,
-                                        flash_one_row=flash_one_row)
+                                        flash_one_row=options.flash_one_row)
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: dict[tuple, tuple] = {}
         self.graph_pool = None

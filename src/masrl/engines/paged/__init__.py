@@ -13,5 +13,6 @@
 """
 
 from masrl.engines.paged.engine import PagedEngine
+from masrl.engines.paged.runner import PagedOptions
 
-__all__ = ["PagedEngine"]
+__all__ = ["PagedEngine", "PagedOptions"]

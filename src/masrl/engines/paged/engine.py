@@ -42,8 +42,7 @@ from masrl.engines.paged import blocks
 from masrl.engines.paged import calls as paged_calls
 from masrl.engines.paged.blocks import BlockPool
 from masrl.engines.paged.calls import Sequence
-from masrl.engines.paged.options import PagedOptions
-from masrl.engines.paged.runner import ModelRunner
+from masrl.engines.paged.runner import ModelRunner, PagedOptions
 from masrl.engines.paged.scheduler import Scheduler
 from masrl.engines.sampling import counter_uniforms
 from masrl.errors import PromptError
@@ -68,7 +67,7 @@ class PagedEngine(EngineDefaults):
         return PagedOptions.names()
 
     def __init__(self, model, tokenizer, stop_ids: list[int], *, device: str, seed: int = 0, **options):
-        """``options``: the engine's settings (``PagedOptions``, options.py: a key it does not hold is an error)."""
+        """``options``: the engine's settings (``PagedOptions``: a key it does not hold is an error)."""
         self.options = o = PagedOptions.of(options)
         self.model = model
         self.tok = tokenizer

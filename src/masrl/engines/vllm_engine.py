@@ -67,6 +67,10 @@ def _read_back(name: str, device: str) -> bool:
                                                                                          "down_proj.weight")))
 
 
+def _every_61st_row(p: torch.Tensor) -> torch.Tensor:
+    return p[::61] if p.dim() == 2 else p
+
+
 def _core(model):
     return model.get_base_model() if hasattr(model, "peft_config") else model
 
@@ -167,7 +171,7 @@ class VLLMEngine(EngineDefaults):
         dev = self.device
 
         def rows(worker):
-            return {n: (p[::61] if p.dim() == 2 else p).detach().cpu()
+            return {n: _every_61st_row(p).detach().cpu()
                     for n, p in worker.model_runner.model.named_parameters() if _read_back(n, dev)}
 
         served = self.llm.collective_rpc(rows)[0]
@@ -175,7 +179,7 @@ class VLLMEngine(EngineDefaults):
         if not served or served.keys() != live.keys():
             return [f"vLLM's weights were not read back (it holds {sorted(served)[:3]}, the model {sorted(live)[:3]})"]
         return [n for n, p in live.items()
-                if not torch.equal(served[n], (p[::61] if p.dim() == 2 else p).detach().to("cpu", served[n].dtype))]
+                if not torch.equal(served[n], _every_61st_row(p).detach().to("cpu", served[n].dtype))]
 
     def adapters(self) -> list[str]:
         return list(self._adapters)

@@ -36,8 +36,8 @@ from masrl.modeling.lean import LlamaForward
 from masrl.modeling.sizes import tensor_bytes
 
 # A prefill whose calls' new tokens read at most ``rows_keys`` keys in all (new tokens x their past, each row reading
-# its own; the engine's ``prefill_rows_keys``, 2**21) runs as token rows through the decode graphs, ``rows_batch``
-# rows a replay (the engine's ``prefill_rows``, 512)
+# its own; ``PagedOptions.prefill_rows_keys``) runs as token rows through the decode graphs, ``rows_batch`` rows a
+# replay (``prefill_rows``)
 BUFFERS = ("tok_buf", "pos_buf", "slot_buf", "len_buf", "bt_buf", "row_adapter", "masks", "col_index")
 
 
